@@ -1,0 +1,37 @@
+// Package tunnel is the wire protocol shared by tether-gateway and
+// tether-edge: how the QUIC connection is set up, what the first bytes of a
+// stream say, and how bytes are relayed between a TCP connection and a QUIC
+// stream. It knows neither side.
+//
+// # Connection
+//
+// The edge dials the gateway over QUIC (ALPN "tether/1", TLS 1.3, mutual
+// authentication). The edge's identity is the node name in its client
+// certificate, CN=system:node:<name> with O=system:nodes (see NodeName).
+//
+// # Streams
+//
+// The gateway opens one bidirectional stream per proxied TCP connection.
+// It writes a Request; the edge checks it, dials, and writes a Reply. After
+// an OK reply both sides relay bytes with half-close (Relay). A refusal is
+// a Reply with a Code other than OK, after which the stream is closed.
+//
+// Request, version 1 (big-endian):
+//
+//	+---------+------+------------+--------------------------------------+
+//	| version | kind | length (2) | body: length bytes                   |
+//	| 0x01    | 0x01 |            |                                      |
+//	+---------+------+------------+--------------------------------------+
+//	body := family(1: 4 or 6) address(4 or 16) port(2) field*
+//	field := type(1) length(1) value(length)   unknown types are skipped
+//	field type 1: the cloud client's address, text, for the edge's logs
+//
+// Reply, version 1:
+//
+//	+---------+------+-------------+-----------------------+
+//	| version | code | length (1)  | message: length bytes |
+//	+---------+------+-------------+-----------------------+
+//
+// A whole request is at most MaxRequestLen bytes; a reader never reads
+// more than that before deciding, so a peer cannot make it buffer more.
+package tunnel
