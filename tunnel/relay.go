@@ -154,8 +154,8 @@ func (r *relay) fail(err error) {
 		r.firstErr = err
 		r.s.CancelRead(StreamErrAbort)
 		r.s.CancelWrite(StreamErrAbort)
-		if tc, ok := r.c.(*net.TCPConn); ok {
-			tc.SetLinger(0) // pass the failure on as a reset, not a clean close
+		if l, ok := r.c.(interface{ SetLinger(int) error }); ok {
+			l.SetLinger(0) // pass the failure on as a reset, not a clean close
 		}
 		r.c.Close()
 	})
