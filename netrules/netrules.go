@@ -1,0 +1,277 @@
+// Package netrules keeps the gateway host's packet filter redirecting TCP
+// for edge nodes to the gateway's transparent listener.
+//
+// The caller describes the whole state it wants (Desired: the addresses of
+// every edge node, the proxied ports, the listener's port) and calls Apply
+// whenever that changes and on a resync timer. A backend renders the state
+// as rules of Tether's own (an nftables table, or iptables chains), compares
+// it with what the kernel holds and writes the difference in one
+// transaction. Cleanup removes everything Tether created and nothing else.
+//
+// Rules act on the network namespace of the OS thread that calls their
+// methods: the host's, in the gateway; a test's, when the test calls them
+// from inside testenv's (*Host).Do. The iptables backend runs iptables
+// commands, which inherit the calling thread's namespace.
+//
+// See README.md for the packet flow, the invariants and how to inspect what
+// is installed.
+package netrules
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Desired is the whole state the gateway wants: what to redirect to its
+// transparent listener.
+type Desired struct {
+	// Edges maps a node name to the addresses that reach that node through
+	// the gateway: its node IPs, or its VIP in vip mode. IPv4 and IPv6.
+	Edges map[string][]netip.Addr
+	// Ports are the proxied TCP ports (e.g. 10250, 10255).
+	Ports []uint16
+	// ProxyPort is the port of the transparent listener, e.g. 10263. The
+	// listener must listen on the wildcard address (":10263"): routed
+	// connections arrive on the address of the interface they came in on,
+	// local ones on 127.0.0.1 or ::1.
+	ProxyPort uint16
+}
+
+// Rules programs the redirect rules of one host (one network namespace).
+// Its methods are safe for concurrent use.
+type Rules interface {
+	// Apply makes the installed rules match d. It renders the whole state,
+	// checks the kernel for drift (our table or chains flushed or edited by
+	// someone else) and writes what differs in one transaction; after any
+	// failure, or when it finds drift, it rewrites everything. Connection
+	// tracking entries for destinations no longer redirected are flushed.
+	Apply(ctx context.Context, d Desired) error
+	// Cleanup removes everything Tether created, and nothing else.
+	Cleanup(ctx context.Context) error
+	// Backend names the backend: "nftables", "iptables" or "none".
+	Backend() string
+}
+
+// Backend names, as New takes them and Backend returns them.
+const (
+	KindAuto     = "auto"
+	KindNFTables = "nftables"
+	KindIPTables = "iptables"
+	KindNone     = "none"
+)
+
+// Options configures New.
+type Options struct {
+	// Logger receives what the rules do; nil discards. Full rule dumps are
+	// logged at debug level only.
+	Logger *slog.Logger
+}
+
+func (o Options) logger() *slog.Logger {
+	if o.Logger != nil {
+		return o.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// New returns the Rules of the given kind: "auto", "nftables", "iptables"
+// or "none". "auto" picks the backend the host already uses (see Detect).
+// New checks that the backend can work (kernel support, permission) but
+// changes nothing; the first Apply installs the rules.
+func New(kind string, opts Options) (Rules, error) {
+	log := opts.logger()
+	switch kind {
+	case KindNFTables:
+		return newNFTRules(log)
+	case KindIPTables:
+		return newIPTRules(log, "")
+	case KindNone:
+		return None{}, nil
+	case KindAuto, "":
+		d, err := Detect()
+		if err != nil {
+			return nil, err
+		}
+		log.Info("netrules: backend chosen", "backend", d.Backend, "iptables_mode", d.IPTablesMode, "reason", d.Reason)
+		if d.Backend == KindNFTables {
+			return newNFTRules(log)
+		}
+		return newIPTRules(log, d.IPTablesMode)
+	default:
+		return nil, fmt.Errorf("netrules: unknown backend %q (want auto, nftables, iptables or none)", kind)
+	}
+}
+
+// None is the backend that installs nothing, for --netrules=none: the
+// operator routes edge traffic to the listener some other way.
+type None struct{}
+
+var _ Rules = None{}
+
+func (None) Apply(context.Context, Desired) error { return nil }
+func (None) Cleanup(context.Context) error        { return nil }
+func (None) Backend() string                      { return KindNone }
+
+// state is a Desired in canonical form: what a backend renders. Addresses
+// are unmapped, sorted and unique. owners4[i] and owners6[i] name, for
+// comments, the node that claims v4[i] or v6[i] (the first by name, if
+// several do). No maps: with 10,000 nodes, sorted slices are several times
+// cheaper to build, and Apply builds one every call.
+type state struct {
+	v4, v6           []netip.Addr
+	owners4, owners6 []string
+	ports            []uint16
+	proxyPort        uint16
+}
+
+// claim is one node's claim on one address.
+type claim struct {
+	addr netip.Addr
+	key  uint32 // the IPv4 address as a number, for sorting
+	node string
+}
+
+// normalize validates d and puts it in canonical form.
+func normalize(d Desired) (*state, error) {
+	if d.ProxyPort == 0 {
+		return nil, errors.New("netrules: ProxyPort is 0")
+	}
+	s := &state{proxyPort: d.ProxyPort}
+	for _, p := range d.Ports {
+		if p == 0 {
+			return nil, errors.New("netrules: proxied port 0")
+		}
+		s.ports = append(s.ports, p)
+	}
+	slices.Sort(s.ports)
+	s.ports = slices.Compact(s.ports)
+
+	var c4, c6 []claim
+	for node, addrs := range d.Edges {
+		for _, a := range addrs {
+			a = a.Unmap()
+			if !a.IsValid() || a.Zone() != "" || a.IsUnspecified() {
+				return nil, fmt.Errorf("netrules: node %s: unusable address %q", node, a)
+			}
+			if a.Is4() {
+				b := a.As4()
+				c4 = append(c4, claim{a, binary.BigEndian.Uint32(b[:]), node})
+			} else {
+				c6 = append(c6, claim{addr: a, node: node})
+			}
+		}
+	}
+	slices.SortFunc(c4, func(x, y claim) int {
+		if c := cmp.Compare(x.key, y.key); c != 0 {
+			return c
+		}
+		return strings.Compare(x.node, y.node)
+	})
+	slices.SortFunc(c6, func(x, y claim) int {
+		if c := x.addr.Compare(y.addr); c != 0 {
+			return c
+		}
+		return strings.Compare(x.node, y.node)
+	})
+	s.v4, s.owners4 = firstClaims(c4)
+	s.v6, s.owners6 = firstClaims(c6)
+	return s, nil
+}
+
+// firstClaims returns the addresses of sorted claims, once each, and the
+// first node that claims each.
+func firstClaims(claims []claim) ([]netip.Addr, []string) {
+	addrs := make([]netip.Addr, 0, len(claims))
+	owners := make([]string, 0, len(claims))
+	for i, c := range claims {
+		if i > 0 && c.addr == claims[i-1].addr {
+			continue
+		}
+		addrs = append(addrs, c.addr)
+		owners = append(owners, c.node)
+	}
+	return addrs, owners
+}
+
+// find returns the index of a in the addresses of its family, and whether
+// s has it.
+func (s *state) find(a netip.Addr) (int, bool) {
+	addrs := s.v6
+	if a.Is4() {
+		addrs = s.v4
+	}
+	return slices.BinarySearchFunc(addrs, a, netip.Addr.Compare)
+}
+
+// owner returns the node that claims a, or "".
+func (s *state) owner(a netip.Addr) string {
+	i, ok := s.find(a)
+	switch {
+	case !ok:
+		return ""
+	case a.Is4():
+		return s.owners4[i]
+	}
+	return s.owners6[i]
+}
+
+// redirects reports whether s sends TCP to a:port to the listener.
+func (s *state) redirects(a netip.Addr, port uint16) bool {
+	if s == nil {
+		return false
+	}
+	_, ok := s.find(a)
+	_, pok := slices.BinarySearch(s.ports, port)
+	return ok && pok
+}
+
+// addrs returns the addresses of the given family (4 or 6).
+func (s *state) addrs(family int) []netip.Addr {
+	if family == 4 {
+		return s.v4
+	}
+	return s.v6
+}
+
+// sameAddrsPorts reports whether s and o redirect the same addresses and
+// ports to the same port.
+func (s *state) sameAddrsPorts(o *state) bool {
+	return o != nil && s.proxyPort == o.proxyPort && slices.Equal(s.v4, o.v4) &&
+		slices.Equal(s.v6, o.v6) && slices.Equal(s.ports, o.ports)
+}
+
+// diffSorted returns what is only in want (added) and only in have
+// (removed); both are sorted by compare and hold no duplicates.
+func diffSorted[T any](have, want []T, compare func(T, T) int) (added, removed []T) {
+	i, j := 0, 0
+	for i < len(have) || j < len(want) {
+		var c int
+		switch {
+		case i == len(have):
+			c = 1
+		case j == len(want):
+			c = -1
+		default:
+			c = compare(have[i], want[j])
+		}
+		switch {
+		case c < 0:
+			removed = append(removed, have[i])
+			i++
+		case c > 0:
+			added = append(added, want[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	return added, removed
+}
