@@ -1,0 +1,222 @@
+package edgeproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/quic-go/quic-go"
+
+	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+func TestValidate(t *testing.T) {
+	ok := DefaultConfig()
+	ok.Gateway = []string{"gw.example:10262"}
+	ok.Cert, ok.Key = "/k.pem", "/k.pem"
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"no gateway", func(c *Config) { c.Gateway = nil }, "nothing to do: give --gateway"},
+		{"apiserver only", func(c *Config) { c.Gateway = nil; c.Kubeconfig = "/kc" }, "kube-apiserver proxy (--kubeconfig, --server-addr), which this build does not have yet"},
+		{"no cert", func(c *Config) { c.Cert = "" }, "give --cert and --key"},
+		{"no key", func(c *Config) { c.Key = "" }, "give --cert and --key"},
+		{"bad gateway", func(c *Config) { c.Gateway = []string{"gw:http"} }, "--gateway"},
+		{"no ports", func(c *Config) { c.AllowPorts = nil }, "--allow-ports is empty"},
+		{"bad admin", func(c *Config) { c.AdminListen = "10267" }, "--admin-listen"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.change(&c)
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestPorts(t *testing.T) {
+	var p Ports
+	if err := p.Set("10250, 10255,9100"); err != nil || p.String() != "10250,10255,9100" {
+		t.Errorf("Set: %v, %v", p, err)
+	}
+	for _, bad := range []string{"0", "http", "70000", "1,-2"} {
+		if err := p.Set(bad); err == nil {
+			t.Errorf("Set(%q) accepted", bad)
+		}
+	}
+	// In the YAML file: a list of numbers, or the flag's string form.
+	for file, want := range map[string]Ports{
+		"allow-ports: [10250, 9100]\n": {10250, 9100},
+		"allow-ports: \"10255\"\n":     {10255},
+	} {
+		path := filepath.Join(t.TempDir(), "edge.yaml")
+		os.WriteFile(path, []byte(file), 0o600)
+		cfg := DefaultConfig()
+		if err := config.LoadFile(path, &cfg); err != nil {
+			t.Fatalf("%q: %v", file, err)
+		}
+		if diff := cmp.Diff(want, cfg.AllowPorts); diff != "" {
+			t.Errorf("%q (-want +got):\n%s", file, diff)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	os.WriteFile(path, []byte("allow-ports: [0]\n"), 0o600)
+	cfg := DefaultConfig()
+	if err := config.LoadFile(path, &cfg); err == nil {
+		t.Error("port 0 accepted")
+	}
+}
+
+// TestRun starts tether-edge as the command does, from files, against a
+// minimal gateway, and checks a stream and the admin endpoints.
+func TestRun(t *testing.T) {
+	ca := testenv.MustCA(t, "edgeproxy-test")
+	dir := t.TempDir()
+	node, _ := ca.NodeCert("edge-7")
+	pem := filepath.Join(dir, "kubelet-client-current.pem")
+	if err := os.WriteFile(pem, append(node.CertPEM, node.KeyPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	caFile, err := ca.WriteFile(dir, "gateway-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := ca.ServerCert("gateway", "gw.test")
+	ln, err := quic.ListenAddr("127.0.0.1:0",
+		tunnel.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &srv.TLS, nil }, ca.Pool()),
+		tunnel.QUICConfig(tunnel.Limits{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dest, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dest.Close()
+	go func() {
+		if c, err := dest.Accept(); err == nil {
+			c.Write([]byte("hello from the kubelet"))
+			c.Close()
+		}
+	}()
+	destAP := dest.Addr().(*net.TCPAddr).AddrPort()
+	adminAddr := freePort(t)
+
+	cfg := DefaultConfig()
+	cfg.Gateway = []string{ln.Addr().String()}
+	cfg.GatewayCA = caFile
+	cfg.GatewayServerName = "gw.test"
+	cfg.Cert, cfg.Key = pem, pem
+	cfg.AllowPorts = Ports{destAP.Port()}
+	cfg.AdminListen = adminAddr
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	defer acancel()
+	conn, err := ln.Accept(actx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := conn.OpenStreamSync(actx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tunnel.WriteRequest(s, tunnel.Request{Dest: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), destAP.Port())})
+	s.Close()
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if rep, err := tunnel.ReadReply(s); err != nil {
+		t.Fatalf("reply %+v, %v", rep, err)
+	}
+	if b, _ := io.ReadAll(s); string(b) != "hello from the kubelet" {
+		t.Errorf("relayed %q", b)
+	}
+
+	get := func(path string) (int, string) {
+		var resp *http.Response
+		var err error
+		for range 100 { // the admin listener is up once Run got that far
+			if resp, err = http.Get("http://" + adminAddr + path); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/readyz"); code != 200 {
+		t.Errorf("/readyz: %d %s", code, body)
+	}
+	_, body := get("/status")
+	var st Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("/status: %v: %s", err, body)
+	}
+	if st.Node != "edge-7" || len(st.Gateways) != 1 || !st.Gateways[0].Connected || st.Gateways[0].Streams != 1 {
+		t.Errorf("/status: %s", body)
+	}
+	if _, body := get("/metrics"); !strings.Contains(body, `tether_edge_tunnel_streams_total{result="ok"} 1`) ||
+		!strings.Contains(body, "tether_edge_tunnel_gateway_connected{gateway=") {
+		t.Errorf("/metrics lacks the tunnel's series")
+	}
+}
+
+func TestRunRefusesACertificateThatIsNotANode(t *testing.T) {
+	ca := testenv.MustCA(t, "edgeproxy-test")
+	kp, _ := ca.ClientCert("admin", "system:masters")
+	certFile, keyFile, err := kp.WriteFiles(t.TempDir(), "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Gateway = []string{"127.0.0.1:1"}
+	cfg.Cert, cfg.Key = certFile, keyFile
+	cfg.AdminListen = ""
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	err = Run(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "cannot register with a gateway") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}

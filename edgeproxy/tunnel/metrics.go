@@ -1,0 +1,89 @@
+package edgetunnel
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// metrics: stream results are counters of their own; the per-gateway
+// series are read from the replicas when scraped (collector), so that a
+// replica's series go away with it.
+type metrics struct {
+	byCode map[tunnel.Code]prometheus.Counter
+	other  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	streams := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tether", Subsystem: "edge_tunnel", Name: "streams_total",
+		Help: "Streams the gateways opened, by result: ok, or the reason code of the refusal (not_allowed, dial_failed, timeout, overloaded, bad_request).",
+	}, []string{"result"})
+	if err := reg.Register(streams); err != nil {
+		return nil, err
+	}
+	if err := reg.Register(&collector{c: c}); err != nil {
+		return nil, err
+	}
+	m := &metrics{byCode: make(map[tunnel.Code]prometheus.Counter), other: streams}
+	for _, code := range tunnel.Codes() {
+		m.byCode[code] = streams.WithLabelValues(code.String())
+	}
+	return m, nil
+}
+
+func (m *metrics) result(code tunnel.Code) {
+	if m == nil {
+		return
+	}
+	if ctr, ok := m.byCode[code]; ok {
+		ctr.Inc()
+		return
+	}
+	m.other.WithLabelValues(code.String()).Inc()
+}
+
+var (
+	descConnected = prometheus.NewDesc("tether_edge_tunnel_gateway_connected",
+		"1 while the QUIC connection to this gateway replica is up, 0 while the edge is (re)connecting.",
+		[]string{"gateway"}, nil)
+	descRTT = prometheus.NewDesc("tether_edge_tunnel_gateway_rtt_seconds",
+		"Smoothed round-trip time of the connection to this gateway replica (only while connected).",
+		[]string{"gateway"}, nil)
+	descReconnects = prometheus.NewDesc("tether_edge_tunnel_gateway_reconnects_total",
+		"Connection attempts to this gateway replica after the first (after a failed dial or a lost connection).",
+		[]string{"gateway"}, nil)
+	descStreamsOpen = prometheus.NewDesc("tether_edge_tunnel_gateway_streams_open",
+		"Streams from this gateway replica being served now.",
+		[]string{"gateway"}, nil)
+	descBytes = prometheus.NewDesc("tether_edge_tunnel_gateway_bytes_total",
+		"Bytes relayed through this gateway replica; direction up is edge to cloud, down is cloud to edge.",
+		[]string{"gateway", "direction"}, nil)
+)
+
+type collector struct{ c *Client }
+
+func (col *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descConnected, descRTT, descReconnects, descStreamsOpen, descBytes} {
+		ch <- d
+	}
+}
+
+func (col *collector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range col.c.Status() {
+		gw := s.Gateway
+		connected := 0.0
+		if s.Connected {
+			connected = 1
+			ch <- prometheus.MustNewConstMetric(descRTT, prometheus.GaugeValue, s.RTTSeconds, gw)
+		}
+		ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, connected, gw)
+		ch <- prometheus.MustNewConstMetric(descReconnects, prometheus.CounterValue, float64(s.Reconnects), gw)
+		ch <- prometheus.MustNewConstMetric(descStreamsOpen, prometheus.GaugeValue, float64(s.StreamsOpen), gw)
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(s.BytesUp), gw, "up")
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(s.BytesDown), gw, "down")
+	}
+}

@@ -1,0 +1,212 @@
+package edgetunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// replica is one gateway replica address and its supervisor.
+type replica struct {
+	c   *Client
+	ep  endpoint
+	log *slog.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	conn    *quic.Conn // nil while disconnected
+	since   time.Time  // of the last change between connected and not
+	lastErr string
+
+	streamsOpen, streamsTotal atomic.Int64
+	bytesUp, bytesDown        atomic.Int64 // up: edge to cloud
+	reconnects                atomic.Int64
+}
+
+// run is the supervisor: dial, serve until the connection dies, wait a
+// jittered backoff, again, until ctx ends. The backoff starts over once a
+// connection has lived for BackoffReset.
+func (r *replica) run(ctx context.Context) {
+	defer close(r.done)
+	bo := backoff{initial: r.c.opts.BackoffInitial, max: r.c.opts.BackoffMax}
+	for first := true; ; first = false {
+		if !first {
+			r.reconnects.Add(1)
+		}
+		lived, err := r.connectAndServe(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if lived >= r.c.opts.BackoffReset {
+			bo.reset()
+		}
+		wait := bo.next()
+		r.logFailure(err, lived, wait)
+
+		t := r.c.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// stop ends the supervisor and waits until its connection is closed.
+func (r *replica) stop() {
+	r.cancel()
+	<-r.done
+}
+
+// connectAndServe dials the replica and serves its streams until the
+// connection ends. lived is how long it was connected (zero if the dial
+// failed).
+func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ error) {
+	conn, err := r.dial(ctx)
+	if err != nil {
+		r.setErr(err)
+		return 0, err
+	}
+	start := r.c.clock.Now()
+	r.setConn(conn, start)
+	r.log.Info("connected to gateway", "server_name", r.ep.serverName, "rtt", conn.ConnectionStats().SmoothedRTT)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		for {
+			s, err := conn.AcceptStream(gctx)
+			if err != nil {
+				return err
+			}
+			g.Go(func() error {
+				r.c.handleStream(gctx, r, s)
+				return nil
+			})
+		}
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		if ctx.Err() != nil {
+			conn.CloseWithError(tunnel.CloseShutdown, "edge shutting down")
+		} else {
+			conn.CloseWithError(tunnel.CloseNormal, "")
+		}
+		return nil
+	})
+	err = g.Wait()
+	if ctx.Err() == nil {
+		// AcceptStream's error can be our own context's; the
+		// connection's cause says why it ended.
+		if cause := context.Cause(conn.Context()); cause != nil {
+			err = cause
+		}
+	}
+	lived = r.c.clock.Since(start)
+	r.setConn(nil, r.c.clock.Now())
+	r.setErr(err)
+	return lived, err
+}
+
+// dial opens a QUIC connection from a UDP socket of its own: a fresh
+// source port per connection also gives a fresh NAT mapping.
+func (r *replica) dial(ctx context.Context) (*quic.Conn, error) {
+	udp, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return nil, fmt.Errorf("open UDP socket: %w", err)
+	}
+	tlsConf := tunnel.ClientTLS(r.c.opts.Certificate, r.c.opts.RootCAs, r.ep.serverName)
+	dctx, cancel := context.WithTimeout(ctx, 2*r.c.quicConf.HandshakeIdleTimeout)
+	defer cancel()
+	conn, err := quic.Dial(dctx, udp, net.UDPAddrFromAddrPort(r.ep.addr), tlsConf, r.c.quicConf)
+	if err != nil {
+		udp.Close()
+		return nil, fmt.Errorf("dial gateway %s: %w", r.ep.addr, err)
+	}
+	// quic.Dial does not close a socket it was given.
+	context.AfterFunc(conn.Context(), func() { udp.Close() })
+	return conn, nil
+}
+
+// logFailure says why the replica is not connected, with what the
+// operator can do about it.
+func (r *replica) logFailure(err error, lived, wait time.Duration) {
+	attrs := []any{"err", err, "retry_in", wait.Round(time.Millisecond)}
+	switch failureOf(err) {
+	case identityRefused:
+		r.log.Error("gateway refused this node's identity; check --cert/--key (CN=system:node:<name>, O=system:nodes) and the gateway's --client-ca", attrs...)
+	case gatewayUntrusted:
+		r.log.Error("gateway's certificate not trusted; check --gateway-ca and --gateway-server-name", attrs...)
+	case replaced:
+		r.log.Warn("gateway replaced this connection with a newer one of the same node; is another edge using this node's certificate?", attrs...)
+	default:
+		if lived > 0 {
+			r.log.Warn("disconnected from gateway", append(attrs, "connected_for", lived.Round(time.Millisecond))...)
+		} else {
+			r.log.Warn("cannot connect to gateway", attrs...)
+		}
+	}
+}
+
+type failure int
+
+const (
+	otherFailure failure = iota
+	identityRefused
+	gatewayUntrusted
+	replaced
+)
+
+func failureOf(err error) failure {
+	var ae *quic.ApplicationError
+	if errors.As(err, &ae) && ae.Remote {
+		switch ae.ErrorCode {
+		case tunnel.CloseNotAllowed:
+			return identityRefused
+		case tunnel.CloseReplaced:
+			return replaced
+		}
+	}
+	var te *quic.TransportError
+	if errors.As(err, &te) && te.ErrorCode.IsCryptoError() {
+		if te.Remote {
+			return identityRefused // the gateway's TLS stack rejected our certificate
+		}
+		return gatewayUntrusted
+	}
+	var ve *tls.CertificateVerificationError
+	if errors.As(err, &ve) {
+		return gatewayUntrusted
+	}
+	return otherFailure
+}
+
+func (r *replica) setConn(conn *quic.Conn, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.conn, r.since = conn, at
+	if conn != nil {
+		r.lastErr = ""
+	}
+}
+
+func (r *replica) setErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.lastErr = err.Error()
+	}
+}
