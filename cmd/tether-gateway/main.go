@@ -1,0 +1,110 @@
+// Command tether-gateway runs in the cloud: edge nodes behind NAT dial it
+// over QUIC, and it relays cloud clients' TCP connections for those nodes
+// through their tunnels, TLS untouched.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/logging"
+	"github.com/tether-edge/tether/internal/version"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	cfg := gateway.DefaultConfig()
+	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	showVersion := registerFlags(fs, &cfg)
+
+	err := config.Parse(fs, args, &cfg)
+	if *showVersion {
+		fmt.Println("tether-gateway", version.Version)
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tether-gateway:", err)
+		return 2
+	}
+	log, err := logging.New(cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tether-gateway:", err)
+		return 2
+	}
+	cfg.Logger = log
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := gateway.Run(ctx, cfg); err != nil {
+		log.Error("tether-gateway failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func registerFlags(fs *flag.FlagSet, c *gateway.Config) (showVersion *bool) {
+	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass /etc/tether/gateway.yaml")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig `file` used to watch Nodes (default: the in-cluster service account)")
+	fs.StringVar(&c.TunnelListen, "tunnel-listen", c.TunnelListen, "UDP `address` of the QUIC listener that edges dial")
+	fs.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "TCP `port` of the transparent listener, on all addresses (IPv4 and IPv6), where DNAT sends connections for edge nodes. A client that dials this port directly is routed by TLS SNI or HTTP Host (a node name, bare or under a --dns-zone) to that node's port 10250")
+	fs.StringVar(&c.ClientCA, "client-ca", c.ClientCA, "PEM `file` with the CA certificate(s) that sign the edges' node client certificates (CN=system:node:<name>, O=system:nodes), such as the cluster CA; required")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM `file` with the gateway's serving certificate, which edges verify with their --gateway-ca; required")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM `file` with the private key of --tls-cert; may be the same file; required")
+	fs.StringVar(&c.DNSListen, "dns-listen", c.DNSListen, "UDP and TCP `address` of the DNS server that answers edge node names; empty disables it")
+	fs.Var(config.NewStringList(&c.DNSZones), "dns-zone", "DNS `zone`s (comma-separated or repeated) under which node names are answered (edge-1.<zone>) and accepted in TLS SNI and HTTP Host")
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes); empty disables them")
+	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
+	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
+	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")
+	fs.StringVar(&c.EdgeSelector, "edge-selector", c.EdgeSelector, "label `selector` that tells edge nodes from cloud nodes")
+	fs.IntVar(&c.MaxStreamsPerEdge, "max-streams-per-edge", c.MaxStreamsPerEdge, "at most `n` connections relayed at once per edge; more wait a second, then are refused as overloaded. Keep it at most the edges' --max-streams")
+	fs.DurationVar(&c.IdleTimeout.Duration, "idle-timeout", c.IdleTimeout.Duration, "close a tunnel silent for this `duration`; keepalives go every third of it, so only a dead path is silent that long")
+	fs.DurationVar(&c.StreamIdleTimeout.Duration, "stream-idle-timeout", c.StreamIdleTimeout.Duration, "close a relayed connection that moved no byte either way for this `duration` (the kubelet's own streaming limit is 4h); 0 disables it")
+	fs.DurationVar(&c.ShutdownGrace.Duration, "shutdown-grace", c.ShutdownGrace.Duration, "on SIGTERM or SIGINT, let relayed connections finish for up to this `duration` before the tunnels are closed (edges then use the other replicas)")
+	fs.StringVar(&c.Replica, "replica", c.Replica, "`name` of this replica on /status (default: the host name)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn or error (debug also logs every routed or refused connection)")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log `format`: text or json")
+	showVersion = fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() { usage(fs) }
+	return showVersion
+}
+
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprint(w, `Usage: tether-gateway [flags]
+
+tether-gateway runs in the cloud. Edge nodes behind NAT dial it over QUIC
+(mutual TLS; an edge is known by the node name in its client certificate).
+It watches the cluster's Nodes, and relays each TCP connection that cloud
+clients (kube-apiserver, metrics-server, Prometheus) open to an edge node's
+address over its own stream in that node's tunnel. TLS stays end to end.
+
+Flags:
+`)
+	fs.VisitAll(func(f *flag.Flag) {
+		name, help := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  --%s", f.Name)
+		if name != "" {
+			fmt.Fprintf(w, " %s", name)
+		}
+		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(help, "\n", "\n      "))
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/config"
+)
+
+// Every key of the YAML file is a flag of the same name, with help.
+func TestEveryConfigKeyIsAFlag(t *testing.T) {
+	cfg := gateway.DefaultConfig()
+	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	registerFlags(fs, &cfg)
+	typ := reflect.TypeOf(cfg)
+	for i := range typ.NumField() {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			t.Errorf("config key %q has no flag", name)
+		} else if len(f.Usage) < 20 {
+			t.Errorf("--%s: help %q says too little", name, f.Usage)
+		}
+	}
+}
+
+func TestFileAndFlags(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\ndns-zone: [tether.internal]\nidle-timeout: 30s\nmode: vip\nvip-cidr: 100.64.0.0/16\n"), 0o600)
+	cfg := gateway.DefaultConfig()
+	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	registerFlags(fs, &cfg)
+	if err := config.Parse(fs, []string{"--config", path, "--proxy-port", "10300", "--shutdown-grace=3s"}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ClientCA != "/ca.pem" || strings.Join(cfg.DNSZones, ",") != "tether.internal" || cfg.IdleTimeout.Duration != 30*time.Second ||
+		cfg.Mode != "vip" || cfg.ProxyPort != 10300 || cfg.ShutdownGrace.Duration != 3*time.Second || cfg.TunnelListen != ":10262" {
+		t.Errorf("config %+v", cfg)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	stderr := os.Stderr
+	t.Cleanup(func() { os.Stderr = stderr })
+	os.Stderr, _ = os.Open(os.DevNull) // usage and errors
+	for args, want := range map[string]int{
+		"--version": 0,
+		"--help":    0,
+		"":          2, // no certificates
+		"--client-ca /x --tls-cert /x --tls-key /x --log-level loud":                                                                         2,
+		"--client-ca /x --tls-cert /x --tls-key /x --mode nat":                                                                               2,
+		"--client-ca /nonexistent --tls-cert /nonexistent --tls-key /nonexistent --admin-listen= --proxy-port 0 --tunnel-listen 127.0.0.1:0": 1,
+	} {
+		if got := run(strings.Fields(args)); got != want {
+			t.Errorf("run(%q) = %d, want %d", args, got, want)
+		}
+	}
+}

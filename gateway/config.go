@@ -1,0 +1,150 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/netrules"
+)
+
+// Config is tether-gateway's configuration. The JSON names are the flag
+// names and the keys of the YAML file (/etc/tether/gateway.yaml);
+// durations are written as Go durations ("15s").
+type Config struct {
+	Kubeconfig   string   `json:"kubeconfig,omitempty"`
+	TunnelListen string   `json:"tunnel-listen"`
+	ProxyPort    int      `json:"proxy-port"`
+	ClientCA     string   `json:"client-ca"`
+	TLSCert      string   `json:"tls-cert"`
+	TLSKey       string   `json:"tls-key"`
+	DNSListen    string   `json:"dns-listen"`
+	DNSZones     []string `json:"dns-zone,omitempty"`
+	AdminListen  string   `json:"admin-listen"`
+	Mode         string   `json:"mode"`
+	VIPCIDR      string   `json:"vip-cidr,omitempty"`
+	NetRules     string   `json:"netrules"`
+	EdgeSelector string   `json:"edge-selector"`
+
+	MaxStreamsPerEdge int             `json:"max-streams-per-edge"`
+	IdleTimeout       metav1.Duration `json:"idle-timeout"`
+	StreamIdleTimeout metav1.Duration `json:"stream-idle-timeout"`
+	ShutdownGrace     metav1.Duration `json:"shutdown-grace"`
+	Replica           string          `json:"replica,omitempty"`
+	LogLevel          string          `json:"log-level"`
+	LogFormat         string          `json:"log-format"`
+
+	// Logger is where the gateway logs; nil discards.
+	Logger *slog.Logger `json:"-"`
+}
+
+// Default ports and addresses (DESIGN.md, "Ports and names").
+const (
+	DefaultTunnelListen = ":10262"
+	DefaultProxyPort    = 10263
+	DefaultDNSListen    = ":53"
+	DefaultAdminListen  = ":10265"
+)
+
+// DefaultConfig returns the configuration used when neither a file nor a
+// flag says otherwise.
+func DefaultConfig() Config {
+	return Config{
+		TunnelListen:      DefaultTunnelListen,
+		ProxyPort:         DefaultProxyPort,
+		DNSListen:         DefaultDNSListen,
+		AdminListen:       DefaultAdminListen,
+		Mode:              string(nodewatch.ModeNodeIP),
+		NetRules:          netrules.KindAuto,
+		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
+		MaxStreamsPerEdge: registry.DefaultMaxStreams,
+		IdleTimeout:       metav1.Duration{Duration: 15 * time.Second},
+		StreamIdleTimeout: metav1.Duration{Duration: 4 * time.Hour},
+		ShutdownGrace:     metav1.Duration{Duration: 10 * time.Second},
+		LogLevel:          "info",
+		LogFormat:         "text",
+	}
+}
+
+// Validate checks c and reports every problem at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	checkAddr := func(flag, addr string, optional bool) {
+		if addr == "" {
+			if !optional {
+				bad("--%s is required", flag)
+			}
+			return
+		}
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			bad("--%s %q: want host:port or :port", flag, addr)
+		}
+	}
+	checkAddr("tunnel-listen", c.TunnelListen, false)
+	checkAddr("dns-listen", c.DNSListen, true)
+	checkAddr("admin-listen", c.AdminListen, true)
+	if c.ProxyPort < 0 || c.ProxyPort > 65535 {
+		bad("--proxy-port %d: want a port from 1 to 65535 (0 picks a free one, for tests)", c.ProxyPort)
+	}
+	for _, f := range []struct{ flag, val, what string }{
+		{"client-ca", c.ClientCA, "the CA that signs the edges' node certificates (the cluster CA when edges use their kubelet certificates)"},
+		{"tls-cert", c.TLSCert, "the gateway's serving certificate, which edges verify with their --gateway-ca"},
+		{"tls-key", c.TLSKey, "the key of --tls-cert"},
+	} {
+		if f.val == "" {
+			bad("--%s is required: %s", f.flag, f.what)
+		}
+	}
+	for _, z := range c.DNSZones {
+		name := strings.ToLower(strings.Trim(z, "."))
+		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+			bad("--dns-zone %q: %s", z, strings.Join(msgs, "; "))
+		}
+	}
+	mode, err := nodewatch.ParseMode(c.Mode)
+	if err != nil {
+		bad("--mode: %w", err)
+	}
+	if c.VIPCIDR != "" {
+		if _, err := netip.ParsePrefix(c.VIPCIDR); err != nil {
+			bad("--vip-cidr %q: %w", c.VIPCIDR, err)
+		}
+	} else if mode == nodewatch.ModeVIP {
+		bad("--vip-cidr is required with --mode=vip")
+	}
+	switch c.NetRules {
+	case netrules.KindAuto, netrules.KindNFTables, netrules.KindIPTables, netrules.KindNone:
+	default:
+		bad("--netrules %q: want auto, nftables, iptables or none", c.NetRules)
+	}
+	if _, err := labels.Parse(c.EdgeSelector); err != nil {
+		bad("--edge-selector %q: %w", c.EdgeSelector, err)
+	} else if strings.TrimSpace(c.EdgeSelector) == "" {
+		bad("--edge-selector is empty: it would make every node an edge node")
+	}
+	if c.MaxStreamsPerEdge < 1 {
+		bad("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)
+	}
+	if c.IdleTimeout.Duration <= 0 {
+		bad("--idle-timeout %s: want a positive duration", c.IdleTimeout.Duration)
+	}
+	if c.StreamIdleTimeout.Duration < 0 {
+		bad("--stream-idle-timeout %s: want 0 (none) or a positive duration", c.StreamIdleTimeout.Duration)
+	}
+	if c.ShutdownGrace.Duration < 0 {
+		bad("--shutdown-grace %s: want 0 or a positive duration", c.ShutdownGrace.Duration)
+	}
+	return errors.Join(errs...)
+}

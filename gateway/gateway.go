@@ -1,0 +1,295 @@
+// Package gateway is tether-gateway: it wires the node watcher, the edge
+// registry, the QUIC tunnel server, the transparent proxy and the admin
+// HTTP server into one process. See README.md for the data flow.
+//
+// New binds every listener, so that a port in use or a bad certificate
+// fails before anything runs; Run runs the parts in an errgroup until its
+// context ends, then shuts them down in order: the proxy and the tunnel
+// listener stop accepting, open streams drain for --shutdown-grace, the
+// tunnels are closed with tunnel.CloseShutdown, and the admin server stops
+// last so that /metrics and /readyz answer during the drain.
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/proxy"
+	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/tunnelserver"
+	"github.com/tether-edge/tether/internal/admin"
+	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// Gateway is a tether-gateway with its listeners bound.
+type Gateway struct {
+	cfg     Config
+	log     *slog.Logger
+	replica string
+	started time.Time
+
+	metrics  *prometheus.Registry
+	watcher  *nodewatch.Watcher
+	registry *registry.Registry
+	tunnels  *tunnelserver.Server
+	proxy    *proxy.Proxy
+	proxyLn  net.Listener
+	adminLn  net.Listener // nil when --admin-listen is empty
+
+	running  atomic.Bool // Run has started the parts
+	synced   atomic.Bool // the node informer has synced
+	stopping atomic.Bool // Run's context has ended
+}
+
+// Run is New followed by Run.
+func Run(ctx context.Context, cfg Config) error {
+	g, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	return g.Run(ctx)
+}
+
+// New checks cfg, loads the certificates, builds the Kubernetes client and
+// binds the tunnel, proxy and admin listeners. If it fails, nothing is left
+// open.
+func New(cfg Config) (_ *Gateway, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if b, err := json.Marshal(cfg); err == nil {
+		log.Debug("effective configuration", "config", string(b))
+	}
+	g := &Gateway{cfg: cfg, log: log, replica: cfg.Replica, started: time.Now(), metrics: admin.NewRegistry()}
+	if g.replica == "" {
+		if g.replica, err = os.Hostname(); err != nil {
+			return nil, fmt.Errorf("replica name: %w", err)
+		}
+	}
+	var closers []func() error
+	defer func() {
+		if err != nil {
+			for _, c := range closers {
+				c()
+			}
+		}
+	}()
+
+	getCert, clientCAs, err := loadTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubeClient(cfg.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	sel, err := labels.Parse(cfg.EdgeSelector)
+	if err != nil {
+		return nil, fmt.Errorf("--edge-selector: %w", err)
+	}
+	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: log, ResyncPeriod: 10 * time.Minute})
+
+	g.registry = registry.New(registry.Options{MaxStreams: cfg.MaxStreamsPerEdge, Logger: log})
+	if err := g.metrics.Register(g.registry); err != nil {
+		return nil, fmt.Errorf("register registry metrics: %w", err)
+	}
+	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
+		GetCertificate: getCert,
+		ClientCAs:      clientCAs,
+		Limits:         tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration},
+		ShutdownGrace:  cfg.ShutdownGrace.Duration,
+		Logger:         log,
+		Registerer:     g.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, g.tunnels.Close)
+
+	g.proxy, err = proxy.New(g.registry, proxy.Options{
+		Mode:        nodewatch.Mode(cfg.Mode),
+		Zones:       cfg.DNSZones,
+		IdleTimeout: cfg.StreamIdleTimeout.Duration,
+		Logger:      log,
+		Registerer:  g.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// ":port" listens on every address, IPv6 and IPv4 (v4-mapped), which is
+	// what DNAT to the local machine needs.
+	g.proxyLn, err = net.Listen("tcp", ":"+strconv.Itoa(cfg.ProxyPort))
+	if err != nil {
+		return nil, fmt.Errorf("transparent listener: %w", err)
+	}
+	closers = append(closers, g.proxyLn.Close)
+
+	if cfg.AdminListen != "" {
+		g.adminLn, err = net.Listen("tcp", cfg.AdminListen)
+		if err != nil {
+			return nil, fmt.Errorf("admin listener: %w", err)
+		}
+		closers = append(closers, g.adminLn.Close)
+	}
+	return g, nil
+}
+
+// TunnelAddr, ProxyAddr and AdminAddr are the bound listener addresses
+// (useful with port 0). AdminAddr is nil when the admin server is disabled.
+func (g *Gateway) TunnelAddr() net.Addr { return g.tunnels.Addr() }
+func (g *Gateway) ProxyAddr() net.Addr  { return g.proxyLn.Addr() }
+func (g *Gateway) AdminAddr() net.Addr {
+	if g.adminLn == nil {
+		return nil
+	}
+	return g.adminLn.Addr()
+}
+
+// Metrics is the Prometheus registry /metrics serves; more parts may
+// register with it before Run.
+func (g *Gateway) Metrics() *prometheus.Registry { return g.metrics }
+
+// Watcher is the node watcher; more consumers may Subscribe before Run.
+func (g *Gateway) Watcher() *nodewatch.Watcher { return g.watcher }
+
+// Run runs the gateway until ctx ends, then shuts down gracefully (see the
+// package doc). It returns the first error of any part, which also stops
+// the others. Run may be called once.
+func (g *Gateway) Run(ctx context.Context) error {
+	if g.running.Swap(true) {
+		return errors.New("gateway: Run called twice")
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g.log.Info("tether-gateway starting", "version", version.Version, "replica", g.replica,
+		"tunnel", g.tunnels.Addr().String(), "proxy", g.proxyLn.Addr().String(), "mode", g.cfg.Mode)
+
+	// The admin server outlives the others so that /metrics and /readyz
+	// answer while streams drain; it stops the whole gateway if it fails.
+	adminDone := make(chan error, 1)
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+	if g.adminLn != nil {
+		h := admin.New(admin.Options{Registry: g.metrics, Ready: g.Ready, Status: func() any { return g.Status() }, Logger: g.log})
+		go func() {
+			err := admin.ServeListener(adminCtx, g.adminLn, h)
+			if adminCtx.Err() == nil {
+				err = fmt.Errorf("admin server stopped: %w", errors.Join(err, http.ErrServerClosed))
+				cancel(err)
+			}
+			adminDone <- err
+		}()
+	} else {
+		adminDone <- nil
+	}
+
+	// Consumers of node snapshots. The DNS server (dns.Server.Update) and
+	// the netrules reconciler subscribe here too when they are wired in.
+	g.watcher.Subscribe(g.proxy.Update)
+
+	eg, ectx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return g.watcher.Run(ectx) })
+	eg.Go(func() error {
+		if err := g.watcher.WaitSynced(ectx); err == nil {
+			g.synced.Store(true)
+		}
+		return nil
+	})
+	eg.Go(func() error { return g.tunnels.Serve(ectx) })
+	eg.Go(func() error { return g.proxy.Serve(ectx, g.proxyLn) })
+	eg.Go(func() error {
+		<-ectx.Done()
+		g.stopping.Store(true)
+		g.log.Info("tether-gateway shutting down", "reason", context.Cause(ectx))
+		return nil
+	})
+	err := eg.Wait()
+	stopAdmin()
+	if aerr := <-adminDone; err == nil {
+		err = aerr
+	}
+	if err != nil {
+		g.log.Error("tether-gateway stopped", "err", err)
+		return err
+	}
+	g.log.Info("tether-gateway stopped")
+	return nil
+}
+
+// Ready reports why the gateway cannot serve yet, or nil: its listeners
+// must be running, the node informer synced, and shutdown not begun.
+func (g *Gateway) Ready() error {
+	switch {
+	case g.stopping.Load():
+		return errors.New("shutting down")
+	case !g.running.Load():
+		return errors.New("listeners not running")
+	case !g.synced.Load():
+		return errors.New("node informer not synced")
+	}
+	return nil
+}
+
+// loadTLS reads the serving key pair and the client CA bundle.
+//
+// The serving certificate is read once; reloading it when the files change
+// is issue 7's (GetCertificate is the hook).
+func loadTLS(cfg Config) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), *x509.CertPool, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load --tls-cert/--tls-key: %w", err)
+	}
+	pem, err := os.ReadFile(cfg.ClientCA)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read --client-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, nil, fmt.Errorf("--client-ca %s: no PEM certificate in it", cfg.ClientCA)
+	}
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }, pool, nil
+}
+
+// kubeClient builds a client from a kubeconfig file, or from the in-cluster
+// service account when path is empty.
+func kubeClient(path string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if path == "" {
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
+		}
+	} else if cfg, err = clientcmd.BuildConfigFromFlags("", path); err != nil {
+		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+	}
+	cfg.UserAgent = "tether-gateway/" + version.Version
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return client, nil
+}

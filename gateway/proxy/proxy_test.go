@@ -1,0 +1,357 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tether-edge/tether/gateway/internal/edgetest"
+	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/tunnelserver"
+	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// The end-to-end tests run on loopback without netrules: edge-1's
+// "InternalIP" is 127.0.0.2, where its stand-in kubelet listens, and the
+// test edge dials it. Clients connect to the proxy's listener on 127.0.0.1,
+// so they are routed by name unless a test fakes the original destination.
+
+const (
+	edge1Addr = "127.0.0.2"
+	zone      = "tether.internal"
+)
+
+type env struct {
+	t          *testing.T
+	ca         *testenv.CA
+	reg        *registry.Registry
+	tunnelAddr string
+	snap       *nodewatch.Snapshot
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ca := testenv.MustCA(t, "tether test CA")
+	kp, err := ca.ServerCert("gateway", "gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registry.New(registry.Options{})
+	srv, err := tunnelserver.Listen("127.0.0.1:0", reg, tunnelserver.Options{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &kp.TLS, nil },
+		ClientCAs:      ca.Pool(),
+		ShutdownGrace:  time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("tunnel server: %v", err)
+		}
+	})
+	snap := &nodewatch.Snapshot{Version: 1, Nodes: map[string]nodewatch.Node{
+		"edge-1": {Name: "edge-1", Edge: true, InternalIPs: addrs(edge1Addr), VIP: netip.MustParseAddr("100.64.0.1")},
+		"edge-2": {Name: "edge-2", Edge: true, InternalIPs: addrs("127.0.0.3")},
+	}}
+	return &env{t: t, ca: ca, reg: reg, tunnelAddr: srv.Addr().String(), snap: snap}
+}
+
+// edge connects a test edge for node and waits until it is registered.
+func (e *env) edge(node string, allow func(tunnel.Request) tunnel.Code) *edgetest.Edge {
+	e.t.Helper()
+	kp, err := e.ca.NodeCert(node)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	edge, err := edgetest.Dial(ctx, e.tunnelAddr, edgetest.Options{
+		Cert: kp.TLS, Roots: e.ca.Pool(), ServerName: "gateway", Allow: allow,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(edge.Close)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, ok := e.reg.Lookup(node); ok {
+			return edge
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s never registered", node)
+		}
+	}
+}
+
+// proxy starts a proxy with opts on 127.0.0.1 and returns it and its
+// address.
+func (e *env) proxy(opts Options) (*Proxy, string) {
+	e.t.Helper()
+	if opts.Zones == nil {
+		opts.Zones = []string{zone}
+	}
+	p, err := New(e.reg, opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p.Update(e.snap)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, ln) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("proxy: %v", err)
+		}
+	})
+	return p, ln.Addr().String()
+}
+
+// backend starts a stand-in for edge-1's kubelet on 127.0.0.2: HTTPS with
+// its own certificate when tlsName is set, plain HTTP otherwise. /healthz
+// answers ok; /sha256 answers the hash of the request body.
+func (e *env) backend(tlsName string) (port uint16) {
+	e.t.Helper()
+	ln, err := net.Listen("tcp", edge1Addr+":0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "ok from %s", r.Host)
+	})
+	mux.HandleFunc("/sha256", func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		io.Copy(h, r.Body)
+		io.WriteString(w, hex.EncodeToString(h.Sum(nil)))
+	})
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Listener.Close()
+	ts.Listener = ln
+	if tlsName != "" {
+		kp, err := e.ca.ServerCert(tlsName, tlsName)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		ts.TLS = &tls.Config{Certificates: []tls.Certificate{kp.TLS}}
+		ts.StartTLS()
+	} else {
+		ts.Start()
+	}
+	e.t.Cleanup(ts.Close)
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// client returns an HTTP client whose every connection goes to proxyAddr,
+// whatever the URL says, and that verifies servers against the test CA.
+func (e *env) client(proxyAddr string) *http.Client {
+	var d net.Dialer
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, "tcp", proxyAddr)
+			},
+			TLSClientConfig:   &tls.Config{RootCAs: e.ca.Pool()},
+			DisableKeepAlives: true,
+		},
+	}
+}
+
+func get(t *testing.T, c *http.Client, url string) string {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %q %v", url, resp.Status, body, err)
+	}
+	return string(body)
+}
+
+func value(t *testing.T, p *Proxy, name string, labels ...string) float64 {
+	t.Helper()
+	var v float64
+	var err error
+	switch name {
+	case "refusals":
+		v, err = metrictest.Value(p.metrics.refusals, "tether_gateway_proxy_refusals_total", labels...)
+	case "connections":
+		v, err = metrictest.Value(p.metrics.connections, "tether_gateway_proxy_connections_total", labels...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
+// TLS by server name: the client verifies the stand-in kubelet's own
+// certificate, so TLS is end to end through the gateway.
+func TestProxyRoutesBySNI(t *testing.T) {
+	e := newEnv(t)
+	port := e.backend("edge-1." + zone)
+	edge := e.edge("edge-1", edgetest.AllowPorts(port))
+	p, addr := e.proxy(Options{DefaultPort: port})
+
+	body := get(t, e.client(addr), "https://edge-1."+zone+"/healthz")
+	if !strings.HasPrefix(body, "ok from edge-1."+zone) {
+		t.Fatalf("body %q", body)
+	}
+	reqs := edge.Requests()
+	if len(reqs) != 1 || reqs[0].Dest != netip.AddrPortFrom(netip.MustParseAddr(edge1Addr), port) ||
+		!strings.HasPrefix(reqs[0].Client, "127.0.0.1:") {
+		t.Fatalf("edge got requests %+v, want one for %s:%d from the client", reqs, edge1Addr, port)
+	}
+	eventually(t, "the connection is counted as relayed", func() bool {
+		return value(t, p, "connections", "result=relayed") == 1
+	})
+	ed, _ := e.reg.Lookup("edge-1")
+	if st := ed.Status(); st.BytesUp == 0 || st.BytesDown == 0 || st.Streams != 0 {
+		t.Fatalf("edge status after the request: %+v", st)
+	}
+}
+
+// Plain HTTP by Host; a large body arrives intact behind the sniffed head.
+func TestProxyRoutesByHost(t *testing.T) {
+	e := newEnv(t)
+	port := e.backend("")
+	e.edge("edge-1", edgetest.AllowPorts(port))
+	_, addr := e.proxy(Options{DefaultPort: port})
+	c := e.client(addr)
+
+	if body := get(t, c, "http://edge-1/healthz"); body != "ok from edge-1" {
+		t.Fatalf("body %q", body)
+	}
+	data := make([]byte, 8<<20)
+	rand.Read(data)
+	sum := sha256.Sum256(data)
+	resp, err := c.Post("http://EDGE-1."+zone+"./sha256", "application/octet-stream", bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	if string(got) != hex.EncodeToString(sum[:]) {
+		t.Fatalf("backend hashed %q, want %x", got, sum)
+	}
+}
+
+// A connection DNATed to an edge address is routed by that address; in vip
+// mode the edge dials the node's InternalIP.
+func TestProxyRoutesByOriginalDestination(t *testing.T) {
+	e := newEnv(t)
+	port := e.backend("")
+	edge := e.edge("edge-1", edgetest.AllowPorts(port))
+	for _, tc := range []struct {
+		mode nodewatch.Mode
+		dst  string
+	}{
+		{nodewatch.ModeNodeIP, edge1Addr},
+		{nodewatch.ModeVIP, "100.64.0.1"},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			dst := netip.AddrPortFrom(netip.MustParseAddr(tc.dst), port)
+			_, addr := e.proxy(Options{Mode: tc.mode, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil }})
+			// No name anywhere: the Host is an unrelated one.
+			if body := get(t, e.client(addr), "http://unrelated.example/healthz"); body != "ok from unrelated.example" {
+				t.Fatalf("body %q", body)
+			}
+			reqs := edge.Requests()
+			if last := reqs[len(reqs)-1]; last.Dest != netip.AddrPortFrom(netip.MustParseAddr(edge1Addr), port) {
+				t.Fatalf("edge asked to dial %v", last.Dest)
+			}
+		})
+	}
+}
+
+// expectReset sends a request head (if any) and checks that the proxy
+// resets the connection.
+func expectReset(t *testing.T, addr, head string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if head != "" {
+		io.WriteString(c, head)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = bufio.NewReader(c).ReadByte()
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after %q: %v, want connection reset", head, err)
+	}
+}
+
+func TestProxyRefusals(t *testing.T) {
+	e := newEnv(t)
+	port := e.backend("")
+	e.edge("edge-1", edgetest.AllowPorts(port))
+
+	// The edge refuses a port outside its allow list; the refusal reason
+	// is counted on the proxy and on the edge.
+	p, addr := e.proxy(Options{DefaultPort: 10255, PeekTimeout: 100 * time.Millisecond})
+	expectReset(t, addr, "GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n")
+	if v := value(t, p, "refusals", "reason=not_allowed"); v != 1 {
+		t.Errorf("not_allowed refusals: %v, want 1", v)
+	}
+	ed, _ := e.reg.Lookup("edge-1")
+	if st := ed.Status(); st.Refusals["not_allowed"] != 1 || st.Streams != 0 {
+		t.Errorf("edge-1 status %+v, want one not_allowed refusal and no stream", st)
+	}
+
+	for _, tc := range []struct{ head, reason string }{
+		{"GET / HTTP/1.1\r\nHost: edge-2\r\n\r\n", registry.ReasonNoTunnel}, // known node, no tunnel
+		{"GET / HTTP/1.1\r\nHost: nowhere.example\r\n\r\n", ReasonNoRoute},
+		{"\x00garbage\r\n\r\n", ReasonNoRoute},
+		{"", ReasonPeekTimeout}, // a client that says nothing
+		{"GET / HTTP/1.1\r\nHost: edge-1\r\n", ReasonPeekTimeout},
+	} {
+		before := value(t, p, "refusals", "reason="+tc.reason)
+		expectReset(t, addr, tc.head)
+		if v := value(t, p, "refusals", "reason="+tc.reason); v != before+1 {
+			t.Errorf("after %q: %s refusals %v, want %v", tc.head, tc.reason, v, before+1)
+		}
+	}
+	if v := value(t, p, "connections", "result=refused"); v != 6 {
+		t.Errorf("refused connections: %v, want 6", v)
+	}
+}

@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"net/netip"
+	"strings"
+
+	"github.com/tether-edge/tether/gateway/nodewatch"
+)
+
+// route is where a connection goes: the node whose edge gets the stream and
+// the address the edge is asked to dial.
+type route struct {
+	node string
+	dial netip.Addr
+}
+
+// routes is an immutable index built from one nodewatch Snapshot.
+type routes struct {
+	// byAddr maps each address that reaches an edge node in the active mode
+	// (its InternalIPs in node-ip mode, its VIP in vip mode) to the node.
+	byAddr map[netip.Addr]route
+	// byName maps each edge node's name to the node.
+	byName map[string]route
+	// zones are the DNS zones a name may carry after the node name,
+	// lowercase and without leading or trailing dots.
+	zones []string
+	// conflicts lists addresses claimed by more than one edge node.
+	conflicts []string
+}
+
+// normalizeZones returns zones as routes keeps them.
+func normalizeZones(zones []string) []string {
+	var out []string
+	for _, z := range zones {
+		if z = strings.Trim(strings.ToLower(z), "."); z != "" {
+			out = append(out, z)
+		}
+	}
+	return out
+}
+
+// buildRoutes indexes the edge nodes of snap. Where an edge node is reached
+// through a VIP, the edge is asked to dial the node's first InternalIP:
+// the VIP exists only on the gateway. A node reached by name is dialled at
+// its first InternalIP in either mode. When two nodes claim an address, the
+// one whose name sorts first keeps it (as netrules does).
+func buildRoutes(snap *nodewatch.Snapshot, mode nodewatch.Mode, zones []string) *routes {
+	rt := &routes{
+		byAddr: make(map[netip.Addr]route),
+		byName: make(map[string]route),
+		zones:  zones,
+	}
+	for name, n := range snap.Nodes {
+		if !n.Edge || len(n.InternalIPs) == 0 {
+			continue
+		}
+		home := n.InternalIPs[0]
+		rt.byName[strings.ToLower(name)] = route{node: name, dial: home}
+		for _, a := range n.Reach(mode) {
+			a = a.Unmap()
+			dial := a
+			if mode == nodewatch.ModeVIP {
+				dial = home
+			}
+			if prev, ok := rt.byAddr[a]; ok {
+				rt.conflicts = append(rt.conflicts, a.String()+" ("+prev.node+", "+name+")")
+				if prev.node < name {
+					continue
+				}
+			}
+			rt.byAddr[a] = route{node: name, dial: dial}
+		}
+	}
+	return rt
+}
+
+// addr returns the route of a destination address.
+func (rt *routes) addr(a netip.Addr) (route, bool) {
+	r, ok := rt.byAddr[a.Unmap()]
+	return r, ok
+}
+
+// name returns the route of a host name as a client wrote it in SNI or a
+// Host header: a node name, the node name under one of the zones, or an
+// address that reaches a node. Case and a trailing dot do not matter.
+func (rt *routes) name(host string) (route, bool) {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if r, ok := rt.byName[host]; ok {
+		return r, true
+	}
+	for _, z := range rt.zones {
+		if base, ok := strings.CutSuffix(host, "."+z); ok {
+			if r, ok := rt.byName[base]; ok {
+				return r, true
+			}
+		}
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return rt.addr(a)
+	}
+	return route{}, false
+}

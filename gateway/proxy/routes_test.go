@@ -1,0 +1,88 @@
+package proxy
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/tether-edge/tether/gateway/nodewatch"
+)
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+func testSnapshot() *nodewatch.Snapshot {
+	nodes := []nodewatch.Node{
+		{Name: "edge-1", Edge: true, InternalIPs: addrs("10.0.0.1", "fd00::1"), VIP: netip.MustParseAddr("100.64.0.1")},
+		{Name: "edge-2", Edge: true, InternalIPs: addrs("10.0.0.2")},
+		{Name: "edge-noaddr", Edge: true, VIP: netip.MustParseAddr("100.64.0.9")},
+		{Name: "cloud-1", InternalIPs: addrs("10.1.0.1")},
+		// Two sites reusing a range: the first name keeps the address.
+		{Name: "site-b", Edge: true, InternalIPs: addrs("192.168.1.10")},
+		{Name: "site-a", Edge: true, InternalIPs: addrs("192.168.1.10")},
+	}
+	s := &nodewatch.Snapshot{Nodes: map[string]nodewatch.Node{}, Version: 1}
+	for _, n := range nodes {
+		s.Nodes[n.Name] = n
+	}
+	return s
+}
+
+func TestRoutes(t *testing.T) {
+	zones := normalizeZones([]string{"Tether.Internal.", ".edge.example"})
+	nodeIP := buildRoutes(testSnapshot(), nodewatch.ModeNodeIP, zones)
+	vip := buildRoutes(testSnapshot(), nodewatch.ModeVIP, zones)
+	ok := func(node, dial string) route { return route{node: node, dial: netip.MustParseAddr(dial)} }
+	none := route{}
+
+	for _, tc := range []struct {
+		rt   *routes
+		addr string
+		want route
+	}{
+		{nodeIP, "10.0.0.1", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "::ffff:10.0.0.1", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "fd00::1", ok("edge-1", "fd00::1")},
+		{nodeIP, "10.0.0.2", ok("edge-2", "10.0.0.2")},
+		{nodeIP, "100.64.0.1", none}, // VIPs only in vip mode
+		{nodeIP, "10.1.0.1", none},   // cloud nodes need no gateway
+		{nodeIP, "192.168.1.10", ok("site-a", "192.168.1.10")},
+		{vip, "100.64.0.1", ok("edge-1", "10.0.0.1")}, // the edge dials the node's own address
+		{vip, "10.0.0.1", none},
+		{vip, "100.64.0.9", none}, // a node without addresses cannot be dialled
+	} {
+		if got, _ := tc.rt.addr(netip.MustParseAddr(tc.addr)); got != tc.want {
+			t.Errorf("addr(%s) = %+v, want %+v", tc.addr, got, tc.want)
+		}
+	}
+	if len(nodeIP.conflicts) != 1 {
+		t.Errorf("conflicts = %q, want the one shared address", nodeIP.conflicts)
+	}
+
+	for _, tc := range []struct {
+		rt   *routes
+		name string
+		want route
+	}{
+		{nodeIP, "edge-1", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "EDGE-1.", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "edge-1.tether.internal", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "edge-2.edge.example.", ok("edge-2", "10.0.0.2")},
+		{vip, "edge-1.tether.internal", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "10.0.0.2", ok("edge-2", "10.0.0.2")}, // an address in SNI or Host
+		{vip, "100.64.0.1", ok("edge-1", "10.0.0.1")},
+		{nodeIP, "edge-1.other.zone", none},
+		{nodeIP, "tether.internal", none},
+		{nodeIP, "cloud-1", none},
+		{nodeIP, "edge-noaddr", none},
+		{nodeIP, "", none},
+	} {
+		if got, _ := tc.rt.name(tc.name); got != tc.want {
+			t.Errorf("name(%q) = %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
