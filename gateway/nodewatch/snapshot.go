@@ -15,3 +15,14 @@ func (s *Snapshot) Lookup(name string) (Node, bool) {
 	n, ok := s.Nodes[name]
 	return n, ok
 }
+
+// Edge returns the number of edge nodes in the snapshot.
+func (s *Snapshot) Edge() int {
+	c := 0
+	for _, n := range s.Nodes {
+		if n.Edge {
+			c++
+		}
+	}
+	return c
+}

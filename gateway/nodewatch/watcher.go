@@ -238,7 +238,7 @@ func (w *Watcher) publishLoop(ctx context.Context) {
 		w.mu.Unlock()
 		if !announced {
 			announced = true
-			w.log.Info("nodes synced", "nodes", len(snap.Nodes), "edge", countEdge(snap))
+			w.log.Info("nodes synced", "nodes", len(snap.Nodes), "edge", snap.Edge())
 			close(w.synced)
 		}
 		for _, s := range subs {
@@ -248,14 +248,4 @@ func (w *Watcher) publishLoop(ctx context.Context) {
 			}
 		}
 	}
-}
-
-func countEdge(s *Snapshot) int {
-	c := 0
-	for _, n := range s.Nodes {
-		if n.Edge {
-			c++
-		}
-	}
-	return c
 }

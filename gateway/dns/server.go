@@ -1,0 +1,132 @@
+// Package dns is the gateway's authoritative DNS server for node names.
+//
+// It answers A and AAAA queries for every edge node — by its bare name
+// (edge-1.) and under each configured zone (edge-1.tether.internal.) — with
+// the address that reaches the node through the gateway in the active
+// address mode, PTR queries for VIPs, and SOA/NS at each zone apex. It
+// never recurses. See README.md for the answer rules and how to point
+// CoreDNS, kube-apiserver and metrics-server at it.
+//
+// Data flow: nodewatch publishes a Snapshot; Update renders it into an
+// immutable table of prebuilt records and swaps it in atomically. The
+// query path loads the table with one atomic read and takes no lock, so a
+// node added, changed or deleted is reflected in the very next answer.
+package dns
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-edge/tether/gateway/nodewatch"
+)
+
+// Defaults for Options.
+const (
+	DefaultTTL        = 5 * time.Second
+	DefaultMaxUDPSize = 1232 // the DNS flag day 2020 size: no IP fragmentation
+)
+
+// Options configure a Server.
+type Options struct {
+	// Zones the server is authoritative for, such as "tether.internal."
+	// (the trailing dot is optional; case does not matter). Node names are
+	// answered bare and under each zone; PTR targets use the first zone.
+	Zones []string
+	// TTL of every answer and of negative answers (SOA minimum); 0 means
+	// DefaultTTL.
+	TTL time.Duration
+	// Mode selects the address answered for edge nodes; "" means node-ip.
+	Mode nodewatch.Mode
+	// CloudNodes also answers the names of cloud (non-edge) nodes, with
+	// their own InternalIPs.
+	CloudNodes bool
+	// NSAddrs are the gateway's own addresses, answered for the zones' name
+	// server ns.dns.<zone>; optional.
+	NSAddrs []netip.Addr
+	// MaxUDPSize caps UDP answers below the size the client offers with
+	// EDNS0; 0 means DefaultMaxUDPSize.
+	MaxUDPSize int
+	// Logger receives the server's logs; nil discards them.
+	Logger *slog.Logger
+	// Registerer, if set, gets the dns_queries_total counter by rcode.
+	Registerer prometheus.Registerer
+}
+
+// Validate checks the options before use.
+func (o Options) Validate() error {
+	var errs []error
+	for _, z := range o.Zones {
+		if z == "" || z == "." {
+			errs = append(errs, fmt.Errorf("zone %q: the root zone cannot be served", z))
+		} else if _, ok := dns.IsDomainName(z); !ok {
+			errs = append(errs, fmt.Errorf("zone %q is not a domain name", z))
+		}
+	}
+	if o.Mode != "" {
+		if _, err := nodewatch.ParseMode(string(o.Mode)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if o.TTL < 0 || o.TTL > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("TTL %s out of range (0 to 24h)", o.TTL))
+	}
+	if o.MaxUDPSize != 0 && (o.MaxUDPSize < 512 || o.MaxUDPSize > 65535) {
+		errs = append(errs, fmt.Errorf("max UDP size %d out of range (512 to 65535)", o.MaxUDPSize))
+	}
+	return errors.Join(errs...)
+}
+
+// Server answers node-name queries. Its methods are safe for concurrent use.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	table   atomic.Pointer[table]
+	metrics *metrics
+}
+
+var _ dns.Handler = (*Server)(nil)
+
+// New returns a Server with an empty table (every node name is unknown
+// until the first Update). Options should have passed Validate.
+func New(opts Options) *Server {
+	if opts.TTL == 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.Mode == "" {
+		opts.Mode = nodewatch.ModeNodeIP
+	}
+	if opts.MaxUDPSize == 0 {
+		opts.MaxUDPSize = DefaultMaxUDPSize
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	zones := make([]string, 0, len(opts.Zones))
+	for _, z := range opts.Zones {
+		z = strings.ToLower(dns.Fqdn(z))
+		if !slices.Contains(zones, z) {
+			zones = append(zones, z)
+		}
+	}
+	opts.Zones = zones
+	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	s.Update(&nodewatch.Snapshot{})
+	return s
+}
+
+// Update renders snap into a new table and swaps it in; the next query is
+// answered from it. It is meant as a nodewatch subscriber.
+func (s *Server) Update(snap *nodewatch.Snapshot) {
+	t := buildTable(snap, &s.opts)
+	s.table.Store(t)
+	s.log.Debug("dns table updated", "version", snap.Version, "names", len(t.names))
+}
