@@ -1,0 +1,181 @@
+package dnat
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/netrules"
+)
+
+var (
+	a1 = netip.MustParseAddr("192.168.1.10")
+	a2 = netip.MustParseAddr("192.168.2.10")
+	c1 = netip.MustParseAddr("10.0.0.5")
+)
+
+func snapshot(nodes ...nodewatch.Node) *nodewatch.Snapshot {
+	s := &nodewatch.Snapshot{Nodes: map[string]nodewatch.Node{}}
+	for _, n := range nodes {
+		s.Nodes[n.Name] = n
+	}
+	return s
+}
+
+// eventually polls cond for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// start runs a Reconciler until the test ends or stop is called; stop
+// waits for Run to return.
+func start(t *testing.T, o Options) (r *Reconciler, stop func()) {
+	t.Helper()
+	r, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return r, stop
+}
+
+func TestReconcilerAppliesEdgeNodesOnly(t *testing.T) {
+	fake := &netrules.Fake{}
+	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250, 10255}, ProxyPort: 10263})
+	r.Update(snapshot(
+		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}},
+		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a2}},
+		nodewatch.Node{Name: "cloud-1", InternalIPs: []netip.Addr{c1}},
+		nodewatch.Node{Name: "edge-noaddr", Edge: true},
+	))
+	eventually(t, "rules applied", r.Ready)
+	got, _ := fake.Desired()
+	want := netrules.Desired{
+		Edges:     map[string][]netip.Addr{"edge-1": {a1}, "edge-2": {a2}},
+		Ports:     []uint16{10250, 10255},
+		ProxyPort: 10263,
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+		t.Errorf("desired (-want +got):\n%s", diff)
+	}
+
+	// A node removed from the snapshot loses its rules.
+	r.Update(snapshot(nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a2}}))
+	eventually(t, "edge-1 removed", func() bool {
+		d, _ := fake.Desired()
+		_, has := d.Edges["edge-1"]
+		return !has && len(d.Edges) == 1
+	})
+}
+
+func TestReconcilerResyncsAndRetries(t *testing.T) {
+	fake := &netrules.Fake{}
+	clk := clocktesting.NewFakeClock(time.Now())
+	fake.SetErr(errors.New("table busy"))
+	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263, Resync: time.Minute, Clock: clk})
+	r.Update(snapshot(nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}}))
+	eventually(t, "first (failing) apply", func() bool { return fake.Applies() == 1 })
+	if r.Ready() {
+		t.Fatal("ready after a failed apply")
+	}
+	// The resync tick retries without a new snapshot.
+	fake.SetErr(nil)
+	eventually(t, "ticker armed", func() bool { return clk.HasWaiters() })
+	clk.Step(time.Minute)
+	eventually(t, "retry on resync", r.Ready)
+	n := fake.Applies()
+	clk.Step(time.Minute)
+	eventually(t, "another resync", func() bool { return fake.Applies() > n })
+}
+
+func TestReconcilerCleanupOnExit(t *testing.T) {
+	for _, cleanup := range []bool{true, false} {
+		fake := &netrules.Fake{}
+		r, stop := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263, CleanupOnExit: cleanup})
+		r.Update(snapshot(nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}}))
+		eventually(t, "applied", r.Ready)
+		stop()
+		_, has := fake.Desired()
+		if has == cleanup {
+			t.Errorf("CleanupOnExit=%v: rules still present = %v", cleanup, has)
+		}
+	}
+}
+
+type fakeLink struct {
+	mu    sync.Mutex
+	addrs []netip.Addr
+}
+
+func (l *fakeLink) Sync(a []netip.Addr) error { l.mu.Lock(); l.addrs = slices.Clone(a); l.mu.Unlock(); return nil }
+func (l *fakeLink) Delete() error             { l.mu.Lock(); l.addrs = nil; l.mu.Unlock(); return nil }
+
+type fakePatcher struct {
+	mu  sync.Mutex
+	set map[string]netip.Addr
+}
+
+func (p *fakePatcher) SetVIP(_ context.Context, node string, addr netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.set[node] = addr
+	return nil
+}
+
+func TestVIPModeAssignsRecordsAndHolds(t *testing.T) {
+	fake := &netrules.Fake{}
+	link := &fakeLink{}
+	patcher := &fakePatcher{set: map[string]netip.Addr{}}
+	vips := &VIPs{CIDR: netip.MustParsePrefix("100.100.0.0/24"), Link: link, Patcher: patcher}
+	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeVIP, Ports: []uint16{10250}, ProxyPort: 10263, VIPs: vips})
+
+	// Two edges on the same private address (sites reuse ranges): neither
+	// has a VIP yet, so both get one recorded and no rules exist yet.
+	r.Update(snapshot(
+		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}},
+		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a1}},
+	))
+	eventually(t, "VIPs recorded", func() bool { patcher.mu.Lock(); defer patcher.mu.Unlock(); return len(patcher.set) == 2 })
+	v1, v2 := patcher.set["edge-1"], patcher.set["edge-2"]
+	if v1 == v2 || !vips.CIDR.Contains(v1) || !vips.CIDR.Contains(v2) {
+		t.Fatalf("VIPs %v and %v: want two distinct addresses in %v", v1, v2, vips.CIDR)
+	}
+
+	// The annotations come back through the watcher: the link holds them
+	// and the rules redirect them.
+	r.Update(snapshot(
+		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}, VIP: v1},
+		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a1}, VIP: v2},
+	))
+	eventually(t, "rules for VIPs", func() bool {
+		d, _ := fake.Desired()
+		return len(d.Edges) == 2 && d.Edges["edge-1"][0] == v1 && d.Edges["edge-2"][0] == v2
+	})
+	link.mu.Lock()
+	held := slices.Clone(link.addrs)
+	link.mu.Unlock()
+	slices.SortFunc(held, netip.Addr.Compare)
+	want := []netip.Addr{v1, v2}
+	slices.SortFunc(want, netip.Addr.Compare)
+	if !slices.Equal(held, want) {
+		t.Errorf("link holds %v, want %v", held, want)
+	}
+}
