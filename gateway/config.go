@@ -13,8 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
 )
 
@@ -35,6 +37,13 @@ type Config struct {
 	VIPCIDR      string   `json:"vip-cidr,omitempty"`
 	NetRules     string   `json:"netrules"`
 	EdgeSelector string   `json:"edge-selector"`
+
+	EdgePorts      config.Ports    `json:"edge-ports"`
+	ResyncPeriod   metav1.Duration `json:"resync-period"`
+	CleanupOnExit  bool            `json:"cleanup-on-exit"`
+	DNSTTL         metav1.Duration `json:"dns-ttl"`
+	DNSCloudNodes  bool            `json:"dns-cloud-nodes"`
+	HostsConfigMap string          `json:"hosts-configmap,omitempty"`
 
 	MaxStreamsPerEdge int             `json:"max-streams-per-edge"`
 	IdleTimeout       metav1.Duration `json:"idle-timeout"`
@@ -67,6 +76,10 @@ func DefaultConfig() Config {
 		Mode:              string(nodewatch.ModeNodeIP),
 		NetRules:          netrules.KindAuto,
 		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
+		EdgePorts:         config.Ports{10250, 10255},
+		ResyncPeriod:      metav1.Duration{Duration: 30 * time.Second},
+		CleanupOnExit:     true,
+		DNSTTL:            metav1.Duration{Duration: dns.DefaultTTL},
 		MaxStreamsPerEdge: registry.DefaultMaxStreams,
 		IdleTimeout:       metav1.Duration{Duration: 15 * time.Second},
 		StreamIdleTimeout: metav1.Duration{Duration: 4 * time.Hour},
@@ -133,6 +146,20 @@ func (c *Config) Validate() error {
 		bad("--edge-selector %q: %w", c.EdgeSelector, err)
 	} else if strings.TrimSpace(c.EdgeSelector) == "" {
 		bad("--edge-selector is empty: it would make every node an edge node")
+	}
+	if len(c.EdgePorts) == 0 && c.NetRules != netrules.KindNone {
+		bad("--edge-ports is empty: no edge port would be redirected to the gateway")
+	}
+	if c.ResyncPeriod.Duration <= 0 {
+		bad("--resync-period %s: want a positive duration", c.ResyncPeriod.Duration)
+	}
+	if err := (dns.Options{Zones: c.DNSZones, TTL: c.DNSTTL.Duration}).Validate(); err != nil {
+		bad("--dns-zone/--dns-ttl: %w", err)
+	}
+	if c.HostsConfigMap != "" {
+		if _, _, err := dns.ParseConfigMapRef(c.HostsConfigMap); err != nil {
+			bad("--hosts-configmap: %w", err)
+		}
 	}
 	if c.MaxStreamsPerEdge < 1 {
 		bad("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)

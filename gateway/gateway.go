@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -32,12 +33,16 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/tether-edge/tether/gateway/dnat"
+	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/proxy"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/netrules"
+	"github.com/tether-edge/tether/netrules/vip"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -55,6 +60,12 @@ type Gateway struct {
 	proxy    *proxy.Proxy
 	proxyLn  net.Listener
 	adminLn  net.Listener // nil when --admin-listen is empty
+
+	dnat  *dnat.Reconciler // nil with --netrules=none
+	dns   *dns.Server      // nil when --dns-listen is empty
+	dnsPC net.PacketConn
+	dnsLn net.Listener
+	hosts *dns.HostsWriter // nil without --hosts-configmap
 
 	running  atomic.Bool // Run has started the parts
 	synced   atomic.Bool // the node informer has synced
@@ -148,6 +159,20 @@ func New(cfg Config) (_ *Gateway, err error) {
 	}
 	closers = append(closers, g.proxyLn.Close)
 
+	if err := g.newDNAT(cfg, client); err != nil {
+		return nil, err
+	}
+	if cfg.DNSListen != "" {
+		if err := g.newDNS(cfg); err != nil {
+			return nil, err
+		}
+		closers = append(closers, g.dnsPC.Close, g.dnsLn.Close)
+	}
+	if cfg.HostsConfigMap != "" {
+		ns, name, _ := dns.ParseConfigMapRef(cfg.HostsConfigMap) // checked by Validate
+		g.hosts = dns.NewHostsWriter(client, dns.HostsOptions{Namespace: ns, Name: name, Mode: nodewatch.Mode(cfg.Mode), CloudNodes: cfg.DNSCloudNodes, Logger: log})
+	}
+
 	if cfg.AdminListen != "" {
 		g.adminLn, err = net.Listen("tcp", cfg.AdminListen)
 		if err != nil {
@@ -207,11 +232,22 @@ func (g *Gateway) Run(ctx context.Context) error {
 		adminDone <- nil
 	}
 
-	// Consumers of node snapshots. The DNS server (dns.Server.Update) and
-	// the netrules reconciler subscribe here too when they are wired in.
+	// Consumers of node snapshots.
 	g.watcher.Subscribe(g.proxy.Update)
-
 	eg, ectx := errgroup.WithContext(ctx)
+	if g.dnat != nil {
+		g.watcher.Subscribe(g.dnat.Update)
+		eg.Go(func() error { return g.dnat.Run(ectx) })
+	}
+	if g.dns != nil {
+		g.watcher.Subscribe(g.dns.Update)
+		eg.Go(func() error { return g.dns.Serve(ectx, g.dnsPC, g.dnsLn) })
+	}
+	if g.hosts != nil {
+		g.watcher.Subscribe(g.hosts.Update)
+		eg.Go(func() error { return g.hosts.Run(ectx) })
+	}
+
 	eg.Go(func() error { return g.watcher.Run(ectx) })
 	eg.Go(func() error {
 		if err := g.watcher.WaitSynced(ectx); err == nil {
@@ -250,8 +286,65 @@ func (g *Gateway) Ready() error {
 		return errors.New("listeners not running")
 	case !g.synced.Load():
 		return errors.New("node informer not synced")
+	case g.dnat != nil && !g.dnat.Ready():
+		return errors.New("DNAT rules not applied yet")
 	}
 	return nil
+}
+
+// newDNAT sets up the DNAT reconciler for --netrules (and, in vip mode,
+// the VIP assigner); none leaves g.dnat nil.
+func (g *Gateway) newDNAT(cfg Config, client kubernetes.Interface) error {
+	if cfg.NetRules == netrules.KindNone {
+		g.log.Info("DNAT disabled (--netrules=none): traffic must reach --proxy-port some other way")
+		return nil
+	}
+	rules, err := netrules.New(cfg.NetRules, netrules.Options{Logger: g.log})
+	if err != nil {
+		return fmt.Errorf("--netrules %s: %w", cfg.NetRules, err)
+	}
+	o := dnat.Options{
+		Rules:         rules,
+		Mode:          nodewatch.Mode(cfg.Mode),
+		Ports:         cfg.EdgePorts,
+		ProxyPort:     uint16(g.proxyLn.Addr().(*net.TCPAddr).Port),
+		Resync:        cfg.ResyncPeriod.Duration,
+		CleanupOnExit: cfg.CleanupOnExit,
+		Logger:        g.log,
+		Registerer:    g.metrics,
+	}
+	if o.Mode == nodewatch.ModeVIP {
+		cidr, _ := netip.ParsePrefix(cfg.VIPCIDR) // checked by Validate
+		o.VIPs = &dnat.VIPs{CIDR: cidr, Link: vip.Link{}, Patcher: dnat.APIPatcher{Client: client}, Logger: g.log}
+	}
+	g.dnat, err = dnat.New(o)
+	return err
+}
+
+// newDNS binds the DNS server's sockets (UDP and TCP on one port).
+func (g *Gateway) newDNS(cfg Config) error {
+	opts := dns.Options{
+		Zones:      cfg.DNSZones,
+		TTL:        cfg.DNSTTL.Duration,
+		Mode:       nodewatch.Mode(cfg.Mode),
+		CloudNodes: cfg.DNSCloudNodes,
+		Logger:     g.log,
+		Registerer: g.metrics,
+	}
+	pc, ln, err := dns.Listen(context.Background(), cfg.DNSListen)
+	if err != nil {
+		return err
+	}
+	g.dns, g.dnsPC, g.dnsLn = dns.New(opts), pc, ln
+	return nil
+}
+
+// DNSAddr is the bound DNS address, nil when DNS is disabled.
+func (g *Gateway) DNSAddr() net.Addr {
+	if g.dnsPC == nil {
+		return nil
+	}
+	return g.dnsPC.LocalAddr()
 }
 
 // loadTLS reads the serving key pair and the client CA bundle.

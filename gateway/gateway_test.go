@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -109,6 +110,7 @@ func TestRun(t *testing.T) {
 	cfg.Kubeconfig = cp.AdminKubeconfig
 	cfg.ClientCA, cfg.TLSCert, cfg.TLSKey = caFile, certFile, keyFile
 	cfg.TunnelListen, cfg.ProxyPort, cfg.AdminListen = "127.0.0.1:0", 0, "127.0.0.1:0"
+	cfg.DNSListen, cfg.NetRules = "127.0.0.1:0", "none" // the host's netfilter is not the test's; e2e programs rules in namespaces
 	cfg.DNSZones = []string{"tether.internal"}
 	cfg.Replica = "gw-test"
 	cfg.ShutdownGrace = metav1.Duration{Duration: time.Second}
@@ -151,6 +153,17 @@ func TestRun(t *testing.T) {
 	if e := st.Edges[0]; st.Replica != "gw-test" || !st.Ready || st.EdgeNodes != 2 ||
 		e.Node != "edge-1" || e.Pool != "pool-a" || e.Remote == "" || e.ConnectedSince.IsZero() {
 		t.Fatalf("status %+v", st)
+	}
+
+	// The DNS server answers the node's name from the same watcher.
+	q := new(dns.Msg)
+	q.SetQuestion("edge-1.tether.internal.", dns.TypeA)
+	in, err := dns.Exchange(q, g.DNSAddr().String())
+	if err != nil {
+		t.Fatalf("dns query: %v", err)
+	}
+	if len(in.Answer) != 1 || in.Answer[0].(*dns.A).A.String() != "10.20.0.1" {
+		t.Fatalf("edge-1.tether.internal. A = %v, want 10.20.0.1", in.Answer)
 	}
 
 	// A client that dials the proxy port directly, naming edge-1 in its

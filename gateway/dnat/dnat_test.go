@@ -125,8 +125,13 @@ type fakeLink struct {
 	addrs []netip.Addr
 }
 
-func (l *fakeLink) Sync(a []netip.Addr) error { l.mu.Lock(); l.addrs = slices.Clone(a); l.mu.Unlock(); return nil }
-func (l *fakeLink) Delete() error             { l.mu.Lock(); l.addrs = nil; l.mu.Unlock(); return nil }
+func (l *fakeLink) Sync(a []netip.Addr) error {
+	l.mu.Lock()
+	l.addrs = slices.Clone(a)
+	l.mu.Unlock()
+	return nil
+}
+func (l *fakeLink) Delete() error { l.mu.Lock(); l.addrs = nil; l.mu.Unlock(); return nil }
 
 type fakePatcher struct {
 	mu  sync.Mutex

@@ -100,10 +100,21 @@ func questionName(m *dns.Msg) string {
 // ListenAndServe serves UDP and TCP on addr (host:port; port 0 picks one
 // port free for both) until ctx is done, then returns nil.
 func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
+	pc, ln, err := Listen(ctx, addr)
+	if err != nil {
+		return err
+	}
+	s.log.Info("serving dns", "addr", pc.LocalAddr().String(), "zones", s.opts.Zones, "mode", s.opts.Mode)
+	return s.Serve(ctx, pc, ln)
+}
+
+// Listen binds UDP and TCP on addr (host:port; port 0 picks one port free
+// for both), for Serve.
+func Listen(ctx context.Context, addr string) (net.PacketConn, net.Listener, error) {
 	var lc net.ListenConfig
 	pc, err := lc.ListenPacket(ctx, "udp", addr)
 	if err != nil {
-		return fmt.Errorf("listen for dns on udp %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("listen for dns on udp %s: %w", addr, err)
 	}
 	tcpAddr := addr
 	if host, port, _ := net.SplitHostPort(addr); port == "0" {
@@ -112,10 +123,9 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
 	ln, err := lc.Listen(ctx, "tcp", tcpAddr)
 	if err != nil {
 		pc.Close()
-		return fmt.Errorf("listen for dns on tcp %s: %w", tcpAddr, err)
+		return nil, nil, fmt.Errorf("listen for dns on tcp %s: %w", tcpAddr, err)
 	}
-	s.log.Info("serving dns", "addr", pc.LocalAddr().String(), "zones", s.opts.Zones, "mode", s.opts.Mode)
-	return s.Serve(ctx, pc, ln)
+	return pc, ln, nil
 }
 
 // Serve answers queries arriving on pc (UDP) and ln (TCP), either of which
