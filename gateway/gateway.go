@@ -114,6 +114,14 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err != nil {
 		return nil, err
 	}
+	serving, err := getCert(nil)
+	if err != nil {
+		return nil, err
+	}
+	resetKey, err := tunnel.StatelessResetKey(serving.PrivateKey)
+	if err != nil {
+		return nil, err
+	}
 	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -129,12 +137,13 @@ func New(cfg Config) (_ *Gateway, err error) {
 		return nil, fmt.Errorf("register registry metrics: %w", err)
 	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
-		GetCertificate: getCert,
-		ClientCAs:      clientCAs,
-		Limits:         tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration},
-		ShutdownGrace:  cfg.ShutdownGrace.Duration,
-		Logger:         log,
-		Registerer:     g.metrics,
+		GetCertificate:    getCert,
+		StatelessResetKey: resetKey,
+		ClientCAs:         clientCAs,
+		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration},
+		ShutdownGrace:     cfg.ShutdownGrace.Duration,
+		Logger:            log,
+		Registerer:        g.metrics,
 	})
 	if err != nil {
 		return nil, err

@@ -1,6 +1,11 @@
 package tunnel
 
 import (
+	"crypto"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/x509"
+	"fmt"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -51,4 +56,22 @@ func QUICConfig(l Limits) *quic.Config {
 		InitialConnectionReceiveWindow: 4 << 20,
 		MaxConnectionReceiveWindow:     64 << 20,
 	}
+}
+
+// StatelessResetKey derives the key of QUIC stateless resets from the
+// gateway's private key, so that it survives a restart: a gateway that
+// comes back on the same address can then tell edges at once that their
+// old connections are gone, instead of leaving them to the idle timeout.
+// Replicas sharing one serving key share the reset key, as RFC 9000
+// (section 10.3) suggests for a cluster.
+func StatelessResetKey(key crypto.PrivateKey) (*quic.StatelessResetKey, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("derive stateless reset key: %w", err)
+	}
+	mac := hmac.New(sha256.New, []byte("tether/1 stateless reset"))
+	mac.Write(der)
+	var k quic.StatelessResetKey
+	copy(k[:], mac.Sum(nil))
+	return &k, nil
 }

@@ -48,6 +48,9 @@ type Options struct {
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// ClientCAs verify the edges' client certificates (--client-ca).
 	ClientCAs *x509.CertPool
+	// StatelessResetKey, stable across restarts (tunnel.StatelessResetKey),
+	// lets a restarted gateway reset the edges' stale connections at once.
+	StatelessResetKey *quic.StatelessResetKey
 	// Limits: IdleTimeout applies to every tunnel; the per-edge stream limit
 	// is the registry's.
 	Limits tunnel.Limits
@@ -98,7 +101,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	// A Transport of our own, rather than quic.ListenAddr, so that closing
 	// the listener stops new handshakes but leaves established tunnels up
 	// while they drain.
-	tr := &quic.Transport{Conn: uc}
+	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
 	cfg := tunnel.QUICConfig(opts.Limits)
 	cfg.MaxIncomingStreams = -1 // the gateway opens every stream
 	ln, err := tr.Listen(tunnel.ServerTLS(opts.GetCertificate, opts.ClientCAs), cfg)
