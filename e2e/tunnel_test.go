@@ -187,4 +187,3 @@ func reachable(w *world.World, e *world.Edge) error {
 	}
 	return nil
 }
-

@@ -7,8 +7,8 @@ import (
 	"errors"
 	"io"
 	"net"
-	"testing"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/quic-go/quic-go"

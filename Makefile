@@ -1,0 +1,88 @@
+# Tether — build, test, demo. Run as root on Debian 12 with Go installed.
+#
+#   make demo     the tunnel demo: real control plane, a gateway, two edges
+#   make test     everything CI runs (installs what the tests need first)
+
+SHELL      := /bin/bash
+GO         ?= go
+BIN        := bin
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS    := -s -w -X github.com/tether-edge/tether/internal/version.Version=$(VERSION)
+# Network tests create namespaces and netfilter rules: they need root.
+TEST_FLAGS ?= -count=1 -timeout 20m
+# Fuzz targets run for a bounded time each in `make test` (pkg:Target).
+FUZZ_TIME  ?= 10s
+FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./gateway/dns:FuzzServeDNS
+CACHE      ?= $(or $(TETHER_CACHE_DIR),$(HOME)/.cache/tether)
+STATICCHECK_VERSION := $(shell awk '$$1 == "require" && $$2 == "honnef.co/go/tools" {print $$3}' tools/lint/go.mod)
+STATICCHECK := $(CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+DEB_PKGS   := iproute2 nftables iptables conntrack curl dnsutils openssl psmisc util-linux ca-certificates \
+              rpm podman runc systemd
+
+.PHONY: all build test unit e2e fuzz bench lint deps testbins demo clean package image
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+# deps installs the Debian packages the tests use (only what is missing).
+deps:
+	@missing=$$(for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "deps: Debian packages present"; fi
+
+# testbins builds kube-apiserver, kube-proxy and etcd from their Go modules
+# into ~/.cache/tether (about 7 minutes cold on 2 cores, nothing when warm).
+testbins:
+	@tools/build-testbins.sh >/dev/null
+
+test: deps testbins lint unit fuzz e2e
+
+unit:
+	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /e2e)
+
+e2e: build
+	$(GO) test $(TEST_FLAGS) ./e2e/...
+
+fuzz:
+	@for f in $(FUZZ); do pkg=$${f%%:*}; name=$${f##*:}; \
+		echo "fuzz: $$name in $$pkg for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_TIME) $$pkg || exit 1; \
+	done
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+lint: $(STATICCHECK)
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:" $$unformatted; exit 1; fi
+
+# staticcheck is pinned in tools/lint and built once into the cache.
+$(STATICCHECK):
+	cd tools/lint && $(GO) build -o $@ honnef.co/go/tools/cmd/staticcheck
+
+# package builds the deb and rpm packages of tether-edge and tether-gateway
+# into $(PKG_DIR) with nfpm (pinned in tools/nfpm, built once into
+# ~/.cache/tether); the package version is derived from VERSION.
+PKG_DIR    ?= $(BIN)/packages
+package: build
+	@VERSION='$(VERSION)' packaging/build.sh $(BIN) $(PKG_DIR)
+
+# image builds the container images tether-gateway:$(IMAGE_TAG) and
+# tether-edge:$(IMAGE_TAG) from packaging/docker/Dockerfile with podman.
+IMAGE_TAG  ?= $(VERSION)
+image: build
+	@for p in tether-gateway tether-edge; do \
+		VERSION='$(VERSION)' packaging/docker/build-image.sh $(BIN) $$p $$p:$(IMAGE_TAG) || exit 1; \
+	done
+
+demo: build testbins
+	$(GO) run ./e2e/demo
+
+clean:
+	rm -rf $(BIN)

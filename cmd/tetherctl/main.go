@@ -1,0 +1,127 @@
+// Command tetherctl shows an operator the state of a Tether installation:
+// `tetherctl status` prints the edges connected to one or more
+// tether-gateway replicas, read from their admin endpoint's /status.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/version"
+)
+
+// DefaultGateway is the admin address of a gateway on this host
+// (DESIGN.md: gateway admin HTTP :10265).
+const DefaultGateway = "http://127.0.0.1:10265"
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// options are tetherctl's flags, shared by every command.
+type options struct {
+	gateways []string
+	output   string
+	timeout  time.Duration
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // a gateway failed to answer, or a command is not available
+	exitUsage = 2
+)
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Var(config.NewStringList(&o.gateways), "gateway", "admin `URL`s of tether-gateway replicas (comma-separated or repeated; host:port means http://host:port); default $TETHER_GATEWAY or "+DefaultGateway)
+	fs.StringVar(&o.output, "o", "table", "output `format`: table or json")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on a gateway that has not answered within this `duration`")
+	fs.Usage = func() { usage(fs) }
+
+	// Flags may come before and after the command: parse, take the
+	// command, parse the rest.
+	if err := fs.Parse(args); err != nil {
+		return usageError(err)
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fs.Usage()
+		return exitUsage
+	}
+	cmd := rest[0]
+	if err := fs.Parse(rest[1:]); err != nil {
+		return usageError(err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tetherctl %s: unexpected arguments %q\n", cmd, fs.Args())
+		return exitUsage
+	}
+	if o.output != "table" && o.output != "json" {
+		fmt.Fprintf(stderr, "tetherctl: -o %q: want table or json\n", o.output)
+		return exitUsage
+	}
+	if len(o.gateways) == 0 {
+		o.gateways = []string{DefaultGateway}
+		if env := os.Getenv("TETHER_GATEWAY"); env != "" {
+			o.gateways = strings.Split(env, ",")
+		}
+	}
+
+	switch cmd {
+	case "status":
+		return status(ctx, o, stdout, stderr)
+	case "pools":
+		// The node pool (leader election, replication, delegated
+		// heartbeats) is not in this build: there is no pool state to show.
+		fmt.Fprintln(stderr, "tetherctl pools: not available yet: node pools (leader election, replication) are not in this build of Tether. `tetherctl status` shows each edge's pool label.")
+		return exitError
+	case "version":
+		fmt.Fprintln(stdout, "tetherctl", version.Version)
+		return exitOK
+	case "help":
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "tetherctl: unknown command %q (want status, pools, version or help)\n", cmd)
+	return exitUsage
+}
+
+func usageError(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	return exitUsage
+}
+
+func usage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprint(w, `Usage: tetherctl [flags] <command> [flags]
+
+Commands:
+  status    the edges connected to each gateway replica: node, pool, replica,
+            RTT, open streams, bytes relayed, connected since
+  pools     node pools (not available yet)
+  version   print tetherctl's version
+
+Flags:
+`)
+	fs.VisitAll(func(f *flag.Flag) {
+		name, help := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  -%s %s\n      %s", f.Name, name, help)
+		if f.DefValue != "" && f.DefValue != "[]" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}

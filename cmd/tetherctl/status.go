@@ -1,0 +1,206 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tether-edge/tether/gateway"
+)
+
+// gatewayStatus is one gateway's /status with the URL it came from; the
+// JSON output is a list of them (the gateway's own fields inlined).
+type gatewayStatus struct {
+	Gateway string `json:"gateway"`
+	gateway.Status
+}
+
+// status prints the /status of every gateway; it fails if any gateway did
+// not answer, after printing what the others said.
+func status(ctx context.Context, o options, stdout, stderr io.Writer) int {
+	results := make([]gatewayStatus, len(o.gateways))
+	errs := make([]error, len(o.gateways))
+	client := &http.Client{Timeout: o.timeout}
+	var wg sync.WaitGroup
+	for i, gw := range o.gateways {
+		wg.Go(func() {
+			results[i].Gateway = normalizeGateway(gw)
+			results[i].Status, errs[i] = fetchStatus(ctx, client, results[i].Gateway)
+		})
+	}
+	wg.Wait()
+
+	var ok []gatewayStatus
+	code := exitOK
+	for i, err := range errs {
+		if err != nil {
+			fmt.Fprintln(stderr, "tetherctl:", err)
+			code = exitError
+			continue
+		}
+		ok = append(ok, results[i])
+	}
+	if o.output == "json" {
+		if ok == nil {
+			ok = []gatewayStatus{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(ok); err != nil {
+			fmt.Fprintln(stderr, "tetherctl:", err)
+			return exitError
+		}
+		return code
+	}
+	if len(ok) > 0 {
+		writeTable(stdout, ok, time.Now())
+	}
+	return code
+}
+
+// normalizeGateway turns host:port into http://host:port.
+func normalizeGateway(gw string) string {
+	gw = strings.TrimRight(strings.TrimSpace(gw), "/")
+	if !strings.Contains(gw, "://") {
+		gw = "http://" + gw
+	}
+	return gw
+}
+
+// fetchStatus GETs gw's /status. Its errors say which gateway failed and
+// what to check.
+func fetchStatus(ctx context.Context, client *http.Client, gw string) (gateway.Status, error) {
+	var st gateway.Status
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gw+"/status", nil)
+	if err != nil {
+		return st, fmt.Errorf("gateway %s: %w", gw, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		hint := "is tether-gateway running, and is its --admin-listen address reachable from here? Name another with --gateway"
+		var nerr net.Error
+		if errors.As(err, &nerr) && nerr.Timeout() {
+			hint = "no answer within --timeout; is a firewall dropping the traffic?"
+		}
+		return st, fmt.Errorf("gateway %s unreachable: %v (%s)", gw, unwrapURLError(err), hint)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return st, fmt.Errorf("gateway %s: read /status: %w", gw, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("gateway %s: GET /status: %s (is this the admin address of a tether-gateway?)", gw, resp.Status)
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return st, fmt.Errorf("gateway %s: /status is not a tether-gateway status: %w", gw, err)
+	}
+	if st.Replica == "" {
+		return st, fmt.Errorf("gateway %s: /status has no replica name: not a tether-gateway status", gw)
+	}
+	return st, nil
+}
+
+// unwrapURLError drops net/http's `Get "url":` prefix, which repeats what
+// the message already says.
+func unwrapURLError(err error) error {
+	if uerr, ok := errors.AsType[*url.Error](err); ok {
+		return uerr.Err
+	}
+	return err
+}
+
+// writeTable prints a line per gateway, then one table of every edge
+// connection, sorted by node and replica.
+func writeTable(w io.Writer, gws []gatewayStatus, now time.Time) {
+	type row struct {
+		replica string
+		e       gateway.EdgeStatus
+	}
+	var rows []row
+	for _, g := range gws {
+		ready := "ready"
+		if !g.Ready {
+			ready = "NOT READY: " + g.NotReady
+		}
+		fmt.Fprintf(w, "gateway %s: replica %s, version %s, mode %s, %s; %d of %d edge nodes connected\n",
+			g.Gateway, g.Replica, g.Version, g.Mode, ready, len(g.Edges), g.EdgeNodes)
+		for _, e := range g.Edges {
+			rows = append(rows, row{g.Replica, e})
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int {
+		return cmp.Or(cmp.Compare(a.e.Node, b.e.Node), cmp.Compare(a.replica, b.replica))
+	})
+	fmt.Fprintln(w)
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no edges connected")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tPOOL\tREPLICA\tRTT\tSTREAMS\tBYTES UP\tBYTES DOWN\tCONNECTED SINCE")
+	for _, r := range rows {
+		e := r.e
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+			e.Node, orDash(e.Pool), r.replica, formatRTT(e.RTTMillis), e.Streams,
+			formatBytes(e.BytesUp), formatBytes(e.BytesDown), formatSince(e.ConnectedSince, now))
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// formatRTT prints the smoothed RTT; 0 means not measured yet.
+func formatRTT(ms float64) string {
+	switch {
+	case ms <= 0:
+		return "-"
+	case ms < 10:
+		return fmt.Sprintf("%.2fms", ms)
+	case ms < 1000:
+		return fmt.Sprintf("%.1fms", ms)
+	}
+	return fmt.Sprintf("%.2fs", ms/1000)
+}
+
+// formatBytes prints n in IEC units: 0 B, 512 B, 1.5 KiB, 3.2 GiB.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// formatSince prints the time in UTC and how long ago it was.
+func formatSince(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	age := now.Sub(t).Round(time.Second)
+	if age < 0 {
+		age = 0
+	}
+	return fmt.Sprintf("%s (%s)", t.UTC().Format(time.RFC3339), age)
+}

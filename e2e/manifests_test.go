@@ -1,0 +1,85 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// TestKubernetesManifests applies packaging/kubernetes to a real
+// kube-apiserver: the RBAC files for real (the namespace the others need),
+// then every other manifest with a server-side dry run, which validates and
+// admits each object without storing it. Then it asks the apiserver what
+// the gateway's identities may do: the least RBAC, no more.
+func TestKubernetesManifests(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
+	rbac := []string{filepath.Join(dir, "gateway-rbac.yaml"), filepath.Join(dir, "gateway-hosts-configmap-rbac.yaml")}
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, rbac...); err != nil {
+		t.Fatalf("apply RBAC: %v", err)
+	}
+	manifests, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(manifests) < 4 {
+		t.Fatalf("manifests in %s: %q %v", dir, manifests, err)
+	}
+	for _, m := range manifests {
+		if slices.Contains(rbac, m) {
+			continue // stored above; a second create would be a conflict
+		}
+		if err := testenv.ApplyManifests(ctx, cp.Admin, true, m); err != nil {
+			t.Errorf("server-side dry run: %v", err)
+		}
+	}
+
+	for _, user := range []string{"system:serviceaccount:tether-system:tether-gateway", "tether-gateway"} {
+		for _, c := range []struct {
+			verb, resource, namespace, name string
+			allowed                         bool
+		}{
+			{"watch", "nodes", "", "", true},
+			{"patch", "nodes", "", "", true},
+			{"delete", "nodes", "", "", false},
+			{"get", "secrets", "tether-system", "", false},
+			{"list", "pods", "", "", false},
+			{"update", "leases", "kube-node-lease", "edge-1", false},
+			// --hosts-configmap kube-system/tether-nodes, and nothing else.
+			{"update", "configmaps", "kube-system", "tether-nodes", true},
+			{"create", "configmaps", "kube-system", "", true},
+			{"update", "configmaps", "kube-system", "coredns", false},
+			{"create", "configmaps", "default", "", false},
+		} {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user,
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Resource: c.resource,
+					Group: groupOf(c.resource), Namespace: c.namespace, Name: c.name},
+			}}
+			if user != "tether-gateway" {
+				sar.Spec.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:tether-system", "system:authenticated"}
+			}
+			res, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status.Allowed != c.allowed {
+				t.Errorf("%s may %s %s %s/%s: %v, want %v (%s)", user, c.verb, c.resource, c.namespace, c.name, res.Status.Allowed, c.allowed, res.Status.Reason)
+			}
+		}
+	}
+}
+
+func groupOf(resource string) string {
+	if resource == "leases" {
+		return "coordination.k8s.io"
+	}
+	return ""
+}
