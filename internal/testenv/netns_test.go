@@ -165,15 +165,25 @@ func TestHostLoopback(t *testing.T) {
 		t.Fatalf("Do ran in %s, want %s", inside, want)
 	}
 
-	// Sysctl writes the namespace's own value.
-	if got := strings.TrimSpace(h.Run(t, "cat", "/proc/sys/net/ipv4/ip_forward")); got != "0" {
-		t.Fatalf("ip_forward in a new namespace = %s, want 0", got)
-	}
-	if err := h.Sysctl("net.ipv4.ip_forward", "1"); err != nil {
+	// Sysctl writes the namespace's own value and leaves the host's. A new
+	// namespace starts with the host's IPv4 settings
+	// (net.core.devconf_inherit_init_net=0), so flip whatever it has.
+	hostBefore, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(h.Run(t, "cat", "/proc/sys/net/ipv4/ip_forward")); got != "1" {
-		t.Fatalf("ip_forward after Sysctl = %s, want 1", got)
+	want := "1"
+	if strings.TrimSpace(h.Run(t, "cat", "/proc/sys/net/ipv4/ip_forward")) == "1" {
+		want = "0"
+	}
+	if err := h.Sysctl("net.ipv4.ip_forward", want); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(h.Run(t, "cat", "/proc/sys/net/ipv4/ip_forward")); got != want {
+		t.Fatalf("ip_forward after Sysctl = %s, want %s", got, want)
+	}
+	if hostAfter, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); string(hostAfter) != string(hostBefore) {
+		t.Fatalf("Sysctl in a namespace changed the host's ip_forward from %q to %q", hostBefore, hostAfter)
 	}
 
 	// UDP sockets too.
