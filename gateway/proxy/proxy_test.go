@@ -240,8 +240,11 @@ func TestProxyRoutesBySNI(t *testing.T) {
 		!strings.HasPrefix(reqs[0].Client, "127.0.0.1:") {
 		t.Fatalf("edge got requests %+v, want one for %s:%d from the client", reqs, edge1Addr, port)
 	}
-	eventually(t, "the connection is counted as relayed", func() bool {
-		return value(t, p, "connections", "result=relayed") == 1
+	// The client may close with the server's close_notify still unread,
+	// which resets the connection: a relay that ends with an error is as
+	// good as a clean one here; the request went through.
+	eventually(t, "the connection is counted as done", func() bool {
+		return value(t, p, "connections", "result=relayed")+value(t, p, "connections", "result="+resultRelayError) == 1
 	})
 	ed, _ := e.reg.Lookup("edge-1")
 	if st := ed.Status(); st.BytesUp == 0 || st.BytesDown == 0 || st.Streams != 0 {
@@ -334,8 +337,10 @@ func TestProxyRefusals(t *testing.T) {
 		t.Errorf("not_allowed refusals: %v, want 1", v)
 	}
 	ed, _ := e.reg.Lookup("edge-1")
-	if st := ed.Status(); st.Refusals["not_allowed"] != 1 || st.Streams != 0 {
-		t.Errorf("edge-1 status %+v, want one not_allowed refusal and no stream", st)
+	// The client sees the reset before the proxy has released the stream.
+	eventually(t, "the refused stream is released", func() bool { return ed.Status().Streams == 0 })
+	if st := ed.Status(); st.Refusals["not_allowed"] != 1 {
+		t.Errorf("edge-1 status %+v, want one not_allowed refusal", st)
 	}
 
 	for _, tc := range []struct{ head, reason string }{
