@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/tether-edge/tether/internal/testenv"
@@ -22,13 +23,15 @@ import (
 type Kubelet struct {
 	Node string
 	Addr string // host:port as seen inside the site
-	srv  *http.Server
+	// Requests counts the requests it has served.
+	Requests atomic.Int64
+	srv      *http.Server
 }
 
 // StartKubelet serves the stand-in kubelet inside h until t's cleanup.
 func StartKubelet(t testenv.T, h *testenv.Host, node string, ca *testenv.CA) *Kubelet {
 	t.Helper()
-	kp, err := ca.ServerCert(node, h.Addr.String(), node)
+	kp, err := ca.ServerCert(node, h.Addr.String(), node, node+"."+Zone)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -54,7 +57,10 @@ func StartKubelet(t testenv.T, h *testenv.Host, node string, ca *testenv.CA) *Ku
 		io.Copy(w, r.Body)
 	})
 	k.srv = &http.Server{
-		Handler:           mux,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			k.Requests.Add(1)
+			mux.ServeHTTP(w, r)
+		}),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{kp.TLS}},
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          nil,

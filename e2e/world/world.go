@@ -31,6 +31,9 @@ const (
 	KubeletPort = 10250
 )
 
+// Zone is the DNS zone the e2e gateways serve node names under.
+const Zone = "tether.internal"
+
 // Labels Tether reads (OpenYurt's).
 const (
 	EdgeLabel = "openyurt.io/is-edge-worker"
@@ -310,8 +313,14 @@ func (w *World) StartEdge(t testenv.T, e *Edge, extra ...string) *exec.Cmd {
 func (w *World) RouteSitesVia(t testenv.T, gw *testenv.Host) {
 	t.Helper()
 	for _, s := range w.Topo.Sites {
-		w.Client.Run(t, "ip", "route", "replace", s.LAN.String(), "via", gw.Addr.String())
+		w.RouteVia(t, s.LAN, gw)
 	}
+}
+
+// RouteVia routes prefix from the client host to gw.
+func (w *World) RouteVia(t testenv.T, prefix netip.Prefix, gw *testenv.Host) {
+	t.Helper()
+	w.Client.Run(t, "ip", "route", "replace", prefix.String(), "via", gw.Addr.String())
 }
 
 // Curl runs curl on the client host against the URL, trusting only the
