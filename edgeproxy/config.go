@@ -1,15 +1,19 @@
 package edgeproxy
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
-	"strings"
+	"net/url"
+	"slices"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/upstream"
+	"github.com/tether-edge/tether/internal/config"
 )
 
 // Config is tether-edge's configuration. The JSON names are the flag
@@ -19,10 +23,15 @@ type Config struct {
 	// certificate (CN=system:node:<name>). The gateway always goes by the
 	// certificate.
 	NodeName string `json:"node-name,omitempty"`
-	// Kubeconfig and ServerAddr reach the cloud kube-apiserver, for the
-	// apiserver proxy (not in this build yet).
+	// Kubeconfig and ServerAddr reach the cloud kube-apiservers, for the
+	// apiserver proxy: a kubeconfig (the kubelet's), or a list of
+	// https://host:port in priority order with Cert, Key and ServerCA.
+	// Both given: ServerAddr replaces the kubeconfig's server.
 	Kubeconfig string   `json:"kubeconfig,omitempty"`
 	ServerAddr []string `json:"server-addr,omitempty"`
+	// ServerCA verifies the apiservers' certificates (PEM); empty means
+	// the kubeconfig's CA, or the system's roots.
+	ServerCA string `json:"server-ca,omitempty"`
 	// Cert and Key are the node's client certificate and key, PEM; they
 	// may be one file (the kubelet's kubelet-client-current.pem).
 	Cert string `json:"cert,omitempty"`
@@ -47,6 +56,17 @@ type Config struct {
 	Pool            string `json:"pool,omitempty"`
 	PoolListen      string `json:"pool-listen,omitempty"`
 	DataDir         string `json:"data-dir,omitempty"`
+
+	// CacheComponents are the node components (first word of the
+	// User-Agent) whose reads are cached and served offline.
+	CacheComponents []string `json:"cache-components,omitempty"`
+	// Health checks of the apiservers: every HealthCheckInterval, each
+	// with HealthCheckTimeout; UnhealthyThreshold failures in a row make
+	// a server unhealthy, HealthyThreshold successes healthy again.
+	HealthCheckInterval metav1.Duration `json:"health-check-interval"`
+	HealthCheckTimeout  metav1.Duration `json:"health-check-timeout"`
+	UnhealthyThreshold  int             `json:"unhealthy-threshold"`
+	HealthyThreshold    int             `json:"healthy-threshold"`
 
 	LogLevel  string `json:"log-level,omitempty"`
 	LogFormat string `json:"log-format,omitempty"`
@@ -73,27 +93,33 @@ func DefaultConfig() Config {
 		AdminListen:     DefaultAdminListen,
 		PoolListen:      DefaultPoolListen,
 		DataDir:         DefaultDataDir,
-		LogLevel:        "info",
-		LogFormat:       "text",
+
+		CacheComponents:     slices.Clone(apiproxy.DefaultComponents),
+		HealthCheckInterval: metav1.Duration{Duration: upstream.DefaultHealthInterval},
+		HealthCheckTimeout:  metav1.Duration{Duration: upstream.DefaultHealthTimeout},
+		UnhealthyThreshold:  upstream.DefaultFailureThreshold,
+		HealthyThreshold:    upstream.DefaultSuccessThreshold,
+		LogLevel:            "info",
+		LogFormat:           "text",
 	}
 }
 
 // Validate says what is missing or wrong, in terms of the flags.
 func (c Config) Validate() error {
 	var errs []error
-	if len(c.Gateway) == 0 {
-		if c.Kubeconfig != "" || len(c.ServerAddr) > 0 {
-			errs = append(errs, errors.New("nothing to do: without --gateway tether-edge would run only its kube-apiserver proxy (--kubeconfig, --server-addr), which this build does not have yet; give --gateway"))
-		} else {
-			errs = append(errs, errors.New("nothing to do: give --gateway (the tether-gateway replicas to keep the tunnel to); the kube-apiserver proxy that runs without it is not in this build yet"))
-		}
-	} else {
+	if len(c.Gateway) == 0 && !c.proxyConfigured() {
+		errs = append(errs, errors.New("nothing to do: give --gateway (the tether-gateway replicas to keep the tunnel to) and/or a way to the cloud kube-apiserver for the apiserver proxy (--kubeconfig, or --server-addr with --cert and --key)"))
+	}
+	if len(c.Gateway) > 0 {
 		if _, err := edgetunnel.ParseTargets(c.Gateway); err != nil {
 			errs = append(errs, fmt.Errorf("--gateway: %w", err))
 		}
 		if c.Cert == "" || c.Key == "" {
 			errs = append(errs, errors.New("--gateway needs the node's client certificate: give --cert and --key (the kubelet's /var/lib/kubelet/pki/kubelet-client-current.pem holds both; give it to both)"))
 		}
+	}
+	if c.proxyConfigured() {
+		errs = append(errs, c.validateProxy()...)
 	}
 	if len(c.AllowPorts) == 0 {
 		errs = append(errs, errors.New("--allow-ports is empty: the tunnel could reach nothing"))
@@ -109,52 +135,31 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Ports is a list of TCP ports. As a flag it takes a comma-separated
-// list that replaces the default; in the YAML file, a list of numbers (or
-// the same comma-separated string).
-type Ports []uint16
-
-func (p *Ports) String() string {
-	if p == nil {
-		return ""
+// validateProxy checks the settings of the apiserver proxy.
+func (c Config) validateProxy() []error {
+	var errs []error
+	if c.Kubeconfig == "" && (c.Cert == "" || c.Key == "") {
+		errs = append(errs, errors.New("--server-addr needs the node's client certificate: give --cert and --key (or a --kubeconfig)"))
 	}
-	s := make([]string, len(*p))
-	for i, port := range *p {
-		s[i] = strconv.Itoa(int(port))
-	}
-	return strings.Join(s, ",")
-}
-
-func (p *Ports) Set(v string) error {
-	var out Ports
-	for _, f := range strings.Split(v, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		n, err := strconv.ParseUint(f, 10, 16)
-		if err != nil || n == 0 {
-			return fmt.Errorf("bad port %q", f)
-		}
-		out = append(out, uint16(n))
-	}
-	*p = out
-	return nil
-}
-
-func (p *Ports) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil {
-		return p.Set(s)
-	}
-	var list []uint16
-	if err := json.Unmarshal(b, &list); err != nil {
-		return fmt.Errorf("want a list of ports: %w", err)
-	}
-	for _, n := range list {
-		if n == 0 {
-			return errors.New("bad port 0")
+	for _, s := range c.ServerAddr {
+		if u, err := url.Parse(s); err != nil || u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--server-addr %q: want https://host:port", s))
 		}
 	}
-	*p = list
-	return nil
+	if _, _, err := net.SplitHostPort(c.APIServerListen); err != nil {
+		errs = append(errs, fmt.Errorf("--apiserver-listen: %w", err))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is empty: the apiserver proxy keeps its cache there"))
+	}
+	if c.HealthCheckInterval.Duration <= 0 || c.HealthCheckTimeout.Duration <= 0 {
+		errs = append(errs, errors.New("--health-check-interval and --health-check-timeout must be positive"))
+	}
+	if c.UnhealthyThreshold < 1 || c.HealthyThreshold < 1 {
+		errs = append(errs, errors.New("--unhealthy-threshold and --healthy-threshold must be at least 1"))
+	}
+	return errs
 }
+
+// Ports is a list of TCP ports (flag: "10250,10255"; YAML: a list or that string).
+type Ports = config.Ports

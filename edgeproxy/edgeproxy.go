@@ -1,26 +1,35 @@
 // Package edgeproxy is tether-edge: it keeps the QUIC tunnel from this
-// edge node to the gateway replicas (package edgetunnel) and serves the
-// admin endpoints. The kube-apiserver proxy and the node pool will join
-// it here.
+// edge node to the gateway replicas (package edgetunnel), runs the
+// kube-apiserver proxy for the node's components (packages apiproxy,
+// cache and upstream) and serves the admin endpoints. The node pool will
+// join it here.
 package edgeproxy
 
 import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy"
+	"github.com/tether-edge/tether/edgeproxy/cache"
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/version"
 )
 
-// Run runs tether-edge until ctx ends.
+// Run runs tether-edge until ctx ends: the tunnel when --gateway is
+// given, the kube-apiserver proxy when a way to the apiserver is, and the
+// admin endpoints.
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	if log == nil {
@@ -32,17 +41,98 @@ func Run(ctx context.Context, cfg Config) error {
 	if b, err := json.Marshal(cfg); err == nil {
 		log.Debug("effective configuration", "config", string(b))
 	}
-	if cfg.Kubeconfig != "" || len(cfg.ServerAddr) > 0 || cfg.Pool != "" {
-		log.Warn("--kubeconfig, --server-addr and --pool are not used yet: this build has the tunnel only")
+	if cfg.Pool != "" {
+		log.Warn("--pool is not used yet: this build has the tunnel and the apiserver proxy")
+	}
+	reg := admin.NewRegistry()
+	node := cfg.NodeName
+
+	var tun *edgetunnel.Client
+	if len(cfg.Gateway) > 0 {
+		var err error
+		if tun, node, err = newTunnel(cfg, reg, log); err != nil {
+			return err
+		}
+	}
+	var ap *apiserverProxy
+	if cfg.proxyConfigured() {
+		var err error
+		if ap, err = newAPIServerProxy(cfg, node, reg, log); err != nil {
+			return err
+		}
+		defer ap.store.Close()
+		if node == "" {
+			node = ap.node
+		}
+	}
+	if node != "" {
+		log = log.With("node", node)
 	}
 
+	var adminLn net.Listener
+	if cfg.AdminListen != "" {
+		var err error
+		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			if ap != nil {
+				ap.ln.Close()
+			}
+			return fmt.Errorf("admin listener: %w", err)
+		}
+	}
+
+	log.Info("tether-edge starting", "version", version.Version, "gateway", cfg.Gateway,
+		"allow_ports", cfg.AllowPorts.String(), "apiserver_proxy", ap != nil, "admin", cfg.AdminListen)
+	g, ctx := errgroup.WithContext(ctx)
+	var readies []func() error
+	if tun != nil {
+		g.Go(func() error { return tun.Run(ctx) })
+		readies = append(readies, tun.Ready)
+	}
+	if ap != nil {
+		g.Go(func() error { return ap.upstreams.Run(ctx) })
+		g.Go(func() error { return ap.proxy.Run(ctx) })
+		g.Go(func() error { return ap.proxy.Serve(ctx, ap.ln) })
+		readies = append(readies, ap.proxy.Ready)
+	}
+	if adminLn != nil {
+		h := admin.New(admin.Options{
+			Registry: reg,
+			Ready: func() error {
+				var errs []error
+				for _, r := range readies {
+					errs = append(errs, r())
+				}
+				return errors.Join(errs...)
+			},
+			Status: func() any {
+				st := Status{Node: node, Version: version.Version}
+				if tun != nil {
+					st.Gateways = tun.Status()
+				}
+				if ap != nil {
+					st.APIServer = &APIServerStatus{Status: ap.proxy.Status(), Servers: ap.upstreams.Status()}
+				}
+				return st
+			},
+			Logger: log,
+		})
+		g.Go(func() error { return admin.ServeListener(ctx, adminLn, h) })
+	}
+	err := g.Wait()
+	log.Info("tether-edge stopped")
+	return err
+}
+
+// newTunnel builds the tunnel client and returns the node name it goes
+// by.
+func newTunnel(cfg Config, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, string, error) {
 	certs, err := edgetunnel.LoadCertFiles(cfg.Cert, cfg.Key, log)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	certNode, err := certs.NodeName()
 	if err != nil {
-		return fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
+		return nil, "", fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
 	}
 	node := certNode
 	if cfg.NodeName != "" && cfg.NodeName != certNode {
@@ -50,16 +140,12 @@ func Run(ctx context.Context, cfg Config) error {
 			"node_name", cfg.NodeName, "cert_node", certNode)
 		node = cfg.NodeName
 	}
-	log = log.With("node", node)
-
 	var roots *x509.CertPool
 	if cfg.GatewayCA != "" {
 		if roots, err = loadCAs(cfg.GatewayCA); err != nil {
-			return err
+			return nil, "", err
 		}
 	}
-
-	reg := admin.NewRegistry()
 	tun, err := edgetunnel.New(edgetunnel.Options{
 		Gateways:    cfg.Gateway,
 		ServerName:  cfg.GatewayServerName,
@@ -67,43 +153,89 @@ func Run(ctx context.Context, cfg Config) error {
 		Certificate: certs.GetClientCertificate,
 		AllowPorts:  cfg.AllowPorts,
 		MaxStreams:  cfg.MaxStreams,
-		Logger:      log,
+		Logger:      log.With("node", node),
 		Registry:    reg,
 	})
+	return tun, node, err
+}
+
+// apiserverProxy is the kube-apiserver proxy and what it runs on.
+type apiserverProxy struct {
+	upstreams *upstream.Upstreams
+	store     *cache.Store
+	proxy     *apiproxy.Proxy
+	ln        net.Listener
+	node      string
+}
+
+// newAPIServerProxy opens the cache and the listener and builds the
+// proxy; node is the node name known so far ("" to take the one in the
+// apiserver credentials).
+func newAPIServerProxy(cfg Config, node string, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
+	acc, err := loadAPIServerAccess(cfg, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-
-	var adminLn net.Listener
-	if cfg.AdminListen != "" {
-		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
-			return fmt.Errorf("admin listener: %w", err)
-		}
+	if node == "" {
+		node = acc.node
 	}
-
-	log.Info("tether-edge starting", "version", version.Version, "gateway", cfg.Gateway,
-		"allow_ports", cfg.AllowPorts.String(), "admin", cfg.AdminListen)
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return tun.Run(ctx) })
-	if adminLn != nil {
-		h := admin.New(admin.Options{
-			Registry: reg,
-			Ready:    tun.Ready,
-			Status:   func() any { return Status{Node: node, Version: version.Version, Gateways: tun.Status()} },
-			Logger:   log,
-		})
-		g.Go(func() error { return admin.ServeListener(ctx, adminLn, h) })
+	if node == "" {
+		log.Warn("node name unknown (give --node-name): the node's Lease will not be renewed while the cloud is unreachable")
 	}
-	err = g.Wait()
-	log.Info("tether-edge stopped")
-	return err
+	ups, err := upstream.New(upstream.Options{
+		Servers:     acc.servers,
+		TLS:         acc.tls,
+		BearerToken: acc.token,
+		Health: upstream.HealthOptions{
+			Interval:         cfg.HealthCheckInterval.Duration,
+			Timeout:          cfg.HealthCheckTimeout.Duration,
+			FailureThreshold: cfg.UnhealthyThreshold,
+			SuccessThreshold: cfg.HealthyThreshold,
+		},
+		Logger:     log,
+		Registerer: reg,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("apiserver proxy: %w", err)
+	}
+	store, err := cache.Open(filepath.Join(cfg.DataDir, cache.FileName), log)
+	if err != nil {
+		return nil, err
+	}
+	px, err := apiproxy.New(apiproxy.Options{
+		Upstream:   ups,
+		Store:      store,
+		NodeName:   node,
+		Components: cfg.CacheComponents,
+		Logger:     log,
+		Registerer: reg,
+	})
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.APIServerListen)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("apiserver proxy listener: %w", err)
+	}
+	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(),
+		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node}, nil
 }
 
 // Status is what /status serves.
 type Status struct {
-	Node     string                     `json:"node"`
-	Version  string                     `json:"version"`
-	Gateways []edgetunnel.GatewayStatus `json:"gateways"`
+	Node      string                     `json:"node"`
+	Version   string                     `json:"version"`
+	Gateways  []edgetunnel.GatewayStatus `json:"gateways"`
+	APIServer *APIServerStatus           `json:"apiserver,omitempty"`
+}
+
+// APIServerStatus is the apiserver proxy's part of /status.
+type APIServerStatus struct {
+	apiproxy.Status
+	Servers []upstream.ServerStatus `json:"servers"`
 }
 
 func loadCAs(path string) (*x509.CertPool, error) {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -17,6 +19,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/quic-go/quic-go"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -30,13 +34,21 @@ func TestValidate(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
+	proxyOnly := DefaultConfig()
+	proxyOnly.Kubeconfig = "/var/lib/kubelet/kubeconfig"
+	if err := proxyOnly.Validate(); err != nil {
+		t.Fatalf("apiserver proxy alone: %v", err)
+	}
 	for _, tc := range []struct {
 		name   string
 		change func(*Config)
 		want   string
 	}{
 		{"no gateway", func(c *Config) { c.Gateway = nil }, "nothing to do: give --gateway"},
-		{"apiserver only", func(c *Config) { c.Gateway = nil; c.Kubeconfig = "/kc" }, "kube-apiserver proxy (--kubeconfig, --server-addr), which this build does not have yet"},
+		{"server-addr without cert", func(c *Config) { c.Gateway = nil; c.Cert = ""; c.ServerAddr = []string{"https://10.0.0.1:6443"} }, "--server-addr needs the node's client certificate"},
+		{"bad server-addr", func(c *Config) { c.ServerAddr = []string{"10.0.0.1:6443"} }, "want https://host:port"},
+		{"no threshold", func(c *Config) { c.Kubeconfig = "/kc"; c.UnhealthyThreshold = 0 }, "--unhealthy-threshold"},
+		{"no data dir", func(c *Config) { c.Kubeconfig = "/kc"; c.DataDir = "" }, "--data-dir is empty"},
 		{"no cert", func(c *Config) { c.Cert = "" }, "give --cert and --key"},
 		{"no key", func(c *Config) { c.Key = "" }, "give --cert and --key"},
 		{"bad gateway", func(c *Config) { c.Gateway = []string{"gw:http"} }, "--gateway"},
@@ -219,4 +231,101 @@ func freePort(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// TestRunAPIServerProxyOnly starts tether-edge with a kubeconfig and no
+// gateway, against a minimal apiserver, and checks the proxy and its
+// admin endpoints.
+func TestRunAPIServerProxyOnly(t *testing.T) {
+	api := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/readyz":
+			w.Write([]byte("ok"))
+		case r.URL.Path == "/api/v1/namespaces/default/configmaps/x" && r.TLS != nil && len(r.TLS.PeerCertificates) == 1 &&
+			r.TLS.PeerCertificates[0].Subject.CommonName == "system:node:edge-9":
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","namespace":"default","resourceVersion":"5"}}`))
+		default:
+			http.Error(w, "no", http.StatusForbidden)
+		}
+	}))
+	api.EnableHTTP2 = true
+	api.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	api.StartTLS()
+	defer api.Close()
+
+	dir := t.TempDir()
+	ca := testenv.MustCA(t, "edgeproxy-test")
+	node, _ := ca.NodeCert("edge-9")
+	certFile, keyFile, err := node.WriteFiles(dir, "kubelet-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: api.URL,
+		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{ClientCertificate: certFile, ClientKey: keyFile}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "c"
+	kubeconfig := filepath.Join(dir, "kubelet.conf")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := DefaultConfig()
+	cfg.Kubeconfig = kubeconfig
+	cfg.APIServerListen = freePort(t)
+	cfg.AdminListen = freePort(t)
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	get := func(url, ua string) (int, string) {
+		t.Helper()
+		var resp *http.Response
+		var err error
+		for range 100 {
+			req, _ := http.NewRequest("GET", url, nil)
+			req.Header.Set("User-Agent", ua)
+			if resp, err = http.DefaultClient.Do(req); err == nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("http://"+cfg.APIServerListen+"/api/v1/namespaces/default/configmaps/x", "kubelet/v1.36.3"); code != 200 || !strings.Contains(body, `"name":"x"`) {
+		t.Errorf("through the proxy: %d %s", code, body)
+	}
+	if code, body := get("http://"+cfg.AdminListen+"/readyz", ""); code != 200 {
+		t.Errorf("/readyz: %d %s", code, body)
+	}
+	_, body := get("http://"+cfg.AdminListen+"/status", "")
+	var st Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("/status: %v: %s", err, body)
+	}
+	if st.Node != "edge-9" || st.APIServer == nil || len(st.APIServer.Servers) != 1 || !st.APIServer.Servers[0].Healthy {
+		t.Errorf("/status: %s", body)
+	}
+	if _, body := get("http://"+cfg.AdminListen+"/metrics", ""); !strings.Contains(body, `tether_edge_apiserver_requests_total{component="kubelet",served="upstream",verb="get"} 1`) ||
+		!strings.Contains(body, "tether_edge_apiserver_upstream_healthy{server=") {
+		t.Errorf("/metrics lacks the proxy's series:\n%s", body)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, "apiserver-cache.db")); err != nil {
+		t.Errorf("cache file: %v", err)
+	}
 }

@@ -1,6 +1,8 @@
 // Command tether-edge runs on every edge node: it keeps the QUIC tunnel to
 // the tether-gateway replicas, through which cloud clients reach this
-// node's own ports (kubelet :10250 and others on the allow list).
+// node's own ports (kubelet :10250 and others on the allow list), and it
+// is the kube-apiserver of the node's components, caching what they read
+// so that they keep working while the cloud is unreachable.
 package main
 
 import (
@@ -58,21 +60,27 @@ func run(args []string) int {
 
 func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) (showVersion *bool) {
 	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass /etc/tether/edge.yaml")
-	fs.Var(config.NewStringList(&cfg.Gateway), "gateway", "the tether-gateway replicas, `host:port,...`: addresses and/or DNS names (port 10262 when none is given). A name is resolved every 30 s to all its addresses, and the edge keeps one QUIC connection to each. Without --gateway there is nothing to do yet")
+	fs.Var(config.NewStringList(&cfg.Gateway), "gateway", "the tether-gateway replicas, `host:port,...`: addresses and/or DNS names (port 10262 when none is given). A name is resolved every 30 s to all its addresses, and the edge keeps one QUIC connection to each. Without --gateway only the apiserver proxy runs")
 	fs.StringVar(&cfg.GatewayCA, "gateway-ca", cfg.GatewayCA, "PEM `file` with the CA certificate(s) that verify the gateways' certificates (default: the system's roots)")
 	fs.StringVar(&cfg.GatewayServerName, "gateway-server-name", cfg.GatewayServerName, "`name` the gateways' certificates must hold (default: the host part of each --gateway entry)")
 	fs.StringVar(&cfg.Cert, "cert", cfg.Cert, "PEM `file` with this node's client certificate (CN=system:node:<name>, O=system:nodes), such as the kubelet's /var/lib/kubelet/pki/kubelet-client-current.pem; read again when it changes, for new connections")
 	fs.StringVar(&cfg.Key, "key", cfg.Key, "PEM `file` with the private key of --cert; may be the same file as --cert")
 	fs.Var(&cfg.AllowPorts, "allow-ports", "the only `ports` (comma-separated) of this node, on its own addresses and loopback, that cloud clients may reach through the tunnel")
 	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "at most `n` connections relayed at once; more are refused as overloaded")
-	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "`name` of this node (default: the one in the client certificate); the gateway always knows the edge by its certificate")
-	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "kubeconfig `file` for the cloud kube-apiserver, used by the apiserver proxy (not in this build yet)")
-	fs.Var(config.NewStringList(&cfg.ServerAddr), "server-addr", "the cloud kube-apiservers, `https://host:port,...`, reached with --cert/--key by the apiserver proxy (not in this build yet)")
-	fs.StringVar(&cfg.APIServerListen, "apiserver-listen", cfg.APIServerListen, "listen `address` of the kube-apiserver proxy for kubelet, kube-proxy and coredns (not in this build yet)")
-	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (a gateway connected) and /status (JSON); empty disables them")
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "`name` of this node (default: the one in the client certificate); the gateway always knows the edge by its certificate; the apiserver proxy renews this node's Lease while the cloud is unreachable")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "kubeconfig `file` the apiserver proxy reaches the cloud kube-apiserver with (such as the kubelet's own, with the node's client certificate); enables the proxy")
+	fs.Var(config.NewStringList(&cfg.ServerAddr), "server-addr", "the cloud kube-apiservers, `https://host:port,...`, in priority order (the first healthy one serves), reached with --cert/--key and verified with --server-ca; enables the apiserver proxy. With --kubeconfig it replaces the kubeconfig's server")
+	fs.StringVar(&cfg.ServerCA, "server-ca", cfg.ServerCA, "PEM `file` with the CA certificate(s) that verify the cloud kube-apiservers (default: the kubeconfig's certificate-authority, else the system's roots)")
+	fs.StringVar(&cfg.APIServerListen, "apiserver-listen", cfg.APIServerListen, "listen `address` of the kube-apiserver proxy: plain HTTP for kubelet, kube-proxy and coredns on this node, which all act as the node through it (keep it on loopback)")
+	fs.Var(config.NewStringList(&cfg.CacheComponents), "cache-components", "the node `components` (comma-separated; the first word of their User-Agent, such as kubelet) whose get, list and watch responses are cached and served while the cloud is unreachable")
+	fs.DurationVar(&cfg.HealthCheckInterval.Duration, "health-check-interval", cfg.HealthCheckInterval.Duration, "probe each cloud kube-apiserver's /readyz every `duration` (probes overlap when one is slower)")
+	fs.DurationVar(&cfg.HealthCheckTimeout.Duration, "health-check-timeout", cfg.HealthCheckTimeout.Duration, "a probe that has no answer after this `duration` fails; a slower answer within it passes")
+	fs.IntVar(&cfg.UnhealthyThreshold, "unhealthy-threshold", cfg.UnhealthyThreshold, "an apiserver is unhealthy after `n` failed probes in a row (then node components are served from the cache)")
+	fs.IntVar(&cfg.HealthyThreshold, "healthy-threshold", cfg.HealthyThreshold, "an unhealthy apiserver is healthy again after `n` good probes in a row")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (a gateway connected; an apiserver healthy, or the cache able to serve) and /status (JSON); empty disables them")
 	fs.StringVar(&cfg.Pool, "pool", cfg.Pool, "`name` of this node's pool (default: its apps.openyurt.io/nodepool label; not in this build yet)")
 	fs.StringVar(&cfg.PoolListen, "pool-listen", cfg.PoolListen, "listen `address` of the pool listener on the node LAN (not in this build yet)")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory` (not used by this build yet)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory`: the apiserver proxy's cache and queued status writes live in apiserver-cache.db there")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log `level`: debug, info, warn or error (debug also logs every refused stream)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log `format`: text or json")
 	showVersion = fs.Bool("version", false, "print the version and exit")
@@ -89,6 +97,13 @@ tether-gateway replica over QUIC (mutual TLS with this node's client
 certificate) and serves the connections the gateways open for cloud clients
 (kube-apiserver, metrics-server, Prometheus) by dialling this node's own
 ports, if --allow-ports allows them. TLS stays end to end.
+
+With --kubeconfig or --server-addr it is also the kube-apiserver of the
+node's components (point kubelet, kube-proxy and coredns at
+http://127.0.0.1:10261): it relays them to the cloud with the node's
+credentials and caches what they read, and while the cloud is unreachable
+it answers reads from the cache, keeps watches open, renews the node's
+Lease locally and queues pod and node status writes until the cloud is back.
 
 Flags:
 `)

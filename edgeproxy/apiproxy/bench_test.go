@@ -1,0 +1,338 @@
+package apiproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// BenchmarkAPIServerProxy measures, in one run, the real tether-edge
+// binary on an edge host and a real kube-apiserver on a cloud host:
+// GET of a pod and LIST of 1,000 pods (spec.nodeName selector) direct and
+// through the proxy (p50/p99), lists served from the cache per second
+// with the site cut off, and the proxy's RSS when idle. Run it with
+//
+//	go test -run '^$' -bench APIServerProxy -benchtime 1x ./edgeproxy/apiproxy/
+//
+// The phases run once whatever b.N is; the figures are reported as
+// metrics and as a table.
+func BenchmarkAPIServerProxy(b *testing.B) {
+	testenv.RequireRoot(b)
+	const (
+		node   = "bench-node"
+		nPods  = 1000
+		nGets  = 400
+		nLists = 40
+	)
+	topo := testenv.NewTopology(b, testenv.TopologySpec{
+		CloudHosts: []string{"apiserver"},
+		Sites:      []testenv.SiteSpec{{Name: "site", Hosts: []string{"edge"}}},
+	})
+	cloud, site := topo.Cloud("apiserver"), topo.Site("site")
+	edgeHost := site.Host("edge")
+	cp := testenv.StartControlPlane(b, testenv.ControlPlaneOptions{BindAddress: cloud.Addr.String(), Runner: cloud})
+	ctx := context.Background()
+	admin := cp.Client
+
+	bin := buildEdge(b)
+	dir := b.TempDir()
+	kp, err := cp.CA.NodeCert(node)
+	if err != nil {
+		b.Fatal(err)
+	}
+	certFile, keyFile, err := kp.WriteFiles(dir, "node")
+	if err != nil {
+		b.Fatal(err)
+	}
+	caFile, err := cp.CA.WriteFile(dir, "ca")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The node and its 1,000 pods.
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	createPods(ctx, b, admin, node, nPods)
+
+	proxyAddr := "127.0.0.1:10261"
+	cmd := edgeHost.Start(b, bin, "--server-addr", cp.URL, "--cert", certFile, "--key", keyFile, "--server-ca", caFile,
+		"--data-dir", filepath.Join(dir, "data"), "--apiserver-listen", proxyAddr, "--admin-listen", "127.0.0.1:10267",
+		"--health-check-interval", "500ms", "--health-check-timeout", "2s", "--log-level", "warn")
+	ready := func() error {
+		c := &http.Client{Transport: &http.Transport{DialContext: edgeHost.DialContext}, Timeout: time.Second}
+		resp, err := c.Get("http://127.0.0.1:10267/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("readyz %s", resp.Status)
+		}
+		return nil
+	}
+	eventually(b, 30*time.Second, ready)
+
+	_, nodeCfg, _ := cp.NodeClient(b, node)
+	nodeCfg.Dial = edgeHost.DialContext // direct: from the edge host, across the site router
+	nodeCfg.UserAgent = kubeletUA
+	nodeCfg.QPS, nodeCfg.Burst = -1, 0
+	jsonCfg := rest.CopyConfig(nodeCfg)
+	jsonCfg.ContentType = "application/json"
+	proxyCfg := &rest.Config{Host: "http://" + proxyAddr, UserAgent: kubeletUA, Dial: edgeHost.DialContext, QPS: -1}
+	clients := []struct {
+		name string
+		c    kubernetes.Interface
+	}{
+		{"direct (protobuf)", mustClient(b, nodeCfg)},
+		{"direct (JSON)", mustClient(b, jsonCfg)},
+		{"tether-edge", mustClient(b, proxyCfg)},
+	}
+	listOpts := metav1.ListOptions{FieldSelector: "spec.nodeName=" + node}
+	get := func(c kubernetes.Interface) error {
+		_, err := c.CoreV1().Pods("bench").Get(ctx, "pod-0500", metav1.GetOptions{})
+		return err
+	}
+	list := func(c kubernetes.Interface) error {
+		l, err := c.CoreV1().Pods("").List(ctx, listOpts)
+		if err == nil && len(l.Items) != nPods {
+			err = fmt.Errorf("listed %d pods", len(l.Items))
+		}
+		return err
+	}
+	// Warm up every path (connections, the proxy's cache).
+	for _, cl := range clients {
+		for range 5 {
+			if err := get(cl.c); err != nil {
+				b.Fatalf("%s: %v", cl.name, err)
+			}
+			if err := list(cl.c); err != nil {
+				b.Fatalf("%s: %v", cl.name, err)
+			}
+		}
+	}
+	type row struct {
+		what, path string
+		p50, p99   time.Duration
+	}
+	var rows []row
+	for _, op := range []struct {
+		name string
+		n    int
+		f    func(kubernetes.Interface) error
+	}{{"GET pod", nGets, get}, {"LIST 1000 pods", nLists, list}} {
+		// Interleave the clients so that drift on a shared machine hits
+		// them alike.
+		lat := make([][]time.Duration, len(clients))
+		for range op.n {
+			for i, cl := range clients {
+				start := time.Now()
+				if err := op.f(cl.c); err != nil {
+					b.Fatalf("%s %s: %v", op.name, cl.name, err)
+				}
+				lat[i] = append(lat[i], time.Since(start))
+			}
+		}
+		for i, cl := range clients {
+			p50, p99 := percentile(lat[i], 50), percentile(lat[i], 99)
+			rows = append(rows, row{op.name, cl.name, p50, p99})
+			key := strings.NewReplacer(" ", "_", "(", "", ")", "").Replace(strings.ToLower(op.name + "_" + cl.name))
+			b.ReportMetric(float64(p50.Microseconds())/1000, key+"_p50_ms")
+			b.ReportMetric(float64(p99.Microseconds())/1000, key+"_p99_ms")
+		}
+	}
+
+	// Idle RSS with the cache of a node that runs 1,000 pods.
+	time.Sleep(15 * time.Second)
+	rssOnline := rssKB(b, cmd.Process.Pid)
+	b.ReportMetric(float64(rssOnline)/1024, "rss_idle_online_MB")
+
+	// Offline: lists served from the cache.
+	site.Cut()
+	eventually(b, 30*time.Second, func() error {
+		resp, err := (&http.Client{Transport: &http.Transport{DialContext: edgeHost.DialContext}}).Get("http://127.0.0.1:10267/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var sb strings.Builder
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := resp.Body.Read(buf)
+			sb.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		if !strings.Contains(sb.String(), "tether_edge_apiserver_upstream_healthy{server=\""+strings.TrimPrefix(cp.URL, "https://")+"\"} 0") {
+			return fmt.Errorf("still healthy")
+		}
+		return nil
+	})
+	proxy := clients[2].c
+	var offlineLat []time.Duration
+	for range nLists {
+		start := time.Now()
+		if err := list(proxy); err != nil {
+			b.Fatalf("offline list: %v", err)
+		}
+		offlineLat = append(offlineLat, time.Since(start))
+	}
+	rows = append(rows, row{"LIST 1000 pods", "tether-edge offline (cache, JSON)", percentile(offlineLat, 50), percentile(offlineLat, 99)})
+	// Throughput: clients that read the bytes without decoding them, so
+	// that the figure is the proxy's, not the clients' JSON decoding.
+	var served atomic.Int64
+	runFor := 5 * time.Second
+	deadline := time.Now().Add(runFor)
+	var wg sync.WaitGroup
+	listURL := "http://" + proxyAddr + "/api/v1/pods?fieldSelector=spec.nodeName%3D" + node
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Transport: &http.Transport{DialContext: edgeHost.DialContext}}
+			for time.Now().Before(deadline) {
+				req, _ := http.NewRequest("GET", listURL, nil)
+				req.Header.Set("User-Agent", kubeletUA)
+				resp, err := c.Do(req)
+				if err != nil {
+					b.Errorf("offline list: %v", err)
+					return
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || n < nPods*100 {
+					b.Errorf("offline list: %s, %d bytes", resp.Status, n)
+					return
+				}
+				served.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	perSec := float64(served.Load()) / runFor.Seconds()
+	b.ReportMetric(perSec, "offline_lists_per_s")
+	time.Sleep(15 * time.Second)
+	rssBurst := rssKB(b, cmd.Process.Pid)
+	b.ReportMetric(float64(rssBurst)/1024, "rss_after_offline_burst_MB")
+	time.Sleep(2 * time.Minute) // the Go runtime collects an idle heap every 2 minutes
+	rssOffline := rssKB(b, cmd.Process.Pid)
+	b.ReportMetric(float64(rssOffline)/1024, "rss_idle_offline_MB")
+	site.Heal()
+	fi, _ := os.Stat(filepath.Join(dir, "data", "apiserver-cache.db"))
+
+	var t strings.Builder
+	fmt.Fprintf(&t, "\n%-16s %-30s %10s %10s\n", "operation", "path", "p50", "p99")
+	for _, r := range rows {
+		fmt.Fprintf(&t, "%-16s %-30s %10s %10s\n", r.what, r.path, r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+	}
+	direct := func(op string) time.Duration {
+		return rows[slices.IndexFunc(rows, func(r row) bool { return r.what == op })].p50
+	}
+	proxied := func(op string) time.Duration {
+		return rows[slices.IndexFunc(rows, func(r row) bool { return r.what == op && r.path == "tether-edge" })].p50
+	}
+	for _, op := range []string{"GET pod", "LIST 1000 pods"} {
+		fmt.Fprintf(&t, "added p50 latency, %s, vs direct protobuf: %+.1f%%\n", op, 100*(float64(proxied(op))/float64(direct(op))-1))
+	}
+	fmt.Fprintf(&t, "offline LISTs of 1000 pods served from the cache: %.0f/s (4 clients reading the bytes, %v)\n", perSec, runFor)
+	fmt.Fprintf(&t, "tether-edge RSS idle: %.1f MB online; offline %.1f MB 15 s after the burst of lists, %.1f MB 2 min later (cache of %d pods, file %.1f MB)\n",
+		float64(rssOnline)/1024, float64(rssBurst)/1024, float64(rssOffline)/1024, nPods, float64(fi.Size())/(1<<20))
+	b.Log(t.String())
+	fmt.Print(t.String())
+}
+
+func buildEdge(b *testing.B) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), "tether-edge")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/tether-edge/tether/cmd/tether-edge").CombinedOutput()
+	if err != nil {
+		b.Fatalf("build tether-edge: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func createPods(ctx context.Context, b *testing.B, admin kubernetes.Interface, node string, n int) {
+	b.Helper()
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := admin.CoreV1().ServiceAccounts("bench").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				_, err := admin.CoreV1().Pods("bench").Create(ctx, &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pod-%04d", i),
+						Labels: map[string]string{"app": fmt.Sprintf("app-%d", i%20), "tier": "bench"}},
+					Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: ptr.To(false),
+						Containers: []corev1.Container{{Name: "c", Image: "registry.example/app:1",
+							Env: []corev1.EnvVar{{Name: "INDEX", Value: strconv.Itoa(i)}}}}},
+				}, metav1.CreateOptions{})
+				if err != nil {
+					b.Error(err)
+				}
+			}
+		}()
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+}
+
+func mustClient(b *testing.B, cfg *rest.Config) kubernetes.Interface {
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+func percentile(d []time.Duration, p int) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	return s[max(0, min(len(s)-1, i-1))]
+}
+
+// rssKB reads a process's resident set size.
+func rssKB(b *testing.B, pid int) int {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	b.Fatal("no VmRSS")
+	return 0
+}

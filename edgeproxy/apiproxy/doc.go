@@ -1,0 +1,12 @@
+// Package apiproxy is tether-edge's kube-apiserver proxy: the apiserver of
+// the node's components (kubelet, kube-proxy, coredns, flanneld), on
+// 127.0.0.1:10261 in plain HTTP. It relays them to the cloud apiservers
+// with the node's credentials (package upstream), keeps what they read in
+// a bbolt cache (package cache), and while the cloud is unreachable
+// answers them from that cache: reads, watches held open, the node's
+// Lease renewed locally, pod and node status writes queued and replayed
+// in order when the cloud is back.
+//
+// README.md describes the data flow, the behaviour of each kind of
+// request online and offline, and the invariants.
+package apiproxy

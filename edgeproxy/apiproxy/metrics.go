@@ -1,0 +1,80 @@
+package apiproxy
+
+import (
+	"io"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// How a request was served, the "served" label of requests_total.
+const (
+	servedUpstream = "upstream" // by the cloud
+	servedCache    = "cache"    // offline, from the cache
+	servedLocal    = "local"    // offline, answered by the proxy (the node's Lease)
+	servedQueued   = "queued"   // offline, kept for replay (status writes)
+	servedRefused  = "refused"  // offline, refused with 503
+	servedError    = "error"    // a bad request, or the cache failed
+)
+
+type metrics struct {
+	requests      *prometheus.CounterVec
+	hits, misses  *prometheus.CounterVec
+	bytesUp       prometheus.Counter
+	bytesDown     prometheus.Counter
+	replayed      *prometheus.CounterVec
+	watchesOpen   *prometheus.GaugeVec
+	cacheFailures prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
+	const ns, sub = "tether", "edge_apiserver"
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bytes_total",
+		Help: "Bytes of request and response bodies between the proxy and the cloud kube-apiservers; up is to the cloud, down from it."},
+		[]string{"direction"})
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
+			Help: "Requests of node components, by component (User-Agent), verb and how they were served: upstream, cache, local (the node's Lease offline), queued (status writes offline), refused (503 offline) or error."},
+			[]string{"component", "verb", "served"}),
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_hits_total",
+			Help: "Reads answered from the cache (offline, or after the cloud failed to answer), by component."},
+			[]string{"component"}),
+		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_misses_total",
+			Help: "Reads the cache could not answer (the object or resource was never cached for this component), by component."},
+			[]string{"component"}),
+		bytesUp:   bytes.WithLabelValues("up"),
+		bytesDown: bytes.WithLabelValues("down"),
+		replayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queue_replayed_total",
+			Help: "Queued status writes handled after the cloud came back, by result: applied, obsolete (the object is gone or was written since) or rejected (the apiserver refused it)."},
+			[]string{"result"}),
+		watchesOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "watches_open",
+			Help: "Watches of node components open now, by mode: upstream (relayed from the cloud) or held (offline: open, without events, until the cloud is back)."},
+			[]string{"mode"}),
+		cacheFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_update_failures_total",
+			Help: "Responses that passed through but could not be cached (undecodable, or the store failed)."}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
+		Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen)
+	for _, c := range []prometheus.Collector{m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, queue} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	io.ReadCloser
+	c prometheus.Counter
+}
+
+func (r *countingReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if n > 0 {
+		r.c.Add(float64(n))
+	}
+	return n, err
+}

@@ -1,0 +1,363 @@
+package apiproxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/edgeproxy/cache"
+)
+
+// serveRead answers a get or list from the cache.
+func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+	if req.Verb == verbGet {
+		o, err := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
+		if err != nil {
+			writeStatus(w, http.StatusInternalServerError, metav1.StatusReasonInternalError, nil, "tether-edge: read cache: %v", err)
+			return servedError
+		}
+		if o == nil {
+			p.m.misses.WithLabelValues(comp).Inc()
+			if _, found := p.store.Info(comp, req.GVR); !found {
+				unreachable(w, "%s were never cached for %s", req.GVR.Resource, comp)
+				return servedRefused
+			}
+			writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound,
+				&metav1.StatusDetails{Name: req.Name, Group: req.GVR.Group, Kind: req.GVR.Resource},
+				"%s %q not found", req.GVR.Resource, req.Name)
+			return servedCache
+		}
+		p.m.hits.WithLabelValues(comp).Inc()
+		writeJSON(w, http.StatusOK, o.Raw)
+		return servedCache
+	}
+
+	scope, err := req.scope(r)
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
+		return servedError
+	}
+	// The items are copied from the store into the answer in one go,
+	// inside the read transaction (a memory copy, no I/O).
+	var items bytes.Buffer
+	n := 0
+	info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *cache.Object) {
+		if n > 0 {
+			items.WriteByte(',')
+		}
+		items.Write(o.Raw)
+		n++
+	})
+	if err != nil {
+		writeStatus(w, http.StatusInternalServerError, metav1.StatusReasonInternalError, nil, "tether-edge: %v", err)
+		return servedError
+	}
+	if !found {
+		p.m.misses.WithLabelValues(comp).Inc()
+		unreachable(w, "%s were never cached for %s", req.GVR.Resource, comp)
+		return servedRefused
+	}
+	p.m.hits.WithLabelValues(comp).Inc()
+	head := fmt.Sprintf(`{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"},"items":[`, info.Kind+"List", info.APIVersion, info.MaxRV)
+	const tail = "]}\n"
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(head)+items.Len()+len(tail)))
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, head)
+	w.Write(items.Bytes())
+	io.WriteString(w, tail)
+	return servedCache
+}
+
+// serveWatch serves a watch offline: with sendInitialEvents, the cached
+// objects as ADDED events and the bookmark that ends them; then nothing,
+// until hold lets it end. offline is false when the health checks still
+// pass but the cloud did not answer.
+func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, comp string, start time.Time, offline bool) string {
+	scope, err := req.scope(r)
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
+		return servedError
+	}
+	var events bytes.Buffer
+	if isTrue(r.URL.Query().Get("sendInitialEvents")) {
+		info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *cache.Object) {
+			events.WriteString(`{"type":"ADDED","object":`)
+			events.Write(o.Raw)
+			events.WriteString("}\n")
+		})
+		if err != nil || !found {
+			p.m.misses.WithLabelValues(comp).Inc()
+			unreachable(w, "%s were never cached for %s", req.GVR.Resource, comp)
+			return servedRefused
+		}
+		fmt.Fprintf(&events, `{"type":"BOOKMARK","object":{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d","annotations":{%q:"true"}}}}`+"\n",
+			info.Kind, info.APIVersion, info.MaxRV, initialEventsEnd)
+	}
+	p.m.hits.WithLabelValues(comp).Inc()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(events.Bytes())
+	http.NewResponseController(w).Flush()
+	p.hold(r, start, offline)
+	return servedCache
+}
+
+// hold keeps a watch open without events until the cloud is back (the
+// health checks turn healthy after having failed, or, for a watch whose
+// upstream broke while the checks still passed, a recheck finds the
+// cloud healthy), its timeoutSeconds ends, or the client goes. It waits
+// on channels and timers only: no polling loop. The end is then jittered
+// so that clients do not all come back at once.
+func (p *Proxy) hold(r *http.Request, start time.Time, offline bool) {
+	held := p.m.watchesOpen.WithLabelValues("held")
+	held.Inc()
+	defer held.Dec()
+	ctx := r.Context()
+	var deadline <-chan time.Time
+	if timeout := watchTimeout(r); timeout > 0 {
+		t := p.clock.NewTimer(timeout - p.clock.Since(start))
+		defer t.Stop()
+		deadline = t.C()
+	}
+	recheck := p.clock.NewTicker(p.recheck)
+	defer recheck.Stop()
+	sawUnhealthy := offline
+wait:
+	for {
+		changed := p.up.Changed()
+		if !p.up.Healthy() {
+			sawUnhealthy = true
+		} else if sawUnhealthy {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline:
+			return
+		case <-changed:
+		case <-recheck.C():
+			if p.up.Healthy() {
+				break wait
+			}
+		}
+	}
+	j := p.clock.NewTimer(rand.N(p.jitter))
+	defer j.Stop()
+	select {
+	case <-ctx.Done():
+	case <-deadline:
+	case <-j.C():
+	}
+}
+
+// write handles a renewal of the node's Lease or a status write: relayed
+// online (status writes only once earlier queued ones are replayed, to
+// keep their order); offline, or when the cloud does not answer, the
+// Lease is answered locally and status writes are queued.
+func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp string, healthy bool) string {
+	body, err := readBody(r)
+	if err != nil {
+		writeStatus(w, http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge, nil, "%v", err)
+		return servedError
+	}
+	lease := p.isNodeLease(req)
+	if healthy && !lease {
+		select {
+		case <-p.queueEmpty():
+		default:
+			t := p.clock.NewTimer(queueOrderWait)
+			select {
+			case <-p.queueEmpty():
+			case <-t.C():
+				healthy = false // still replaying: queue behind
+			case <-r.Context().Done():
+				t.Stop()
+				return servedError
+			}
+			t.Stop()
+		}
+	}
+	if healthy {
+		resp, err := p.rt.RoundTrip(p.upstreamRequest(r, body, p.cached[comp], req.GVR.GroupVersion()))
+		if err == nil {
+			defer resp.Body.Close()
+			if b := p.relay(w, resp, p.cached[comp] && resp.StatusCode < 300); b != nil {
+				go p.cacheResponse(comp, req, cache.Scope{}, false, resp.Header.Get("Content-Type"), b)
+			}
+			return servedUpstream
+		}
+		if r.Context().Err() != nil {
+			return servedError
+		}
+		p.up.Kick()
+		p.log.Debug("apiserver did not answer a write; answering it locally", "component", comp, "path", r.URL.Path, "err", err)
+	}
+	if lease {
+		return p.answerLease(w, r, req, comp, body)
+	}
+	return p.queueStatus(w, r, req, comp, body)
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	var b bytes.Buffer
+	n, err := b.ReadFrom(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		return nil, fmt.Errorf("request body: %w", err)
+	}
+	if n == 0 {
+		return []byte{}, nil
+	}
+	return b.Bytes(), nil
+}
+
+// answerLease renews the node's Lease locally: the Lease as sent, with its
+// resourceVersion bumped, kept in the cache. kubelet only needs the
+// renewal to succeed; the cloud sees the node's Lease again when it is
+// back (kubelet's next renewal conflicts once, reads the Lease again and
+// renews it upstream).
+func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request, comp string, body []byte) string {
+	j, err := bodyJSON(r.Header.Get("Content-Type"), body)
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+		return servedError
+	}
+	sent, err := cache.DecodeObject(j, "Lease", leasesGVR.GroupVersion().String())
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+		return servedError
+	}
+	rv := sent.RV
+	if old, _ := p.store.Get(comp, leasesGVR, req.Namespace, req.Name); old != nil {
+		rv = max(rv, old.RV)
+	}
+	out, err := withResourceVersion(sent.Raw, rv+1, "Lease", leasesGVR.GroupVersion().String())
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+		return servedError
+	}
+	if o, err := cache.DecodeObject(out, "", ""); err == nil {
+		p.store.PutLocal(comp, leasesGVR, o)
+		p.store.Sync() // a get right after sees it
+		p.lastGet.Clear()
+	}
+	writeJSON(w, http.StatusOK, out)
+	return servedLocal
+}
+
+// queueStatus keeps a status write for replay and answers it with the
+// object as the apiserver would have made it from the cached one: the
+// status of an update put in, or the patch applied; resourceVersion
+// bumped.
+func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request, comp string, body []byte) string {
+	if p.queueLen() >= maxQueue {
+		unreachable(w, "%d status writes are queued already; this one is refused", maxQueue)
+		return servedRefused
+	}
+	cached, _ := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
+	ct := r.Header.Get("Content-Type")
+	var result, keep []byte
+	var err error
+	switch req.Verb {
+	case verbUpdate:
+		if keep, err = bodyJSON(ct, body); err != nil {
+			writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+			return servedError
+		}
+		ct = "application/json"
+		result = keep
+		if cached != nil {
+			if result, err = withStatusOf(cached.Raw, keep); err != nil {
+				writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+				return servedError
+			}
+		}
+	case verbPatch:
+		if cached == nil {
+			p.m.misses.WithLabelValues(comp).Inc()
+			unreachable(w, "%s is not cached, so a patch of its status cannot be kept", describe(req, r))
+			return servedRefused
+		}
+		if result, err = applyPatch(ct, cached.Raw, body, req.GVR.Resource); err != nil {
+			unreachable(w, "patch of %s cannot be applied offline: %v", describe(req, r), err)
+			return servedRefused
+		}
+		keep = body
+	}
+	o, err := cache.DecodeObject(result, "", "")
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+		return servedError
+	}
+	rv := o.RV
+	uid := o.UID
+	if cached != nil {
+		rv, uid = max(rv, cached.RV), cached.UID
+	}
+	kind, apiVersion := o.Kind, o.APIVersion
+	if kind == "" && cached != nil {
+		kind, apiVersion = cached.Kind, cached.APIVersion
+	}
+	if result, err = withResourceVersion(result, rv+1, kind, apiVersion); err != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
+		return servedError
+	}
+	qw := &cache.QueuedWrite{
+		Component: comp, UserAgent: r.UserAgent(),
+		Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, ContentType: ct, Body: keep,
+		Group: req.GVR.Group, Version: req.GVR.Version, Resource: req.GVR.Resource,
+		Namespace: req.Namespace, Name: req.Name, UID: uid, QueuedAt: p.clock.Now(),
+	}
+	if err := p.store.Enqueue(qw); err != nil {
+		unreachable(w, "the status write cannot be kept: %v", err)
+		return servedRefused
+	}
+	p.queueAdd(1)
+	if o, err := cache.DecodeObject(result, "", ""); err == nil {
+		p.store.PutLocal(comp, req.GVR, o)
+		p.lastGet.Clear()
+	}
+	p.kickReplay()
+	p.log.Debug("status write queued", "component", comp, "object", describe(req, r), "seq", qw.Seq)
+	writeJSON(w, http.StatusOK, result)
+	return servedQueued
+}
+
+func (p *Proxy) queueLen() int {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	return p.qlen
+}
+
+func (p *Proxy) queueEmpty() <-chan struct{} {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	return p.qEmpty
+}
+
+func (p *Proxy) queueAdd(n int) {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	was := p.qlen
+	p.qlen += n
+	switch {
+	case was == 0 && p.qlen > 0:
+		p.qEmpty = make(chan struct{})
+	case was > 0 && p.qlen == 0:
+		close(p.qEmpty)
+	}
+}
+
+func (p *Proxy) kickReplay() {
+	select {
+	case p.replayCh <- struct{}{}:
+	default:
+	}
+}

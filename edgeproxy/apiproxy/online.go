@@ -1,0 +1,320 @@
+package apiproxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"net/http"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/edgeproxy/cache"
+)
+
+// forwardRead relays a get or list to the cloud and caches the answer.
+// When the cloud does not answer at all it is served from the cache.
+func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+	scope, scopeErr := req.scope(r)
+	resp, err := p.rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+	if err != nil {
+		if r.Context().Err() != nil {
+			return servedError
+		}
+		p.up.Kick()
+		p.log.Debug("apiserver did not answer; serving from the cache", "component", comp, "path", r.URL.Path, "err", err)
+		return p.serveRead(w, r, req, comp)
+	}
+	defer resp.Body.Close()
+	getKey := comp + " " + r.URL.Path
+	if resp.StatusCode == http.StatusNotFound && req.Verb == verbGet {
+		p.store.Forget(comp, req.GVR, req.Namespace, req.Name)
+		p.lastGet.Delete(getKey)
+	}
+	cacheIt := resp.StatusCode == http.StatusOK && scopeErr == nil
+	if body := p.relay(w, resp, cacheIt); body != nil {
+		if req.Verb == verbGet {
+			// The same answer as last time needs no decoding again.
+			h := maphash.Bytes(hashSeed, body)
+			if prev, ok := p.lastGet.Swap(getKey, h); ok && prev.(uint64) == h {
+				return servedUpstream
+			}
+		}
+		complete := !r.URL.Query().Has("continue")
+		go p.cacheResponse(comp, req, scope, complete, resp.Header.Get("Content-Type"), body)
+	}
+	return servedUpstream
+}
+
+var hashSeed = maphash.MakeSeed()
+
+// relay copies an upstream response to the client. With capture set and
+// a JSON or protobuf body, it returns a copy of the body once it was
+// relayed whole.
+func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, capture bool) []byte {
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	if mt := mediaType(resp.Header.Get("Content-Type")); !capture || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
+		io.Copy(w, resp.Body)
+		return nil
+	}
+	var buf bytes.Buffer
+	if resp.ContentLength > 0 && resp.ContentLength < maxCachedResponse {
+		buf.Grow(int(resp.ContentLength))
+	}
+	lw := &limitedBuffer{buf: &buf, max: maxCachedResponse}
+	if _, err := io.Copy(io.MultiWriter(w, lw), resp.Body); err != nil || lw.over {
+		return nil
+	}
+	return buf.Bytes()
+}
+
+type limitedBuffer struct {
+	buf  *bytes.Buffer
+	max  int
+	over bool
+}
+
+func (l *limitedBuffer) Write(b []byte) (int, error) {
+	if !l.over && l.buf.Len()+len(b) <= l.max {
+		l.buf.Write(b)
+	} else if !l.over {
+		l.over = true
+		l.buf.Reset()
+	}
+	return len(b), nil
+}
+
+// cacheResponse caches the body of a get, list, or write response.
+func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, complete bool, contentType string, body []byte) {
+	d, err := decodeBody(contentType, body)
+	if err != nil {
+		p.m.cacheFailures.Inc()
+		p.log.Debug("response not cached", "component", comp, "resource", req.GVR.String(), "err", err)
+		return
+	}
+	if !d.list {
+		if d.kind == "Status" {
+			return // a delete's answer
+		}
+		o, err := cache.DecodeObject(d.object, d.kind, d.apiVersion)
+		if err == nil {
+			err = p.store.Put(comp, req.GVR, o)
+		}
+		if err != nil {
+			p.m.cacheFailures.Inc()
+		}
+		return
+	}
+	list := cache.List{Kind: d.kind, APIVersion: d.apiVersion, RV: cache.ParseRV(d.rv),
+		Scope: scope, Complete: complete && d.cont == "", Items: make([]*cache.Object, 0, len(d.items))}
+	for _, raw := range d.items {
+		o, err := cache.DecodeObject(raw, d.kind, d.apiVersion)
+		if err != nil {
+			p.m.cacheFailures.Inc()
+			list.Complete = false // do not prune what may be this one
+			continue
+		}
+		list.Items = append(list.Items, o)
+	}
+	if err := p.store.ApplyList(comp, req.GVR, list); err != nil {
+		p.m.cacheFailures.Inc()
+	}
+}
+
+// forwardWatch relays a watch from the cloud event by event, caching each
+// event. If the cloud goes away mid-watch, the client's watch is held
+// open without events (see hold) instead of being broken; if the cloud
+// does not answer at all, the watch is served offline.
+func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+	start := p.clock.Now()
+	scope, scopeErr := req.scope(r)
+	resp, err := p.rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+	if err != nil {
+		if r.Context().Err() != nil {
+			return servedError
+		}
+		p.up.Kick()
+		p.log.Debug("apiserver did not answer a watch; serving it offline", "component", comp, "path", r.URL.Path, "err", err)
+		return p.serveWatch(w, r, req, comp, start, false)
+	}
+	defer resp.Body.Close()
+	rc := http.NewResponseController(w)
+	mt := mediaType(resp.Header.Get("Content-Type"))
+	if resp.StatusCode != http.StatusOK || scopeErr != nil || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		rc.Flush()
+		io.Copy(flushWriter{w, rc}, resp.Body)
+		return servedUpstream
+	}
+	copyHeader(w.Header(), resp.Header)
+	w.Header().Del("Content-Length")
+	w.WriteHeader(http.StatusOK)
+	rc.Flush()
+
+	open := p.m.watchesOpen.WithLabelValues("upstream")
+	open.Inc()
+	defer open.Dec()
+	wc := &watchCacher{p: p, comp: comp, gvr: req.GVR, scope: scope}
+	if isTrue(r.URL.Query().Get("sendInitialEvents")) {
+		wc.seen = map[string]bool{}
+	}
+	// Events are relayed whole, one at a time, so that a stream cut in
+	// the middle of one leaves the client with whole events only.
+	next := jsonEvents(resp.Body)
+	if mt == runtime.ContentTypeProtobuf {
+		next = protobufFrames(resp.Body)
+	}
+	for {
+		ev, cacheEv, err := next()
+		if err != nil {
+			if r.Context().Err() != nil || errors.Is(err, io.EOF) {
+				return servedUpstream // client gone, or the apiserver ended the watch
+			}
+			p.up.Kick()
+			p.log.Debug("watch from the apiserver broke; holding the client's watch open", "component", comp, "path", r.URL.Path, "err", err)
+			open.Dec()
+			p.hold(r, start, false)
+			open.Inc()
+			return servedUpstream
+		}
+		if _, err := w.Write(ev); err != nil {
+			return servedUpstream
+		}
+		rc.Flush()
+		if raw, err := cacheEv(); err == nil {
+			wc.apply(raw)
+		} else {
+			p.m.cacheFailures.Inc()
+		}
+	}
+}
+
+// eventReader returns the next event of a watch stream as relayed bytes,
+// and a function that returns it as the JSON event the cache reads.
+type eventReader func() (relay []byte, cacheEvent func() ([]byte, error), err error)
+
+// jsonEvents reads a JSON watch stream: one JSON object per event.
+func jsonEvents(body io.Reader) eventReader {
+	dec := json.NewDecoder(body)
+	return func() ([]byte, func() ([]byte, error), error) {
+		var ev json.RawMessage
+		if err := dec.Decode(&ev); err != nil {
+			return nil, nil, err
+		}
+		return append(ev, '\n'), func() ([]byte, error) { return ev, nil }, nil
+	}
+}
+
+// maxFrame bounds one frame of a protobuf watch stream.
+const maxFrame = 64 << 20
+
+// protobufFrames reads a protobuf watch stream: frames of a 4-byte
+// big-endian length and a metav1.WatchEvent.
+func protobufFrames(body io.Reader) eventReader {
+	return func() ([]byte, func() ([]byte, error), error) {
+		var hdr [4]byte
+		if _, err := io.ReadFull(body, hdr[:]); err != nil {
+			return nil, nil, err // io.EOF between frames: the watch ended
+		}
+		n := binary.BigEndian.Uint32(hdr[:])
+		if n > maxFrame {
+			return nil, nil, fmt.Errorf("watch frame of %d bytes", n)
+		}
+		frame := make([]byte, 4+n)
+		copy(frame, hdr[:])
+		if _, err := io.ReadFull(body, frame[4:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, nil, err
+		}
+		return frame, func() ([]byte, error) { return protobufEventJSON(frame[4:]) }, nil
+	}
+}
+
+type flushWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (f flushWriter) Write(b []byte) (int, error) {
+	n, err := f.w.Write(b)
+	f.rc.Flush()
+	return n, err
+}
+
+// watchEvent is one event of a JSON watch stream.
+type watchEvent struct {
+	Type   string          `json:"type"`
+	Object json.RawMessage `json:"object"`
+}
+
+// bookmark is the object of a BOOKMARK event.
+type bookmark struct {
+	Kind       string `json:"kind"`
+	APIVersion string `json:"apiVersion"`
+	Metadata   struct {
+		ResourceVersion string            `json:"resourceVersion"`
+		Annotations     map[string]string `json:"annotations"`
+	} `json:"metadata"`
+}
+
+// initialEventsEnd marks the bookmark that ends a watch's initial events.
+const initialEventsEnd = "k8s.io/initial-events-end"
+
+// watchCacher applies a watch's events to the cache.
+type watchCacher struct {
+	p     *Proxy
+	comp  string
+	gvr   schema.GroupVersionResource
+	scope cache.Scope
+	// seen collects the keys of the initial events of a watch with
+	// sendInitialEvents, until the bookmark that ends them.
+	seen map[string]bool
+}
+
+func (wc *watchCacher) apply(raw []byte) {
+	var ev watchEvent
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		wc.p.m.cacheFailures.Inc()
+		return
+	}
+	var err error
+	switch ev.Type {
+	case "ADDED", "MODIFIED":
+		var o *cache.Object
+		if o, err = cache.DecodeObject(ev.Object, "", ""); err == nil {
+			err = wc.p.store.Put(wc.comp, wc.gvr, o)
+			if wc.seen != nil {
+				wc.seen[o.Key()] = true
+			}
+		}
+	case "DELETED":
+		// With selectors, DELETED also means "no longer selected": the
+		// object goes from the cache, but without a tombstone.
+		var o *cache.Object
+		if o, err = cache.DecodeObject(ev.Object, "", ""); err == nil {
+			sel := (wc.scope.Labels != nil && !wc.scope.Labels.Empty()) || (wc.scope.Fields != nil && !wc.scope.Fields.Empty())
+			err = wc.p.store.Delete(wc.comp, wc.gvr, o, !sel)
+		}
+	case "BOOKMARK":
+		var b bookmark
+		if err = json.Unmarshal(ev.Object, &b); err == nil {
+			rv := cache.ParseRV(b.Metadata.ResourceVersion)
+			err = wc.p.store.Bookmark(wc.comp, wc.gvr, b.Kind, b.APIVersion, rv)
+			if wc.seen != nil && b.Metadata.Annotations[initialEventsEnd] == "true" {
+				err = errors.Join(err, wc.p.store.Prune(wc.comp, wc.gvr, wc.scope, rv, wc.seen))
+				wc.seen = nil
+			}
+		}
+	}
+	if err != nil {
+		wc.p.m.cacheFailures.Inc()
+	}
+}

@@ -1,0 +1,360 @@
+package apiproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/upstream"
+)
+
+// Upstream is what the proxy needs of the cloud apiservers.
+type Upstream interface {
+	// Server is the apiserver to use now; ok is false when none is
+	// healthy.
+	Server() (u *url.URL, ok bool)
+	Healthy() bool
+	// Changed is closed at the next change of Healthy.
+	Changed() <-chan struct{}
+	// WaitKnown returns once the first health checks are done.
+	WaitKnown(ctx context.Context)
+	// Kick asks for a health check now: a request just failed.
+	Kick()
+	Transport() http.RoundTripper
+	UpgradeTransport() http.RoundTripper
+}
+
+var _ Upstream = (*upstream.Upstreams)(nil)
+
+// DefaultComponents are the components whose reads are cached.
+var DefaultComponents = []string{"kubelet", "kube-proxy", "coredns", "flanneld"}
+
+// Options configure New.
+type Options struct {
+	Upstream Upstream
+	Store    *cache.Store
+	// NodeName is this node: its Lease in kube-node-lease is renewed
+	// locally while the cloud is unreachable. Empty disables that.
+	NodeName string
+	// Components whose get, list and watch responses are cached and
+	// served offline (the first word of their User-Agent).
+	Components []string
+	// HeldWatchRecheck is how often a watch held open after its
+	// upstream broke looks whether the cloud answers again though the
+	// health checks never failed (default 30 s).
+	HeldWatchRecheck time.Duration
+	// ReleaseJitter spreads the end of held watches when the cloud is
+	// back over up to this long (default 1 s), so that clients do not
+	// all come back at once.
+	ReleaseJitter time.Duration
+	Clock         clock.WithTicker
+	Logger        *slog.Logger
+	Registerer    prometheus.Registerer
+}
+
+const (
+	// maxBody bounds the request bodies the proxy reads (kube-apiserver's
+	// own limit is 3 MiB).
+	maxBody = 3 << 20
+	// maxCachedResponse bounds the responses copied for the cache.
+	maxCachedResponse = 256 << 20
+	// maxQueue bounds the queued status writes; more are refused.
+	maxQueue = 10000
+	// queueOrderWait is how long a status write made online waits for
+	// the replay of earlier ones before it is queued behind them.
+	queueOrderWait = 10 * time.Second
+	// replayRetry is the pause after a replay that could not finish.
+	replayRetry = 5 * time.Second
+)
+
+var (
+	leasesGVR = schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
+	podsGVR   = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	nodesGVR  = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+)
+
+// Proxy is the kube-apiserver proxy for node components.
+type Proxy struct {
+	up       Upstream
+	store    *cache.Store
+	node     string
+	cached   map[string]bool
+	recheck  time.Duration
+	jitter   time.Duration
+	clock    clock.WithTicker
+	log      *slog.Logger
+	m        *metrics
+	reverse  *httputil.ReverseProxy
+	upgrade  *httputil.ReverseProxy
+	rt       http.RoundTripper // counting bytes
+	replayCh chan struct{}
+
+	qmu    sync.Mutex
+	qlen   int
+	qEmpty chan struct{} // closed while the queue is empty
+
+	// lastGet holds, per component and path, a hash of the last get
+	// answer cached (cleared whenever an object is answered locally).
+	lastGet sync.Map
+}
+
+// New builds the proxy; Run replays queued writes, Serve serves clients.
+func New(o Options) (*Proxy, error) {
+	if o.Upstream == nil || o.Store == nil {
+		return nil, errors.New("apiproxy: Upstream and Store are required")
+	}
+	p := &Proxy{up: o.Upstream, store: o.Store, node: o.NodeName, cached: map[string]bool{},
+		recheck: o.HeldWatchRecheck, jitter: o.ReleaseJitter, clock: o.Clock, log: o.Logger,
+		replayCh: make(chan struct{}, 1), qEmpty: make(chan struct{})}
+	if p.recheck <= 0 {
+		p.recheck = 30 * time.Second
+	}
+	if p.jitter <= 0 {
+		p.jitter = time.Second
+	}
+	if p.clock == nil {
+		p.clock = clock.RealClock{}
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	for _, c := range o.Components {
+		p.cached[c] = true
+	}
+	p.qlen = o.Store.QueueLen()
+	if p.qlen == 0 {
+		close(p.qEmpty)
+	}
+	var err error
+	if p.m, err = newMetrics(o.Registerer, func() float64 { return float64(p.queueLen()) }); err != nil {
+		return nil, err
+	}
+	p.rt = &countingTransport{rt: p.up.Transport(), m: p.m}
+	rewrite := func(pr *httputil.ProxyRequest) {
+		srv, _ := p.up.Server()
+		pr.SetURL(srv)
+		pr.Out.Host = ""
+		pr.Out.Header.Del("Authorization") // the proxy's identity is the node's
+	}
+	errLog := slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)
+	p.reverse = &httputil.ReverseProxy{Rewrite: rewrite, Transport: p.rt, FlushInterval: -1,
+		ErrorHandler: p.proxyError, ErrorLog: errLog}
+	p.upgrade = &httputil.ReverseProxy{Rewrite: rewrite, Transport: &countingTransport{rt: p.up.UpgradeTransport(), m: p.m},
+		FlushInterval: -1, ErrorHandler: p.proxyError, ErrorLog: errLog}
+	return p, nil
+}
+
+// Serve serves clients on ln until ctx ends; requests in flight (held
+// watches too) end with ctx.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		if srv.Shutdown(sctx) != nil {
+			srv.Close()
+		}
+	}()
+	err := srv.Serve(ln)
+	<-done
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("apiserver proxy: %w", err)
+}
+
+// ServeHTTP serves one request of a node component.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	req := parseRequest(r)
+	comp := component(r.UserAgent())
+	p.up.WaitKnown(r.Context())
+	served := p.serve(w, r, req, comp)
+	label := comp
+	if !p.cached[comp] && !slices.Contains(DefaultComponents, comp) {
+		label = "other"
+	}
+	p.m.requests.WithLabelValues(label, req.Verb, served).Inc()
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+	healthy := p.up.Healthy()
+	cached := p.cached[comp] && req.cacheable(r)
+	switch {
+	case isUpgrade(r):
+		if !healthy {
+			unreachable(w, "%s %s cannot be relayed offline", r.Method, r.URL.Path)
+			return servedRefused
+		}
+		p.upgrade.ServeHTTP(w, r)
+		return servedUpstream
+	case cached && req.Verb == verbWatch:
+		if !healthy {
+			return p.serveWatch(w, r, req, comp, p.clock.Now(), true)
+		}
+		return p.forwardWatch(w, r, req, comp)
+	case cached:
+		if !healthy {
+			return p.serveRead(w, r, req, comp)
+		}
+		return p.forwardRead(w, r, req, comp)
+	case p.isNodeLease(req) || isStatusWrite(req):
+		return p.write(w, r, req, comp, healthy)
+	case !healthy:
+		unreachable(w, "%s of %s is not possible offline", req.Verb, describe(req, r))
+		return servedRefused
+	}
+	p.reverse.ServeHTTP(w, r)
+	return servedUpstream
+}
+
+// isNodeLease reports whether req renews this node's Lease.
+func (p *Proxy) isNodeLease(req request) bool {
+	return p.node != "" && req.Verb == verbUpdate && req.GVR == leasesGVR && req.Subresource == "" &&
+		req.Namespace == "kube-node-lease" && req.Name == p.node
+}
+
+// isStatusWrite reports whether req writes the status of a Pod or a Node.
+func isStatusWrite(req request) bool {
+	return (req.Verb == verbUpdate || req.Verb == verbPatch) && req.Subresource == "status" &&
+		(req.GVR == podsGVR || req.GVR == nodesGVR)
+}
+
+func describe(req request, r *http.Request) string {
+	if !req.IsResource {
+		return r.URL.Path
+	}
+	s := req.GVR.Resource
+	if req.Subresource != "" {
+		s += "/" + req.Subresource
+	}
+	if req.Name != "" {
+		s += " " + req.Name
+		if req.Namespace != "" {
+			s += " in namespace " + req.Namespace
+		}
+	}
+	return s
+}
+
+func (p *Proxy) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	p.up.Kick()
+	p.log.Debug("request to the apiserver failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	unreachable(w, "%v", err)
+}
+
+// Ready is nil while a cloud apiserver is healthy, or, offline, while the
+// cache has something to serve.
+func (p *Proxy) Ready() error {
+	if p.up.Healthy() {
+		return nil
+	}
+	if !p.store.Empty() {
+		return nil // offline, serving from the cache
+	}
+	return errors.New("no cloud apiserver is healthy and the cache is empty")
+}
+
+// Status is the proxy's part of /status.
+type Status struct {
+	Healthy       bool           `json:"healthy"`
+	QueuedWrites  int            `json:"queuedWrites"`
+	CachedObjects map[string]int `json:"cachedObjects"`
+}
+
+// Status reports the proxy's state.
+func (p *Proxy) Status() Status {
+	return Status{Healthy: p.up.Healthy(), QueuedWrites: p.queueLen(), CachedObjects: p.store.Stats()}
+}
+
+// countingTransport counts request and response body bytes.
+type countingTransport struct {
+	rt http.RoundTripper
+	m  *metrics
+}
+
+func (t *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil && r.Body != http.NoBody {
+		r = r.Clone(r.Context())
+		r.Body = &countingReader{ReadCloser: r.Body, c: t.m.bytesUp}
+	}
+	resp, err := t.rt.RoundTrip(r)
+	if err != nil || resp.StatusCode == http.StatusSwitchingProtocols {
+		return resp, err // an upgraded body must stay an io.ReadWriteCloser
+	}
+	resp.Body = &countingReader{ReadCloser: resp.Body, c: t.m.bytesDown}
+	return resp, nil
+}
+
+// hopHeaders are not forwarded (RFC 9110, 7.6.1).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// upstreamRequest is r for the current apiserver, with the node's identity
+// (the client's Authorization is dropped). When the response is to be
+// cached, it asks for a body the cache can read: uncompressed on the wire
+// to the client (the transport asks for gzip and inflates it), in
+// protobuf if the client takes it and the proxy can read gv's protobuf,
+// else in JSON.
+func (p *Proxy) upstreamRequest(r *http.Request, body []byte, cacheable bool, gv schema.GroupVersion) *http.Request {
+	srv, _ := p.up.Server()
+	out := r.Clone(r.Context())
+	out.URL = &url.URL{Scheme: srv.Scheme, Host: srv.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	out.Host = ""
+	out.RequestURI = ""
+	for _, c := range r.Header.Values("Connection") {
+		out.Header.Del(c)
+	}
+	for _, h := range hopHeaders {
+		out.Header.Del(h)
+	}
+	out.Header.Del("Authorization")
+	if cacheable {
+		out.Header.Del("Accept-Encoding")
+		if !keepsProtobuf(r, gv) {
+			out.Header.Set("Accept", "application/json")
+		}
+	}
+	if body != nil {
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.ContentLength = int64(len(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+	return out
+}
+
+// copyHeader copies response headers, without hop-by-hop ones.
+func copyHeader(dst, src http.Header) {
+	for k, vv := range src {
+		if slices.Contains(hopHeaders, k) {
+			continue
+		}
+		dst[k] = append(dst[k][:0], vv...)
+	}
+}

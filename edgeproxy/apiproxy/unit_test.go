@@ -1,0 +1,267 @@
+package apiproxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+func TestParseRequest(t *testing.T) {
+	pods := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	for _, tc := range []struct {
+		method, url string
+		want        request
+	}{
+		{"GET", "/api/v1/namespaces/ns/pods/p", request{Verb: verbGet, IsResource: true, GVR: pods, Namespace: "ns", Name: "p"}},
+		{"GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dn", request{Verb: verbList, IsResource: true, GVR: pods}},
+		{"GET", "/api/v1/pods?watch=true", request{Verb: verbWatch, IsResource: true, GVR: pods}},
+		{"GET", "/api/v1/watch/namespaces/ns/pods/p", request{Verb: verbWatch, IsResource: true, GVR: pods, Namespace: "ns", Name: "p"}},
+		{"PATCH", "/api/v1/namespaces/ns/pods/p/status", request{Verb: verbPatch, IsResource: true, GVR: pods, Namespace: "ns", Name: "p", Subresource: "status"}},
+		{"PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n",
+			request{Verb: verbUpdate, IsResource: true, GVR: leasesGVR, Namespace: "kube-node-lease", Name: "n"}},
+		{"DELETE", "/api/v1/namespaces/ns/pods", request{Verb: verbDeleteCollection, IsResource: true, GVR: pods, Namespace: "ns"}},
+		{"POST", "/api/v1/namespaces/ns/pods/p/eviction", request{Verb: verbCreate, IsResource: true, GVR: pods, Namespace: "ns", Name: "p", Subresource: "eviction"}},
+		{"GET", "/api/v1/namespaces/ns", request{Verb: verbGet, IsResource: true, GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: "ns"}},
+		{"PUT", "/api/v1/namespaces/ns/status", request{Verb: verbUpdate, IsResource: true, GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: "ns", Subresource: "status"}},
+		{"GET", "/apis/discovery.k8s.io/v1/endpointslices", request{Verb: verbList, IsResource: true, GVR: schema.GroupVersionResource{Group: "discovery.k8s.io", Version: "v1", Resource: "endpointslices"}}},
+		{"GET", "/api", request{Verb: verbProxy}},
+		{"GET", "/apis/apps/v1", request{Verb: verbProxy}},
+		{"GET", "/version", request{Verb: verbProxy}},
+		{"GET", "/readyz", request{Verb: verbProxy}},
+	} {
+		r := httptest.NewRequest(tc.method, tc.url, nil)
+		if diff := cmp.Diff(tc.want, parseRequest(r)); diff != "" {
+			t.Errorf("%s %s (-want +got):\n%s", tc.method, tc.url, diff)
+		}
+	}
+}
+
+func TestComponent(t *testing.T) {
+	for ua, want := range map[string]string{
+		"kubelet/v1.36.3 (linux/amd64) kubernetes/abc": "kubelet",
+		"kube-proxy/v1.36.3 (linux/arm64)":             "kube-proxy",
+		"CoreDNS/1.12":                                 "coredns",
+		"flanneld":                                     "flanneld",
+		"":                                             "",
+	} {
+		if got := component(ua); got != want {
+			t.Errorf("component(%q) = %q, want %q", ua, got, want)
+		}
+	}
+}
+
+// kubelet sends its Lease as protobuf: the proxy reads it offline.
+func TestBodyJSONFromProtobuf(t *testing.T) {
+	lease := &coordinationv1.Lease{
+		TypeMeta:   metav1.TypeMeta{Kind: "Lease", APIVersion: "coordination.k8s.io/v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: "n", Namespace: "kube-node-lease", ResourceVersion: "41"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("n")},
+	}
+	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	var pb bytes.Buffer
+	if err := info.Serializer.Encode(lease, &pb); err != nil {
+		t.Fatal(err)
+	}
+	j, err := bodyJSON(runtime.ContentTypeProtobuf, pb.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got coordinationv1.Lease
+	if err := json.Unmarshal(j, &got); err != nil || got.Kind != "Lease" || got.ResourceVersion != "41" || *got.Spec.HolderIdentity != "n" {
+		t.Errorf("JSON %s: %v", j, err)
+	}
+	bumped, _ := withResourceVersion(j, 42, "", "")
+	if !bytes.Contains(bumped, []byte(`"resourceVersion":"42"`)) {
+		t.Errorf("not bumped: %s", bumped)
+	}
+	if _, err := bodyJSON("application/cbor", []byte{0xa0}); err == nil {
+		t.Error("cbor read")
+	}
+}
+
+func TestApplyPatch(t *testing.T) {
+	pod := []byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","uid":"u1"},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"False"},{"type":"X","status":"True"}]}}`)
+	smp := []byte(`{"metadata":{"uid":"u1"},"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)
+	out, err := applyPatch("application/strategic-merge-patch+json", pod, smp, "pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Conditions merge by type: Ready changes, X stays.
+	if !strings.Contains(string(out), `{"status":"True","type":"Ready"}`) || !strings.Contains(string(out), `"type":"X"`) {
+		t.Errorf("strategic merge: %s", out)
+	}
+	out, err = applyPatch("application/merge-patch+json", pod, []byte(`{"status":{"phase":"Failed"}}`), "pods")
+	if err != nil || !strings.Contains(string(out), `"phase":"Failed"`) {
+		t.Errorf("merge patch: %s %v", out, err)
+	}
+	out, err = applyPatch("application/json-patch+json", pod, []byte(`[{"op":"replace","path":"/status/phase","value":"Succeeded"}]`), "pods")
+	if err != nil || !strings.Contains(string(out), `"phase":"Succeeded"`) {
+		t.Errorf("json patch: %s %v", out, err)
+	}
+	if _, err := applyPatch("application/apply-patch+yaml", pod, []byte(`{}`), "pods"); err == nil {
+		t.Error("server-side apply applied offline")
+	}
+	if _, err := applyPatch("application/strategic-merge-patch+json", pod, smp, "configmaps"); err == nil {
+		t.Error("strategic merge of an unknown type applied")
+	}
+}
+
+// fakeAPIServer is an apiserver that answers /readyz, a pod list, and
+// upgrades of ".../exec" to an echo protocol; it records the headers it
+// was sent.
+type fakeAPIServer struct {
+	*httptest.Server
+	mu      sync.Mutex
+	headers map[string]http.Header // by User-Agent
+}
+
+func newFakeAPIServer(t *testing.T) *fakeAPIServer {
+	f := &fakeAPIServer{headers: map[string]http.Header{}}
+	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.headers[r.UserAgent()] = r.Header.Clone()
+		f.mu.Unlock()
+		switch {
+		case r.URL.Path == "/readyz":
+			w.Write([]byte("ok"))
+		case strings.HasSuffix(r.URL.Path, "/exec") && r.Header.Get("Upgrade") == "tether-echo":
+			conn, rw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Errorf("hijack: %v", err)
+				return
+			}
+			defer conn.Close()
+			rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: tether-echo\r\n\r\n")
+			rw.Flush()
+			io.Copy(conn, rw)
+		case r.URL.Path == "/api/v1/namespaces/ns/pods":
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"9"},"items":[{"metadata":{"name":"p","namespace":"ns","resourceVersion":"8"}}]}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	f.EnableHTTP2 = true
+	f.StartTLS()
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *fakeAPIServer) header(ua string) http.Header {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.headers[ua]
+}
+
+// edgeFor starts the proxy in this namespace against a fake apiserver.
+func edgeFor(t *testing.T, f *fakeAPIServer, offline *switchable) *edge {
+	t.Helper()
+	kp, _ := testenv.MustCA(t, "unit").NodeCert("n")
+	e := startEdge(t, edgeSpec{net: hostNet{}, server: f.URL, node: "n", cert: kp.TLS, offline: offline,
+		rootCAs: f.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs})
+	e.waitHealthy(true, 10*time.Second)
+	return e
+}
+
+func TestUpstreamRequests(t *testing.T) {
+	f := newFakeAPIServer(t)
+	offline := &switchable{}
+	e := edgeFor(t, f, offline)
+
+	getPath := func(path, ua, accept string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://"+e.Addr+path, nil)
+		req.Header.Set("User-Agent", ua)
+		req.Header.Set("Accept", accept)
+		req.Header.Set("Authorization", "Bearer client-token")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	get := func(ua, accept string) *http.Response { return getPath("/api/v1/namespaces/ns/pods", ua, accept) }
+	// A cached component gets protobuf where the proxy reads it, JSON
+	// elsewhere; the client's credentials never go upstream.
+	get(kubeletUA, "application/vnd.kubernetes.protobuf,application/json")
+	if h := f.header(kubeletUA); h.Get("Accept") != "application/vnd.kubernetes.protobuf,application/json" || h.Get("Authorization") != "" {
+		t.Errorf("kubelet's request upstream: Accept %q, Authorization %q", h.Get("Accept"), h.Get("Authorization"))
+	}
+	getPath("/apis/example.com/v1/namespaces/ns/widgets", kubeletUA, "application/vnd.kubernetes.protobuf,application/json")
+	if h := f.header(kubeletUA); h.Get("Accept") != "application/json" {
+		t.Errorf("kubelet's request for a group the proxy cannot read: Accept %q", h.Get("Accept"))
+	}
+	get(kubeletUA, "application/vnd.kubernetes.protobuf,application/json") // for the cache check below
+	// Others are relayed as they are (but for Authorization).
+	get("kubectl/v1.36", "application/vnd.kubernetes.protobuf")
+	if h := f.header("kubectl/v1.36"); h.Get("Accept") != "application/vnd.kubernetes.protobuf" || h.Get("Authorization") != "" {
+		t.Errorf("kubectl's request upstream: Accept %q, Authorization %q", h.Get("Accept"), h.Get("Authorization"))
+	}
+	eventually(t, 5*time.Second, func() error {
+		if o, _ := e.Store.Get("kubelet", podsGVR, "ns", "p"); o == nil {
+			return io.ErrUnexpectedEOF
+		}
+		return nil
+	})
+
+	// Upgrades (exec, attach, port-forward) pass through over HTTP/1.1.
+	upgrade := func() (*http.Response, net.Conn, *bufio.Reader) {
+		conn, err := net.Dial("tcp", e.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, "POST /api/v1/namespaces/ns/pods/p/exec?command=sh HTTP/1.1\r\nHost: x\r\nUser-Agent: kubectl/v1.36\r\nConnection: Upgrade\r\nUpgrade: tether-echo\r\n\r\n")
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, conn, br
+	}
+	resp, conn, br := upgrade()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %s", resp.Status)
+	}
+	io.WriteString(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "ping\n" {
+		t.Errorf("echo through the upgraded connection: %q %v", line, err)
+	}
+	conn.Close()
+
+	// Offline, an upgrade is refused with a clear Status.
+	offline.set(true)
+	resp, conn, _ = upgrade()
+	defer conn.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var st metav1.Status
+	if resp.StatusCode != http.StatusServiceUnavailable || json.Unmarshal(body, &st) != nil ||
+		st.Reason != metav1.StatusReasonServiceUnavailable || !strings.Contains(st.Message, "unreachable") {
+		t.Errorf("offline upgrade: %s %s", resp.Status, body)
+	}
+	// kubelet's list is answered from the cache, kubectl's refused.
+	if r := get(kubeletUA, "application/json"); r.StatusCode != http.StatusOK {
+		t.Errorf("offline kubelet list: %s", r.Status)
+	}
+	if r := get("kubectl/v1.36", "application/json"); r.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("offline kubectl list: %s", r.Status)
+	}
+}

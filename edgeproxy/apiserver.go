@@ -1,0 +1,114 @@
+package edgeproxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"k8s.io/client-go/tools/clientcmd"
+
+	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+)
+
+// apiserverAccess is how the apiserver proxy reaches the cloud: the
+// servers, the TLS settings with the node's client certificate, and the
+// node name that certificate holds ("" if none).
+type apiserverAccess struct {
+	servers []string
+	tls     *tls.Config
+	token   string
+	node    string
+}
+
+// proxyConfigured reports whether the apiserver proxy has a way to the
+// cloud.
+func (c Config) proxyConfigured() bool {
+	return c.Kubeconfig != "" || len(c.ServerAddr) > 0
+}
+
+// loadAPIServerAccess reads --kubeconfig, or --server-addr with --cert,
+// --key and --server-ca. --server-addr given with --kubeconfig replaces
+// the kubeconfig's server; --server-ca replaces its CA. A client
+// certificate in files is read again when the files change.
+func loadAPIServerAccess(c Config, log *slog.Logger) (*apiserverAccess, error) {
+	a := &apiserverAccess{servers: c.ServerAddr, tls: &tls.Config{MinVersion: tls.VersionTLS12}}
+	certFile, keyFile := c.Cert, c.Key
+	var certPEM, keyPEM, caPEM []byte
+	if c.Kubeconfig != "" {
+		rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+		if len(a.servers) == 0 {
+			a.servers = []string{rc.Host}
+		}
+		a.tls.ServerName = rc.ServerName
+		a.tls.InsecureSkipVerify = rc.Insecure
+		if rc.CertFile != "" || len(rc.CertData) > 0 {
+			certFile, keyFile = rc.CertFile, rc.KeyFile
+			certPEM, keyPEM = rc.CertData, rc.KeyData
+		}
+		caPEM = rc.CAData
+		if len(caPEM) == 0 && rc.CAFile != "" {
+			if caPEM, err = os.ReadFile(rc.CAFile); err != nil {
+				return nil, fmt.Errorf("--kubeconfig: certificate-authority: %w", err)
+			}
+		}
+		a.token = rc.BearerToken
+		if a.token == "" && rc.BearerTokenFile != "" {
+			b, err := os.ReadFile(rc.BearerTokenFile)
+			if err != nil {
+				return nil, fmt.Errorf("--kubeconfig: token file: %w", err)
+			}
+			a.token = strings.TrimSpace(string(b))
+		}
+	}
+	if c.ServerCA != "" {
+		var err error
+		if caPEM, err = os.ReadFile(c.ServerCA); err != nil {
+			return nil, fmt.Errorf("--server-ca: %w", err)
+		}
+	}
+	if len(caPEM) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("the apiserver CA (--server-ca or the kubeconfig's certificate-authority) holds no PEM certificate")
+		}
+		a.tls.RootCAs = pool
+	}
+	switch {
+	case len(certPEM) > 0:
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig: client certificate: %w", err)
+		}
+		a.tls.Certificates = []tls.Certificate{cert}
+		a.node, _ = nodeOf(cert.Leaf)
+	case certFile != "":
+		if keyFile == "" {
+			keyFile = certFile
+		}
+		files, err := edgetunnel.LoadCertFiles(certFile, keyFile, log)
+		if err != nil {
+			return nil, err
+		}
+		a.tls.GetClientCertificate = files.GetClientCertificate
+		a.node, _ = files.NodeName()
+	case a.token == "":
+		return nil, errors.New("no credentials for the apiserver: give --cert and --key, or a --kubeconfig with a client certificate or token")
+	}
+	return a, nil
+}
+
+// nodeOf reads the node name of a node certificate.
+func nodeOf(cert *x509.Certificate) (string, bool) {
+	if cert == nil {
+		return "", false
+	}
+	name, ok := strings.CutPrefix(cert.Subject.CommonName, "system:node:")
+	return name, ok && name != ""
+}

@@ -1,0 +1,60 @@
+// Package cache is tether-edge's on-disk state for the kube-apiserver
+// proxy: the API objects node components read, kept per component and
+// per resource, and the queue of status writes made while the cloud was
+// unreachable. It is one bbolt file (apiserver-cache.db in the data dir).
+//
+// # Schema (version 1)
+//
+// The bucket tree is an API: change it only with a new schema version.
+//
+//	meta/
+//	    "schema-version"  -> "1"
+//	resources/
+//	    <component>/                      kubelet, kube-proxy, coredns, ...
+//	        <group>/<version>/<resource>  -> JSON ResourceInfo {kind, apiVersion, maxRV}
+//	                                         ("core" is the legacy group: core/v1/pods)
+//	objects/
+//	    <component>/
+//	        <group>/<version>/<resource>/
+//	            <namespace>/<name>        -> record (cluster-scoped objects: "/<name>")
+//	queue/                                   status writes made offline, in order
+//	    <seq, 8 bytes big-endian>         -> JSON QueuedWrite (seq from the bucket's sequence)
+//
+// A record is: a flag byte (1 object from the cloud, 2 tombstone, 3
+// object answered locally offline), the resourceVersion (8 bytes
+// big-endian), the length of the meta section (4 bytes big-endian), the
+// meta section, and the object's JSON with kind and apiVersion set (list
+// items get them from the list's kind). The meta section is a sequence of
+// strings, each a uvarint length and its bytes: kind, apiVersion,
+// namespace, name, uid, the number of labels (decimal) and each key and
+// value, the number of indexed fields and each path and value: the fields
+// kube-apiserver supports in field selectors for the kind (spec.nodeName,
+// status.phase, ... of a Pod), so that lists with selectors never decode
+// objects. A tombstone has an empty meta section and no JSON.
+//
+// # Invariants
+//
+//   - Per object the stored resourceVersion never goes backwards: a put
+//     with an older resourceVersion than the record's is ignored, and a
+//     tombstone (left by a DELETED watch event) blocks every put that is
+//     not newer than the deletion. resourceVersions are compared as
+//     numbers (kube-apiserver's are etcd revisions); one that is not a
+//     number counts as 0 and is always written.
+//   - ResourceInfo.MaxRV is the largest resourceVersion seen for the
+//     resource (objects, lists, bookmarks, deletions): the list
+//     resourceVersion served offline.
+//   - A complete list (no continue token, not a page) replaces what it
+//     covers: stored objects in its namespace that match its selectors and
+//     are not newer than the list, but are absent from it, are removed.
+//   - All writes go through one goroutine, in the order they were
+//     submitted, in batched read-write transactions: a crash (kill -9)
+//     loses at most the batch being committed, never the file. Queue
+//     writes return only once committed (fsync).
+//   - Read transactions are short: values are copied out and decoded after
+//     the transaction ends. No slice returned by this package points into
+//     the memory map.
+//   - Open walks the whole file; a file that does not open or does not
+//     pass the walk (or has an unknown schema version) is renamed to
+//     <file>.corrupt-<time>, logged at error with both names, and a fresh
+//     file is created: a broken cache never stops tether-edge.
+package cache

@@ -1,0 +1,579 @@
+package cache
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// FileName is the store's file in the data directory.
+const FileName = "apiserver-cache.db"
+
+// SchemaVersion is the version of the bucket tree in the package doc.
+const SchemaVersion = "1"
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketResources = []byte("resources")
+	bucketObjects   = []byte("objects")
+	bucketQueue     = []byte("queue")
+	keySchema       = []byte("schema-version")
+)
+
+const (
+	flagObject    byte = 1
+	flagTombstone byte = 2
+	flagLocal     byte = 3 // an object as answered offline by the proxy
+	headerLen          = 9
+
+	// maxBatch bounds the updates committed in one transaction.
+	maxBatch = 512
+	// lockTimeout is how long Open waits for another process's lock.
+	lockTimeout = 2 * time.Second
+)
+
+// ErrClosed is returned by writes submitted after Close.
+var ErrClosed = errors.New("cache closed")
+
+// errUnchanged rolls back a batch that changed nothing.
+var errUnchanged = errors.New("unchanged")
+
+// Store is the bbolt file. Its methods are safe for concurrent use.
+type Store struct {
+	db  *bolt.DB
+	log *slog.Logger
+
+	mu     sync.RWMutex // held for reading to submit, for writing to close
+	closed bool
+	ops    chan op
+	done   chan struct{}
+	dirty  bool // the batch being applied changed something (writer only)
+
+	// MovedAside is the name a corrupt file was renamed to by Open, or "".
+	MovedAside string
+}
+
+// op is one write: apply runs inside the batch's transaction; done, if
+// not nil, receives its result once the batch is committed.
+type op struct {
+	apply func(tx *bolt.Tx) error
+	done  chan error
+}
+
+// Open opens the store at path, creating it (and its directory) if
+// needed. A file that cannot be read is moved aside and replaced (see the
+// package doc); a file locked by another process is an error.
+func Open(path string, log *slog.Logger) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open cache: %w", err)
+	}
+	s := &Store{log: log, ops: make(chan op, 1024), done: make(chan struct{})}
+	db, err := openChecked(path)
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("open cache %s: locked by another process (is another tether-edge running with this --data-dir?)", path)
+		}
+		if errors.Is(err, fs.ErrPermission) {
+			return nil, fmt.Errorf("open cache: %w", err)
+		}
+		aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000Z")
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return nil, fmt.Errorf("open cache %s: %w; and cannot move it aside: %w", path, err, rerr)
+		}
+		log.Error("cache file unreadable: moved aside, starting with an empty cache (status writes queued in it are lost)",
+			"path", path, "moved_to", aside, "err", err)
+		s.MovedAside = aside
+		if db, err = openChecked(path); err != nil {
+			return nil, fmt.Errorf("open cache %s: %w", path, err)
+		}
+	}
+	s.db = db
+	go s.run()
+	return s, nil
+}
+
+// openChecked opens the file, walks every bucket and value in it (with
+// memory faults turned into panics, which it recovers), runs bbolt's
+// consistency check and checks the schema version.
+func openChecked(path string) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("reading the file panicked: %v", r)
+		}
+		if err != nil && db != nil {
+			db.Close()
+			db = nil
+		}
+	}()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return nil, err
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		if err := walk(tx.Cursor(), tx.Bucket, 0); err != nil {
+			return err
+		}
+		var errs []error
+		for e := range tx.Check() {
+			errs = append(errs, e)
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("consistency check: %w", errors.Join(errs[:min(len(errs), 5)]...))
+		}
+		return nil
+	})
+	if err != nil {
+		return db, err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			if tx.Bucket(bucketObjects) != nil {
+				return errors.New("no schema version")
+			}
+			if meta, err = tx.CreateBucket(bucketMeta); err != nil {
+				return err
+			}
+			if err := meta.Put(keySchema, []byte(SchemaVersion)); err != nil {
+				return err
+			}
+		} else if v := meta.Get(keySchema); string(v) != SchemaVersion {
+			return fmt.Errorf("schema version %q, this build knows %q", v, SchemaVersion)
+		}
+		for _, b := range [][]byte{bucketResources, bucketObjects, bucketQueue} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return db, err
+}
+
+// walk reads every key and value under a cursor, descending into nested
+// buckets, so that a broken page shows up now rather than later.
+func walk(c *bolt.Cursor, bucket func([]byte) *bolt.Bucket, depth int) error {
+	if depth > 8 {
+		return errors.New("buckets nested too deep")
+	}
+	var sum byte
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if v == nil {
+			b := bucket(k)
+			if b == nil {
+				return fmt.Errorf("bucket %q does not open", k)
+			}
+			if err := walk(b.Cursor(), b.Bucket, depth+1); err != nil {
+				return err
+			}
+			continue
+		}
+		for _, x := range v {
+			sum ^= x
+		}
+	}
+	_ = sum
+	return nil
+}
+
+// Close waits for submitted writes and closes the file.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.ops)
+	s.mu.Unlock()
+	<-s.done
+	return s.db.Close()
+}
+
+// Path is the store's file.
+func (s *Store) Path() string { return s.db.Path() }
+
+// submit hands o to the writer; it blocks while the writer is behind.
+func (s *Store) submit(o op) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.ops <- o
+	return nil
+}
+
+// write submits apply and waits until it is committed.
+func (s *Store) write(apply func(tx *bolt.Tx) error) error {
+	done := make(chan error, 1)
+	if err := s.submit(op{apply: apply, done: done}); err != nil {
+		return err
+	}
+	return <-done
+}
+
+// Sync waits until every write submitted before it is committed.
+func (s *Store) Sync() error { return s.write(nil) }
+
+// run is the writer: it commits ops in batches, in order.
+func (s *Store) run() {
+	defer close(s.done)
+	for first := range s.ops {
+		batch := []op{first}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case o, ok := <-s.ops:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, o)
+			default:
+				break fill
+			}
+		}
+		errs := make([]error, len(batch))
+		s.dirty = false
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			for i, o := range batch {
+				if o.apply != nil {
+					errs[i] = o.apply(tx)
+				}
+			}
+			if !s.dirty {
+				return errUnchanged // roll back: no commit, no fsync
+			}
+			return nil
+		})
+		if errors.Is(err, errUnchanged) {
+			err = nil
+		}
+		if err != nil {
+			s.log.Error("cache write failed; updates in this batch are lost", "err", err, "updates", len(batch))
+		}
+		for i, o := range batch {
+			if err != nil {
+				errs[i] = err
+			}
+			if o.done != nil {
+				o.done <- errs[i]
+			} else if errs[i] != nil && err == nil {
+				s.log.Warn("cache update failed", "err", errs[i])
+			}
+		}
+	}
+}
+
+// objectsBucket returns the bucket of one component's resource, creating
+// it when create is set (in a read-write transaction).
+func objectsBucket(tx *bolt.Tx, component string, gvr schema.GroupVersionResource, create bool) (*bolt.Bucket, error) {
+	top := tx.Bucket(bucketObjects)
+	if !create {
+		c := top.Bucket([]byte(component))
+		if c == nil {
+			return nil, nil
+		}
+		return c.Bucket(resourceKey(gvr)), nil
+	}
+	c, err := top.CreateBucketIfNotExists([]byte(component))
+	if err != nil {
+		return nil, err
+	}
+	return c.CreateBucketIfNotExists(resourceKey(gvr))
+}
+
+// A record is: flag (1 byte), resourceVersion (8 bytes big-endian), the
+// length of the meta section (4 bytes big-endian), the meta section (what
+// lists and selectors need, so that they never decode the object), the
+// object's JSON. A tombstone has no meta and no object.
+//
+// The meta section is a sequence of strings, each a uvarint length and
+// the bytes: kind, apiVersion, namespace, name, uid, the number of labels
+// (as a decimal string) and each label's key and value, the number of
+// indexed fields and each field's path and value (see indexedFields;
+// absent fields are there with "").
+const recordHeaderLen = headerLen + 4
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendMap(b []byte, m map[string]string) []byte {
+	b = appendString(b, strconv.Itoa(len(m)))
+	for k, v := range m {
+		b = appendString(appendString(b, k), v)
+	}
+	return b
+}
+
+func encodeRecord(flag byte, o *Object) []byte {
+	b := make([]byte, recordHeaderLen, recordHeaderLen+256+len(o.Raw))
+	b[0] = flag
+	binary.BigEndian.PutUint64(b[1:], o.RV)
+	if flag == flagTombstone {
+		return b
+	}
+	for _, s := range []string{o.Kind, o.APIVersion, o.Namespace, o.Name, o.UID} {
+		b = appendString(b, s)
+	}
+	b = appendMap(b, o.Labels)
+	b = appendMap(b, o.indexFields())
+	binary.BigEndian.PutUint32(b[headerLen:], uint32(len(b)-recordHeaderLen))
+	return append(b, o.Raw...)
+}
+
+// record is a decoded record; meta and raw point into the value.
+type record struct {
+	flag      byte
+	rv        uint64
+	meta, raw []byte
+}
+
+// decodeRecord splits a record; ok is false for a malformed one.
+func decodeRecord(v []byte) (r record, ok bool) {
+	if len(v) < recordHeaderLen || v[0] < flagObject || v[0] > flagLocal {
+		return r, false
+	}
+	n := int(binary.BigEndian.Uint32(v[headerLen:]))
+	if recordHeaderLen+n > len(v) {
+		return r, false
+	}
+	return record{flag: v[0], rv: binary.BigEndian.Uint64(v[1:headerLen]),
+		meta: v[recordHeaderLen : recordHeaderLen+n], raw: v[recordHeaderLen+n:]}, true
+}
+
+// metaReader reads the strings of a meta section.
+type metaReader struct {
+	b   []byte
+	err error
+}
+
+func (m *metaReader) string() string {
+	n, k := binary.Uvarint(m.b)
+	if k <= 0 || uint64(len(m.b)-k) < n {
+		m.err = errors.New("malformed record meta")
+		m.b = nil
+		return ""
+	}
+	s := string(m.b[k : k+int(n)])
+	m.b = m.b[k+int(n):]
+	return s
+}
+
+func (m *metaReader) stringMap() map[string]string {
+	n, err := strconv.Atoi(m.string())
+	if err != nil || n < 0 || n > len(m.b) {
+		if m.err == nil {
+			m.err = errors.New("malformed record meta")
+		}
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make(map[string]string, n)
+	for range n {
+		k := m.string()
+		out[k] = m.string()
+	}
+	return out
+}
+
+// object returns the record's object from its meta section. Its Raw
+// points into the record: clone it before the transaction ends.
+func (r record) object() (*Object, error) {
+	m := metaReader{b: r.meta}
+	o := &Object{Kind: m.string(), APIVersion: m.string(), Namespace: m.string(), Name: m.string(), UID: m.string(), RV: r.rv, Raw: r.raw}
+	o.Labels = m.stringMap()
+	o.fields = m.stringMap()
+	if m.err != nil {
+		return nil, m.err
+	}
+	return o, nil
+}
+
+// resourceInfo reads a resource's info (zero if none).
+func resourceInfo(tx *bolt.Tx, component string, gvr schema.GroupVersionResource) (ResourceInfo, bool) {
+	var info ResourceInfo
+	c := tx.Bucket(bucketResources).Bucket([]byte(component))
+	if c == nil {
+		return info, false
+	}
+	v := c.Get(resourceKey(gvr))
+	if v == nil {
+		return info, false
+	}
+	return info, json.Unmarshal(v, &info) == nil
+}
+
+// noteResource records kind and apiVersion (when given) and raises MaxRV.
+func (s *Store) noteResource(tx *bolt.Tx, component string, gvr schema.GroupVersionResource, kind, apiVersion string, rv uint64) error {
+	info, found := resourceInfo(tx, component, gvr)
+	changed := !found
+	if kind != "" && (info.Kind != kind || info.APIVersion != apiVersion) {
+		info.Kind, info.APIVersion, changed = kind, apiVersion, true
+	}
+	if rv > info.MaxRV {
+		info.MaxRV, changed = rv, true
+	}
+	if !changed {
+		return nil
+	}
+	s.dirty = true
+	c, err := tx.Bucket(bucketResources).CreateBucketIfNotExists([]byte(component))
+	if err != nil {
+		return err
+	}
+	v, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	return c.Put(resourceKey(gvr), v)
+}
+
+// Get returns a copy of the cached object, or nil if there is none.
+func (s *Store) Get(component string, gvr schema.GroupVersionResource, namespace, name string) (*Object, error) {
+	var o *Object
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, _ := objectsBucket(tx, component, gvr, false)
+		if b == nil {
+			return nil
+		}
+		r, ok := decodeRecord(b.Get([]byte(namespace + "/" + name)))
+		if !ok || r.flag == flagTombstone {
+			return nil
+		}
+		var err error
+		if o, err = r.object(); err != nil {
+			return err
+		}
+		o.Raw = bytes.Clone(o.Raw)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read cache: %w", err)
+	}
+	return o, nil
+}
+
+// List returns copies of the cached objects of a resource in scope, and
+// what the cache knows of the resource; found is false when the
+// component never cached this resource.
+func (s *Store) List(component string, gvr schema.GroupVersionResource, scope Scope) (items []*Object, info ResourceInfo, found bool, err error) {
+	info, found, err = s.Scan(component, gvr, scope, func(o *Object) {
+		o.Raw = bytes.Clone(o.Raw)
+		items = append(items, o)
+	})
+	return items, info, found, err
+}
+
+// Scan calls f with each cached object of a resource in scope, inside one
+// read transaction: o.Raw points into the memory map and is valid only
+// during the call (copy what you keep), and f must not block. Selectors
+// are matched on the records' meta sections; only a field that is not
+// indexed makes it decode an object.
+func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Scope, f func(o *Object)) (info ResourceInfo, found bool, err error) {
+	bad := 0
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if info, found = resourceInfo(tx, component, gvr); !found {
+			return nil
+		}
+		b, _ := objectsBucket(tx, component, gvr, false)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		prefix := []byte(scope.Namespace + "/")
+		var k, v []byte
+		if scope.Namespace == "" {
+			k, v = c.First()
+		} else {
+			k, v = c.Seek(prefix)
+		}
+		for ; k != nil && (scope.Namespace == "" || bytes.HasPrefix(k, prefix)); k, v = c.Next() {
+			r, ok := decodeRecord(v)
+			if !ok || r.flag == flagTombstone {
+				continue
+			}
+			o, err := r.object()
+			if err != nil {
+				bad++
+				continue
+			}
+			if scope.Matches(o) {
+				o.top = nil
+				f(o)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return info, false, fmt.Errorf("read cache: %w", err)
+	}
+	if bad > 0 {
+		s.log.Warn("skipped cached objects that do not decode", "resource", gvr.String(), "count", bad)
+	}
+	return info, found, nil
+}
+
+// Info returns what the cache knows of a resource.
+func (s *Store) Info(component string, gvr schema.GroupVersionResource) (info ResourceInfo, found bool) {
+	s.db.View(func(tx *bolt.Tx) error {
+		info, found = resourceInfo(tx, component, gvr)
+		return nil
+	})
+	return info, found
+}
+
+// Empty reports whether nothing at all is cached.
+func (s *Store) Empty() bool {
+	empty := true
+	s.db.View(func(tx *bolt.Tx) error {
+		k, _ := tx.Bucket(bucketResources).Cursor().First()
+		empty = k == nil
+		return nil
+	})
+	return empty
+}
+
+// Stats counts the cached objects (tombstones excluded) per component.
+func (s *Store) Stats() map[string]int {
+	out := map[string]int{}
+	s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketObjects).ForEachBucket(func(comp []byte) error {
+			cb := tx.Bucket(bucketObjects).Bucket(comp)
+			n := 0
+			cb.ForEachBucket(func(res []byte) error {
+				return cb.Bucket(res).ForEach(func(_, v []byte) error {
+					if r, ok := decodeRecord(v); ok && r.flag != flagTombstone {
+						n++
+					}
+					return nil
+				})
+			})
+			out[string(comp)] = n
+			return nil
+		})
+	})
+	return out
+}

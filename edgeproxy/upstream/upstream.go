@@ -1,0 +1,405 @@
+// Package upstream is how tether-edge reaches the cloud kube-apiservers:
+// one HTTP/2 transport with the node's credentials, tuned to notice a dead
+// connection in seconds, an HTTP/1.1 transport for protocol upgrades
+// (exec, attach, port-forward), and a health checker per server with
+// hysteresis. Servers are used in priority order: the first healthy one
+// in the list serves every request.
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/utils/clock"
+)
+
+// Options configure New.
+type Options struct {
+	// Servers are the apiservers' base URLs (https://host:port), in
+	// priority order.
+	Servers []string
+	// TLS holds the client certificate (or GetClientCertificate) and the
+	// roots that verify the servers.
+	TLS *tls.Config
+	// BearerToken, if set, authenticates every request.
+	BearerToken string
+	// DialContext dials the servers; nil means a net.Dialer with a 5 s
+	// timeout.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+	// PingAfter is how long an HTTP/2 connection may stay silent before a
+	// ping is sent (default 5 s); PingTimeout is how long the ping may go
+	// unanswered before the connection is closed (default 3 s).
+	PingAfter, PingTimeout time.Duration
+	Health                 HealthOptions
+	// Clock drives the health checks; nil means the real clock.
+	Clock clock.WithTicker
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Registerer gets the metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// Upstreams is the set of servers with their health.
+type Upstreams struct {
+	servers []*server
+	rt      http.RoundTripper // HTTP/2
+	upgrade http.RoundTripper // HTTP/1.1
+	health  HealthOptions
+	clock   clock.WithTicker
+	log     *slog.Logger
+	known   chan struct{} // closed once every server has a state
+
+	mu      sync.Mutex
+	healthy bool
+	changed chan struct{} // closed and replaced when healthy changes
+
+	mHealthy *prometheus.GaugeVec
+	mProbes  *prometheus.CounterVec
+}
+
+type server struct {
+	url  *url.URL
+	name string
+	kick chan struct{}
+
+	mu         sync.Mutex
+	path       string
+	h          hysteresis
+	lastErr    string
+	lastProbe  time.Time
+	lastChange time.Time
+	probes     uint64
+}
+
+// ServerStatus is one server's state, for /status.
+type ServerStatus struct {
+	Server    string    `json:"server"`
+	Healthy   bool      `json:"healthy"`
+	Known     bool      `json:"known"`
+	LastError string    `json:"lastError,omitempty"`
+	LastProbe time.Time `json:"lastProbe,omitzero"`
+	Since     time.Time `json:"since,omitzero"`
+	Probes    uint64    `json:"probes"`
+}
+
+// New checks the options and builds the transports; Run starts the
+// health checks.
+func New(o Options) (*Upstreams, error) {
+	if len(o.Servers) == 0 {
+		return nil, errors.New("no apiserver to reach")
+	}
+	u := &Upstreams{health: o.Health.withDefaults(), clock: o.Clock, log: o.Logger,
+		known: make(chan struct{}), changed: make(chan struct{})}
+	if u.clock == nil {
+		u.clock = clock.RealClock{}
+	}
+	if u.log == nil {
+		u.log = slog.New(slog.DiscardHandler)
+	}
+	for _, s := range o.Servers {
+		pu, err := url.Parse(strings.TrimRight(s, "/"))
+		if err != nil || pu.Host == "" || (pu.Scheme != "https" && pu.Scheme != "http") || (pu.Path != "" && pu.Path != "/") {
+			return nil, fmt.Errorf("apiserver address %q: want https://host:port", s)
+		}
+		pu.Path = ""
+		u.servers = append(u.servers, &server{url: pu, name: pu.Host, path: u.health.Path, kick: make(chan struct{}, 1),
+			h: hysteresis{failureThreshold: u.health.FailureThreshold, successThreshold: u.health.SuccessThreshold}})
+	}
+	u.rt, u.upgrade = newTransports(o)
+	if o.BearerToken != "" {
+		u.rt = &bearer{token: o.BearerToken, rt: u.rt}
+		u.upgrade = &bearer{token: o.BearerToken, rt: u.upgrade}
+	}
+	if err := u.registerMetrics(o.Registerer); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// newTransports returns an HTTP/2 transport whose connections are pinged
+// after PingAfter of silence and closed when a ping goes unanswered for
+// PingTimeout, and an HTTP/1.1 transport for upgrades.
+func newTransports(o Options) (h2, h1 http.RoundTripper) {
+	dial := o.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
+	}
+	pingAfter, pingTimeout := o.PingAfter, o.PingTimeout
+	if pingAfter <= 0 {
+		pingAfter = 5 * time.Second
+	}
+	if pingTimeout <= 0 {
+		pingTimeout = 3 * time.Second
+	}
+	tlsConf := o.TLS
+	if tlsConf == nil {
+		tlsConf = &tls.Config{}
+	}
+	var p2 http.Protocols // HTTP/2 where ALPN agrees, as kube-apiserver does
+	p2.SetHTTP1(true)
+	p2.SetHTTP2(true)
+	t2 := &http.Transport{
+		DialContext:         dial,
+		TLSClientConfig:     tlsConf.Clone(),
+		TLSHandshakeTimeout: 5 * time.Second,
+		IdleConnTimeout:     90 * time.Second,
+		MaxIdleConnsPerHost: 8,
+		Protocols:           &p2,
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout:  pingAfter,
+			PingTimeout:      pingTimeout,
+			WriteByteTimeout: 10 * time.Second,
+		},
+	}
+	var p1 http.Protocols
+	p1.SetHTTP1(true)
+	t1conf := tlsConf.Clone()
+	t1conf.NextProtos = []string{"http/1.1"}
+	t1 := &http.Transport{
+		DialContext:         dial,
+		TLSClientConfig:     t1conf,
+		TLSHandshakeTimeout: 5 * time.Second,
+		IdleConnTimeout:     90 * time.Second,
+		Protocols:           &p1,
+	}
+	return t2, t1
+}
+
+type bearer struct {
+	token string
+	rt    http.RoundTripper
+}
+
+func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.rt.RoundTrip(r)
+}
+
+// Transport is the HTTP/2 transport for requests to the servers.
+func (u *Upstreams) Transport() http.RoundTripper { return u.rt }
+
+// UpgradeTransport is the HTTP/1.1 transport for protocol upgrades.
+func (u *Upstreams) UpgradeTransport() http.RoundTripper { return u.upgrade }
+
+// Run runs the health checks until ctx ends.
+func (u *Upstreams) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	maxInflight := int(u.health.Timeout/u.health.Interval) + 1
+	for _, s := range u.servers {
+		g.Go(func() error {
+			probeLoop(ctx, u.clock, u.health.Interval, maxInflight, s.kick,
+				func(ctx context.Context) error { return u.probe(ctx, s) },
+				func(err error) { u.observe(s, err) })
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// probe asks one server for its health path.
+func (u *Upstreams) probe(ctx context.Context, s *server) error {
+	ctx, cancel := context.WithTimeout(ctx, u.health.Timeout)
+	defer cancel()
+	s.mu.Lock()
+	path := s.path
+	s.mu.Unlock()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url.String()+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("User-Agent", "tether-edge/health-check")
+	resp, err := u.rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode == http.StatusNotFound && path != "/healthz":
+		u.log.Info("apiserver has no "+path+"; probing /healthz", "server", s.name)
+		s.mu.Lock()
+		s.path = "/healthz"
+		s.mu.Unlock()
+		return nil // it answered: it is alive
+	}
+	return fmt.Errorf("%s %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+}
+
+// observe applies a probe result to a server and to the overall state.
+func (u *Upstreams) observe(s *server, err error) {
+	ok := err == nil
+	s.mu.Lock()
+	wasKnown := s.h.known
+	changed := s.h.observe(ok)
+	s.probes++
+	s.lastProbe = u.clock.Now()
+	if err != nil {
+		s.lastErr = err.Error()
+	}
+	if changed {
+		s.lastChange = s.lastProbe
+	}
+	healthy := s.h.healthy
+	s.mu.Unlock()
+
+	result := "ok"
+	if !ok {
+		result = "fail"
+	}
+	if u.mProbes != nil {
+		u.mProbes.WithLabelValues(s.name, result).Inc()
+	}
+	if changed {
+		if u.mHealthy != nil {
+			u.mHealthy.WithLabelValues(s.name).Set(b2f(healthy))
+		}
+		switch {
+		case healthy:
+			u.log.Info("apiserver healthy", "server", s.name)
+		case wasKnown:
+			u.log.Warn("apiserver unhealthy", "server", s.name, "failures", u.health.FailureThreshold, "err", err)
+		default:
+			u.log.Warn("apiserver unreachable at start", "server", s.name, "err", err)
+		}
+	}
+	u.update()
+}
+
+// update recomputes the overall state and wakes the waiters of Changed.
+func (u *Upstreams) update() {
+	healthy, known := false, true
+	for _, s := range u.servers {
+		s.mu.Lock()
+		healthy = healthy || (s.h.known && s.h.healthy)
+		known = known && s.h.known
+		s.mu.Unlock()
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if known || healthy {
+		select {
+		case <-u.known:
+		default:
+			close(u.known)
+		}
+	}
+	if healthy != u.healthy {
+		u.healthy = healthy
+		close(u.changed)
+		u.changed = make(chan struct{})
+	}
+}
+
+// Healthy reports whether at least one server is healthy.
+func (u *Upstreams) Healthy() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.healthy
+}
+
+// Changed returns a channel closed at the next change of Healthy.
+func (u *Upstreams) Changed() <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.changed
+}
+
+// WaitKnown waits until a server is healthy or every server has been
+// probed once, or ctx ends. Requests that arrive at start wait for it
+// rather than guess.
+func (u *Upstreams) WaitKnown(ctx context.Context) {
+	select {
+	case <-u.known:
+	case <-ctx.Done():
+	}
+}
+
+// Server returns the first healthy server, or the first server and
+// false when none is.
+func (u *Upstreams) Server() (*url.URL, bool) {
+	for _, s := range u.servers {
+		s.mu.Lock()
+		ok := s.h.known && s.h.healthy
+		s.mu.Unlock()
+		if ok {
+			return s.url, true
+		}
+	}
+	return u.servers[0].url, false
+}
+
+// Kick asks for a probe of every server now (unless one is running): a
+// request just failed, so the state may be stale.
+func (u *Upstreams) Kick() {
+	for _, s := range u.servers {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Ready is nil while a server is healthy.
+func (u *Upstreams) Ready() error {
+	if u.Healthy() {
+		return nil
+	}
+	return errors.New("no apiserver is healthy")
+}
+
+// Status returns every server's state, in priority order.
+func (u *Upstreams) Status() []ServerStatus {
+	out := make([]ServerStatus, 0, len(u.servers))
+	for _, s := range u.servers {
+		s.mu.Lock()
+		out = append(out, ServerStatus{Server: s.url.String(), Healthy: s.h.known && s.h.healthy, Known: s.h.known,
+			LastError: s.lastErr, LastProbe: s.lastProbe, Since: s.lastChange, Probes: s.probes})
+		s.mu.Unlock()
+	}
+	return out
+}
+
+func (u *Upstreams) registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	u.mHealthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "tether", Subsystem: "edge_apiserver", Name: "upstream_healthy",
+		Help: "1 while this cloud kube-apiserver passes its health checks (after the hysteresis), 0 while not.",
+	}, []string{"server"})
+	u.mProbes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tether", Subsystem: "edge_apiserver", Name: "upstream_probes_total",
+		Help: "Health probes of this cloud kube-apiserver, by result (ok or fail).",
+	}, []string{"server", "result"})
+	for _, c := range []prometheus.Collector{u.mHealthy, u.mProbes} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	for _, s := range u.servers {
+		u.mHealthy.WithLabelValues(s.name).Set(0)
+	}
+	return nil
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

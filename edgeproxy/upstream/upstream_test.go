@@ -1,0 +1,171 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+func TestHysteresis(t *testing.T) {
+	h := hysteresis{failureThreshold: 3, successThreshold: 2}
+	steps := []struct {
+		ok               bool
+		changed, healthy bool
+	}{
+		{true, true, true}, // the first result sets the state
+		{false, false, true},
+		{false, false, true},
+		{true, false, true}, // a success resets the count of failures
+		{false, false, true},
+		{false, false, true},
+		{false, true, false}, // third failure in a row
+		{true, false, false},
+		{false, false, false}, // a failure resets the count of successes
+		{true, false, false},
+		{true, true, true}, // second success in a row
+	}
+	for i, s := range steps {
+		changed := h.observe(s.ok)
+		if changed != s.changed || h.healthy != s.healthy {
+			t.Fatalf("step %d (ok=%v): changed %v healthy %v, want %v %v", i, s.ok, changed, h.healthy, s.changed, s.healthy)
+		}
+	}
+	first := hysteresis{failureThreshold: 3, successThreshold: 2}
+	if !first.observe(false) || first.healthy || !first.known {
+		t.Error("a first failure does not make the state known unhealthy")
+	}
+}
+
+// The loop probes once at start, then only on ticks and kicks.
+func TestProbeLoopFollowsTheClock(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	probes := make(chan chan error)
+	results := make(chan error, 10)
+	kick := make(chan struct{}, 1)
+	go probeLoop(ctx, clk, 2*time.Second, 2, kick,
+		func(ctx context.Context) error {
+			reply := make(chan error)
+			probes <- reply
+			return <-reply
+		},
+		func(err error) { results <- err })
+
+	next := func(what string) chan error {
+		t.Helper()
+		select {
+		case p := <-probes:
+			return p
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no probe %s", what)
+			return nil
+		}
+	}
+	none := func(what string) {
+		t.Helper()
+		select {
+		case <-probes:
+			t.Fatalf("probe %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	p := next("at start")
+	none("before a tick")
+	p <- nil
+	if err := <-results; err != nil {
+		t.Fatal(err)
+	}
+	for !clk.HasWaiters() {
+		time.Sleep(time.Millisecond)
+	}
+	clk.Step(2 * time.Second)
+	p1 := next("on the tick")
+	// The probe hangs (dead server): the next tick starts a second one,
+	// the one after that none (maxInflight 2), a kick none either.
+	clk.Step(2 * time.Second)
+	p2 := next("on the second tick")
+	clk.Step(2 * time.Second)
+	kick <- struct{}{}
+	none("beyond maxInflight")
+	p1 <- errors.New("timeout")
+	p2 <- errors.New("timeout")
+	<-results
+	<-results
+	kick <- struct{}{}
+	next("on a kick") <- nil
+	<-results
+}
+
+func TestUpstreamsHealth(t *testing.T) {
+	var status atomic.Int32
+	var delay atomic.Int64
+	status.Store(200)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		time.Sleep(time.Duration(delay.Load()))
+		w.WriteHeader(int(status.Load()))
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+
+	u, err := New(Options{
+		Servers: []string{"https://127.0.0.1:1", srv.URL}, // the first never answers
+		TLS:     &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs},
+		Health:  HealthOptions{Interval: 20 * time.Millisecond, Timeout: 300 * time.Millisecond, FailureThreshold: 3, SuccessThreshold: 2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go u.Run(ctx)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	u.WaitKnown(wctx)
+	wcancel()
+	waitFor := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for u.Healthy() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("healthy never became %v: %+v", want, u.Status())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor(true)
+	if s, ok := u.Server(); !ok || s.Host != srv.Listener.Addr().String() {
+		t.Errorf("Server() = %v, %v: want the healthy second server", s, ok)
+	}
+	// Slow but answering within the timeout: stays healthy.
+	delay.Store(int64(200 * time.Millisecond))
+	changed := u.Changed()
+	time.Sleep(time.Second)
+	select {
+	case <-changed:
+		t.Fatalf("a slow server was declared unhealthy: %+v", u.Status())
+	default:
+	}
+	delay.Store(0)
+	status.Store(500)
+	waitFor(false)
+	if _, ok := u.Server(); ok {
+		t.Error("Server() says healthy")
+	}
+	if u.Ready() == nil {
+		t.Error("Ready while no server is healthy")
+	}
+	status.Store(200)
+	waitFor(true)
+}
