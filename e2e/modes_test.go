@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +121,24 @@ func TestVIPMode(t *testing.T) {
 	}
 	if out, err := gw.Command(ctx, "ip", "link", "show", "tether0").CombinedOutput(); err == nil {
 		t.Errorf("tether0 left after the gateway stopped: %s", out)
+	}
+}
+
+// TestDemo runs `make demo`'s program once, as an operator would, and
+// checks it showed both edges answering by name.
+func TestDemo(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "run", "./e2e/demo", "--once", "--bin-dir", filepath.Dir(bins.Gateway))
+	cmd.Dir = world.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"ok edge-1", "ok edge-2", "TLS verified", "demo: cleaned up"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -65,21 +65,23 @@ func run(ctx context.Context, s *testenv.Session, binDir string, once bool) erro
 	w := world.New(s, bins, world.Options{}, step)
 
 	gw := w.Gateways[0]
-	step("starting tether-gateway on %s (QUIC :%d/udp, transparent listener :%d, nftables DNAT)", gw.Addr, world.TunnelPort, world.ProxyPort)
-	w.StartGateway(s, gw, "--netrules", "nftables")
+	step("starting tether-gateway on %s (QUIC :%d/udp, transparent listener :%d, nftables DNAT, DNS :53 for *.%s)", gw.Addr, world.TunnelPort, world.ProxyPort, world.Zone)
+	w.StartGateway(s, gw, "--netrules", "nftables", "--dns-listen", ":53", "--dns-zone", world.Zone)
 	for _, e := range w.Edges {
 		step("starting tether-edge on %s: dials out to the gateway, allows :%d", e.Name, world.KubeletPort)
 		w.StartEdge(s, e)
 	}
 	step("the VPC routes the edge sites' ranges to the gateway (node-ip mode): route on the client host")
 	w.RouteSitesVia(s, gw)
+	step("the client host resolves names through the gateway's DNS (search %s)", world.Zone)
+	world.ResolveVia(s, w.Client, gw, world.Zone)
 
 	step("waiting for the edges to reach the gateway")
 	if err := w.WaitReachable(ctx, 30*time.Second); err != nil {
 		return err
 	}
 	for _, e := range w.Edges {
-		url := e.KubeletURL("/healthz")
+		url := fmt.Sprintf("https://%s:%d/healthz", e.Name, world.KubeletPort)
 		step("cloud client: curl --cacert kubelet-ca.crt %s   (edge %s is behind NAT at %s)", url, e.Name, e.Site.Name)
 		out, err := w.Curl(ctx, url)
 		if err != nil {
