@@ -7,18 +7,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
+	"log/slog"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"github.com/tether-edge/tether/edgeproxy"
+	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
-	"github.com/tether-edge/tether/internal/logging"
-	"github.com/tether-edge/tether/internal/version"
 )
 
 func main() {
@@ -28,37 +23,22 @@ func main() {
 func run(args []string) int {
 	cfg := edgeproxy.DefaultConfig()
 	fs := flag.NewFlagSet("tether-edge", flag.ContinueOnError)
-	showVersion := registerFlags(fs, &cfg)
-
-	err := config.Parse(fs, args, &cfg)
-	if *showVersion {
-		fmt.Println("tether-edge", version.Version)
-		return 0
-	}
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tether-edge:", err)
-		return 2
-	}
-	log, err := logging.New(cfg.LogLevel, cfg.LogFormat)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tether-edge:", err)
-		return 2
-	}
-	cfg.Logger = log
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := edgeproxy.Run(ctx, cfg); err != nil {
-		log.Error("tether-edge failed", "err", err)
-		return 1
-	}
-	return 0
+	registerFlags(fs, &cfg)
+	return cli.Main(cli.Program{
+		Name:      "tether-edge",
+		Intro:     intro,
+		Flags:     fs,
+		Config:    &cfg,
+		LogLevel:  &cfg.LogLevel,
+		LogFormat: &cfg.LogFormat,
+		Run: func(ctx context.Context, log *slog.Logger) error {
+			cfg.Logger = log
+			return edgeproxy.Run(ctx, cfg)
+		},
+	}, args)
 }
 
-func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) (showVersion *bool) {
+func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass /etc/tether/edge.yaml")
 	fs.Var(config.NewStringList(&cfg.Gateway), "gateway", "the tether-gateway replicas, `host:port,...`: addresses and/or DNS names (port 10262 when none is given). A name is resolved every 30 s to all its addresses, and the edge keeps one QUIC connection to each. Without --gateway only the apiserver proxy runs")
 	fs.StringVar(&cfg.GatewayCA, "gateway-ca", cfg.GatewayCA, "PEM `file` with the CA certificate(s) that verify the gateways' certificates (default: the system's roots)")
@@ -83,15 +63,9 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) (showVersion *bool) 
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory`: the apiserver proxy's cache and queued status writes live in apiserver-cache.db there")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log `level`: debug, info, warn or error (debug also logs every refused stream)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log `format`: text or json")
-	showVersion = fs.Bool("version", false, "print the version and exit")
-	fs.Usage = func() { usage(fs) }
-	return showVersion
 }
 
-func usage(fs *flag.FlagSet) {
-	w := fs.Output()
-	fmt.Fprint(w, `Usage: tether-edge [flags]
-
+const intro = `
 tether-edge runs on an edge node behind NAT. It dials out to every
 tether-gateway replica over QUIC (mutual TLS with this node's client
 certificate) and serves the connections the gateways open for cloud clients
@@ -105,18 +79,4 @@ credentials and caches what they read, and while the cloud is unreachable
 it answers reads from the cache, keeps watches open, renews the node's
 Lease locally and queues pod and node status writes until the cloud is back.
 
-Flags:
-`)
-	fs.VisitAll(func(f *flag.Flag) {
-		name, help := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s", f.Name)
-		if name != "" {
-			fmt.Fprintf(w, " %s", name)
-		}
-		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(help, "\n", "\n      "))
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
-}
+`

@@ -5,18 +5,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
+	"log/slog"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
-	"github.com/tether-edge/tether/internal/logging"
-	"github.com/tether-edge/tether/internal/version"
 )
 
 func main() {
@@ -26,37 +21,22 @@ func main() {
 func run(args []string) int {
 	cfg := gateway.DefaultConfig()
 	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
-	showVersion := registerFlags(fs, &cfg)
-
-	err := config.Parse(fs, args, &cfg)
-	if *showVersion {
-		fmt.Println("tether-gateway", version.Version)
-		return 0
-	}
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tether-gateway:", err)
-		return 2
-	}
-	log, err := logging.New(cfg.LogLevel, cfg.LogFormat)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tether-gateway:", err)
-		return 2
-	}
-	cfg.Logger = log
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := gateway.Run(ctx, cfg); err != nil {
-		log.Error("tether-gateway failed", "err", err)
-		return 1
-	}
-	return 0
+	registerFlags(fs, &cfg)
+	return cli.Main(cli.Program{
+		Name:      "tether-gateway",
+		Intro:     intro,
+		Flags:     fs,
+		Config:    &cfg,
+		LogLevel:  &cfg.LogLevel,
+		LogFormat: &cfg.LogFormat,
+		Run: func(ctx context.Context, log *slog.Logger) error {
+			cfg.Logger = log
+			return gateway.Run(ctx, cfg)
+		},
+	}, args)
 }
 
-func registerFlags(fs *flag.FlagSet, c *gateway.Config) (showVersion *bool) {
+func registerFlags(fs *flag.FlagSet, c *gateway.Config) {
 	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass /etc/tether/gateway.yaml")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig `file` used to watch Nodes (default: the in-cluster service account)")
 	fs.StringVar(&c.TunnelListen, "tunnel-listen", c.TunnelListen, "UDP `address` of the QUIC listener that edges dial")
@@ -84,33 +64,13 @@ func registerFlags(fs *flag.FlagSet, c *gateway.Config) (showVersion *bool) {
 	fs.StringVar(&c.Replica, "replica", c.Replica, "`name` of this replica on /status (default: the host name)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn or error (debug also logs every routed or refused connection)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log `format`: text or json")
-	showVersion = fs.Bool("version", false, "print the version and exit")
-	fs.Usage = func() { usage(fs) }
-	return showVersion
 }
 
-func usage(fs *flag.FlagSet) {
-	w := fs.Output()
-	fmt.Fprint(w, `Usage: tether-gateway [flags]
-
+const intro = `
 tether-gateway runs in the cloud. Edge nodes behind NAT dial it over QUIC
 (mutual TLS; an edge is known by the node name in its client certificate).
 It watches the cluster's Nodes, and relays each TCP connection that cloud
 clients (kube-apiserver, metrics-server, Prometheus) open to an edge node's
 address over its own stream in that node's tunnel. TLS stays end to end.
 
-Flags:
-`)
-	fs.VisitAll(func(f *flag.Flag) {
-		name, help := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s", f.Name)
-		if name != "" {
-			fmt.Fprintf(w, " %s", name)
-		}
-		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(help, "\n", "\n      "))
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
-}
+`

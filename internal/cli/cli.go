@@ -1,0 +1,94 @@
+// Package cli is what the Tether commands share around their own flags:
+// config file and flag parsing, --version and --help, the logger, signal
+// handling and exit codes. Each cmd/ main binds its flags to its config
+// and hands the rest to Main.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/logging"
+	"github.com/tether-edge/tether/internal/version"
+)
+
+// Exit codes of the commands.
+const (
+	ExitOK     = 0
+	ExitFailed = 1 // the program ran and failed
+	ExitConfig = 2 // bad flags or configuration; nothing was started
+)
+
+// Program describes a command for Main.
+type Program struct {
+	Name string
+	// Intro is the text of --help between the usage line and the flags.
+	Intro string
+	// Flags are bound to Config's fields; Main adds --version.
+	Flags  *flag.FlagSet
+	Config config.Validator
+	// LogLevel and LogFormat point into Config.
+	LogLevel, LogFormat *string
+	// Run runs the program until ctx ends (SIGINT, SIGTERM).
+	Run func(ctx context.Context, log *slog.Logger) error
+}
+
+// Main parses args into the program's config, then runs it, and returns
+// the exit code.
+func Main(p Program, args []string) int {
+	showVersion := p.Flags.Bool("version", false, "print the version and exit")
+	p.Flags.Usage = func() { Usage(p.Flags, p.Name, p.Intro) }
+
+	err := config.Parse(p.Flags, args, p.Config)
+	if *showVersion {
+		fmt.Println(p.Name, version.Version)
+		return ExitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return ExitOK
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
+		return ExitConfig
+	}
+	log, err := logging.New(*p.LogLevel, *p.LogFormat)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
+		return ExitConfig
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := p.Run(ctx, log); err != nil {
+		log.Error(p.Name+" failed", "err", err)
+		return ExitFailed
+	}
+	return ExitOK
+}
+
+// Usage writes the --help text: the usage line, intro, and every flag with
+// its help and default.
+func Usage(fs *flag.FlagSet, name, intro string) {
+	w := fs.Output()
+	fmt.Fprintf(w, "Usage: %s [flags]\n\n%s\nFlags:\n", name, strings.TrimSpace(intro)+"\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		argName, help := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  --%s", f.Name)
+		if argName != "" {
+			fmt.Fprintf(w, " %s", argName)
+		}
+		fmt.Fprintf(w, "\n      %s", strings.ReplaceAll(help, "\n", "\n      "))
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
