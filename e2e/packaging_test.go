@@ -103,6 +103,7 @@ var gatewayFiles = []installed{
 	{"/usr/lib/systemd/system/tether-gateway.service", 0o644},
 	{"/etc/tether", fs.ModeDir | 0o755},
 	{"/etc/tether/gateway.yaml", 0o644},
+	{"/var/lib/tether-gateway", fs.ModeDir | 0o700},
 }
 
 // checkInstalled checks type, mode and root ownership of files under root.
@@ -148,7 +149,7 @@ func TestPackageDeb(t *testing.T) {
 			t.Skipf("%s is %s on this machine: not touching it", name, out)
 		}
 	}
-	for _, dir := range []string{"/etc/tether", "/var/lib/tether"} {
+	for _, dir := range []string{"/etc/tether", "/var/lib/tether", "/var/lib/tether-gateway"} {
 		if pathExists(dir) {
 			t.Skipf("%s exists on this machine: not touching it", dir)
 		}
@@ -165,6 +166,7 @@ func TestPackageDeb(t *testing.T) {
 		os.Remove(operatorFile)
 		os.Remove("/etc/tether")
 		os.RemoveAll("/var/lib/tether")
+		os.RemoveAll("/var/lib/tether-gateway")
 	})
 	mustRun(t, "dpkg", "-i", pkgs.files["tether-edge.deb"], pkgs.files["tether-gateway.deb"])
 
@@ -267,8 +269,10 @@ func TestPackageDeb(t *testing.T) {
 				t.Errorf("%s is %s after purge", name, out)
 			}
 		}
-		if pathExists("/var/lib/tether") {
-			t.Error("/var/lib/tether is still there after purge")
+		for _, dir := range []string{"/var/lib/tether", "/var/lib/tether-gateway"} {
+			if pathExists(dir) {
+				t.Errorf("%s is still there after purge", dir)
+			}
 		}
 		var left []string
 		filepath.WalkDir("/etc/tether", func(path string, d fs.DirEntry, err error) error {

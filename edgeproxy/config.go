@@ -60,6 +60,10 @@ type Config struct {
 	// CacheComponents are the node components (first word of the
 	// User-Agent) whose reads are cached and served offline.
 	CacheComponents []string `json:"cache-components,omitempty"`
+	// TopologyComponents are the node components whose EndpointSlices
+	// and Endpoints are filtered by the Services' openyurt.io/topologyKeys
+	// (empty: no filtering).
+	TopologyComponents []string `json:"topology-components,omitempty"`
 	// Health checks of the apiservers: every HealthCheckInterval, each
 	// with HealthCheckTimeout; UnhealthyThreshold failures in a row make
 	// a server unhealthy, HealthyThreshold successes healthy again.
@@ -95,6 +99,7 @@ func DefaultConfig() Config {
 		DataDir:         DefaultDataDir,
 
 		CacheComponents:     slices.Clone(apiproxy.DefaultComponents),
+		TopologyComponents:  slices.Clone(apiproxy.DefaultTopologyComponents),
 		HealthCheckInterval: metav1.Duration{Duration: upstream.DefaultHealthInterval},
 		HealthCheckTimeout:  metav1.Duration{Duration: upstream.DefaultHealthTimeout},
 		UnhealthyThreshold:  upstream.DefaultFailureThreshold,

@@ -18,9 +18,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/filter"
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
@@ -92,6 +95,10 @@ func Run(ctx context.Context, cfg Config) error {
 		g.Go(func() error { return ap.upstreams.Run(ctx) })
 		g.Go(func() error { return ap.proxy.Run(ctx) })
 		g.Go(func() error { return ap.proxy.Serve(ctx, ap.ln) })
+		if ap.topology != nil {
+			ap.topology.Start(ctx)
+			defer ap.topology.Shutdown()
+		}
 		readies = append(readies, ap.proxy.Ready)
 	}
 	if adminLn != nil {
@@ -166,6 +173,7 @@ type apiserverProxy struct {
 	proxy     *apiproxy.Proxy
 	ln        net.Listener
 	node      string
+	topology  *filter.Filter // nil when off
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
@@ -202,26 +210,58 @@ func newAPIServerProxy(cfg Config, node string, reg *prometheus.Registry, log *s
 	if err != nil {
 		return nil, err
 	}
-	px, err := apiproxy.New(apiproxy.Options{
+	ln, err := net.Listen("tcp", cfg.APIServerListen)
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("apiserver proxy listener: %w", err)
+	}
+	topo, err := newTopologyFilter(cfg, node, ln.Addr(), log)
+	if err != nil {
+		ln.Close()
+		store.Close()
+		return nil, err
+	}
+	opts := apiproxy.Options{
 		Upstream:   ups,
 		Store:      store,
 		NodeName:   node,
 		Components: cfg.CacheComponents,
 		Logger:     log,
 		Registerer: reg,
-	})
+	}
+	if topo != nil {
+		opts.Topology, opts.TopologyComponents = topo, cfg.TopologyComponents
+	}
+	px, err := apiproxy.New(opts)
 	if err != nil {
+		ln.Close()
 		store.Close()
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.APIServerListen)
-	if err != nil {
-		store.Close()
-		return nil, fmt.Errorf("apiserver proxy listener: %w", err)
-	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(),
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo}, nil
+}
+
+// newTopologyFilter builds the service topology filter (nil when
+// --topology-components is empty or the node is unknown). Its Service and
+// Node informers read through the proxy itself (listening on addr), with
+// the node's identity, so that they are cached for offline restarts.
+func newTopologyFilter(cfg Config, node string, addr net.Addr, log *slog.Logger) (*filter.Filter, error) {
+	if len(cfg.TopologyComponents) == 0 {
+		return nil, nil
+	}
+	if node == "" {
+		log.Warn("node name unknown (give --node-name): no service topology filter")
+		return nil, nil
+	}
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://" + addr.String(),
+		UserAgent: apiproxy.TopologyUserAgent + "/" + version.Version, QPS: 20, Burst: 40})
+	if err != nil {
+		return nil, fmt.Errorf("topology filter: %w", err)
+	}
+	log.Info("service topology filter", "components", cfg.TopologyComponents)
+	return filter.New(node, client), nil
 }
 
 // Status is what /status serves.

@@ -16,6 +16,7 @@ import (
 	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/selfca"
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
 )
@@ -30,6 +31,8 @@ type Config struct {
 	ClientCA     string   `json:"client-ca"`
 	TLSCert      string   `json:"tls-cert"`
 	TLSKey       string   `json:"tls-key"`
+	DataDir      string   `json:"data-dir"`              // without TLSCert/TLSKey: the self-managed CA's directory (gateway/selfca)
+	ServerNames  []string `json:"server-name,omitempty"` // without TLSCert/TLSKey: the self-managed serving certificate's names
 	DNSListen    string   `json:"dns-listen"`
 	DNSZones     []string `json:"dns-zone,omitempty"`
 	AdminListen  string   `json:"admin-listen"`
@@ -44,6 +47,9 @@ type Config struct {
 	DNSTTL         metav1.Duration `json:"dns-ttl"`
 	DNSCloudNodes  bool            `json:"dns-cloud-nodes"`
 	HostsConfigMap string          `json:"hosts-configmap,omitempty"`
+	// EnableUpdateTrigger runs the update-trigger controller
+	// (gateway/topology) for edges that still run YurtHub.
+	EnableUpdateTrigger bool `json:"enable-update-trigger"`
 
 	MaxStreamsPerEdge int             `json:"max-streams-per-edge"`
 	IdleTimeout       metav1.Duration `json:"idle-timeout"`
@@ -63,6 +69,7 @@ const (
 	DefaultProxyPort    = 10263
 	DefaultDNSListen    = ":53"
 	DefaultAdminListen  = ":10265"
+	DefaultDataDir      = "/var/lib/tether-gateway"
 )
 
 // DefaultConfig returns the configuration used when neither a file nor a
@@ -73,6 +80,7 @@ func DefaultConfig() Config {
 		ProxyPort:         DefaultProxyPort,
 		DNSListen:         DefaultDNSListen,
 		AdminListen:       DefaultAdminListen,
+		DataDir:           DefaultDataDir,
 		Mode:              string(nodewatch.ModeNodeIP),
 		NetRules:          netrules.KindAuto,
 		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
@@ -88,6 +96,10 @@ func DefaultConfig() Config {
 		LogFormat:         "text",
 	}
 }
+
+// SelfManagedTLS reports whether the gateway issues its own serving
+// certificate: neither --tls-cert nor --tls-key is given.
+func (c *Config) SelfManagedTLS() bool { return c.TLSCert == "" && c.TLSKey == "" }
 
 // Validate checks c and reports every problem at once.
 func (c *Config) Validate() error {
@@ -111,13 +123,22 @@ func (c *Config) Validate() error {
 	if c.ProxyPort < 0 || c.ProxyPort > 65535 {
 		bad("--proxy-port %d: want a port from 1 to 65535 (0 picks a free one, for tests)", c.ProxyPort)
 	}
-	for _, f := range []struct{ flag, val, what string }{
-		{"client-ca", c.ClientCA, "the CA that signs the edges' node certificates (the cluster CA when edges use their kubelet certificates)"},
-		{"tls-cert", c.TLSCert, "the gateway's serving certificate, which edges verify with their --gateway-ca"},
-		{"tls-key", c.TLSKey, "the key of --tls-cert"},
-	} {
-		if f.val == "" {
-			bad("--%s is required: %s", f.flag, f.what)
+	if c.ClientCA == "" {
+		bad("--client-ca is required: the CA that signs the edges' node certificates (the cluster CA when edges use their kubelet certificates)")
+	}
+	switch {
+	case c.TLSCert != "" && c.TLSKey == "":
+		bad("--tls-key is required with --tls-cert: the key of the gateway's serving certificate (it may be the same file)")
+	case c.TLSCert == "" && c.TLSKey != "":
+		bad("--tls-cert is required with --tls-key: the gateway's serving certificate, which edges verify with their --gateway-ca")
+	case c.SelfManagedTLS():
+		if c.DataDir == "" {
+			bad("--data-dir is required without --tls-cert/--tls-key: the gateway's own CA lives there")
+		}
+	}
+	for _, n := range c.ServerNames {
+		if why := selfca.ValidName(n); why != "" {
+			bad("--server-name %q: want a DNS name or an IP address: %s", n, why)
 		}
 	}
 	for _, z := range c.DNSZones {

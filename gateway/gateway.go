@@ -12,8 +12,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +36,7 @@ import (
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/proxy"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/topology"
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/version"
@@ -54,6 +53,7 @@ type Gateway struct {
 	started time.Time
 
 	metrics  *prometheus.Registry
+	certs    *tlsSource
 	watcher  *nodewatch.Watcher
 	registry *registry.Registry
 	tunnels  *tunnelserver.Server
@@ -66,6 +66,8 @@ type Gateway struct {
 	dnsPC net.PacketConn
 	dnsLn net.Listener
 	hosts *dns.HostsWriter // nil without --hosts-configmap
+
+	updateTrigger *topology.Controller // nil without --enable-update-trigger
 
 	running  atomic.Bool // Run has started the parts
 	synced   atomic.Bool // the node informer has synced
@@ -110,15 +112,16 @@ func New(cfg Config) (_ *Gateway, err error) {
 		}
 	}()
 
-	getCert, clientCAs, err := loadTLS(cfg)
-	if err != nil {
+	if g.certs, err = loadTLS(cfg, log); err != nil {
 		return nil, err
 	}
-	serving, err := getCert(nil)
-	if err != nil {
-		return nil, err
+	if err := g.metrics.Register(g.certs); err != nil {
+		return nil, fmt.Errorf("register certificate metrics: %w", err)
 	}
-	resetKey, err := tunnel.StatelessResetKey(serving.PrivateKey)
+	// With --tls-cert, after the serving key was rotated, the next restart
+	// cannot reset the connections of this process (they end by the idle
+	// timeout instead); later restarts can again.
+	resetKey, err := g.certs.resetKey()
 	if err != nil {
 		return nil, err
 	}
@@ -131,15 +134,18 @@ func New(cfg Config) (_ *Gateway, err error) {
 		return nil, fmt.Errorf("--edge-selector: %w", err)
 	}
 	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: log, ResyncPeriod: 10 * time.Minute})
+	if cfg.EnableUpdateTrigger {
+		g.updateTrigger = topology.New(client, topology.Options{Logger: log.With("part", "update-trigger")})
+	}
 
 	g.registry = registry.New(registry.Options{MaxStreams: cfg.MaxStreamsPerEdge, Logger: log})
 	if err := g.metrics.Register(g.registry); err != nil {
 		return nil, fmt.Errorf("register registry metrics: %w", err)
 	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
-		GetCertificate:    getCert,
+		GetCertificate:    g.certs.serving.GetCertificate,
 		StatelessResetKey: resetKey,
-		ClientCAs:         clientCAs,
+		GetClientCAs:      g.certs.clientCAs.Pool,
 		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration},
 		ShutdownGrace:     cfg.ShutdownGrace.Duration,
 		Logger:            log,
@@ -228,7 +234,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAdmin()
 	if g.adminLn != nil {
-		h := admin.New(admin.Options{Registry: g.metrics, Ready: g.Ready, Status: func() any { return g.Status() }, Logger: g.log})
+		mux := http.NewServeMux()
+		mux.Handle("/", admin.New(admin.Options{Registry: g.metrics, Ready: g.Ready, Status: func() any { return g.Status() }, Logger: g.log}))
+		mux.HandleFunc("GET /ca.crt", g.certs.serveCA)
+		h := http.Handler(mux)
 		go func() {
 			err := admin.ServeListener(adminCtx, g.adminLn, h)
 			if adminCtx.Err() == nil {
@@ -257,6 +266,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return g.hosts.Run(ectx) })
 	}
 
+	if g.certs.ca != nil {
+		eg.Go(func() error { return g.certs.ca.Run(ectx) })
+	}
+	if g.updateTrigger != nil {
+		eg.Go(func() error { return g.updateTrigger.Run(ectx) })
+	}
 	eg.Go(func() error { return g.watcher.Run(ectx) })
 	eg.Go(func() error {
 		if err := g.watcher.WaitSynced(ectx); err == nil {
@@ -354,26 +369,6 @@ func (g *Gateway) DNSAddr() net.Addr {
 		return nil
 	}
 	return g.dnsPC.LocalAddr()
-}
-
-// loadTLS reads the serving key pair and the client CA bundle.
-//
-// The serving certificate is read once; reloading it when the files change
-// is issue 7's (GetCertificate is the hook).
-func loadTLS(cfg Config) (func(*tls.ClientHelloInfo) (*tls.Certificate, error), *x509.CertPool, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("load --tls-cert/--tls-key: %w", err)
-	}
-	pem, err := os.ReadFile(cfg.ClientCA)
-	if err != nil {
-		return nil, nil, fmt.Errorf("read --client-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, nil, fmt.Errorf("--client-ca %s: no PEM certificate in it", cfg.ClientCA)
-	}
-	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &cert, nil }, pool, nil
 }
 
 // kubeClient builds a client from a kubeconfig file, or from the in-cluster

@@ -38,7 +38,10 @@ func TestValidate(t *testing.T) {
 		want   string
 	}{
 		{"no client CA", func(c *Config) { c.ClientCA = "" }, "--client-ca is required"},
-		{"no cert", func(c *Config) { c.TLSCert, c.TLSKey = "", "" }, "--tls-key is required"},
+		{"cert without key", func(c *Config) { c.TLSKey = "" }, "--tls-key is required with --tls-cert"},
+		{"key without cert", func(c *Config) { c.TLSCert = "" }, "--tls-cert is required with --tls-key"},
+		{"self-managed without a data dir", func(c *Config) { c.TLSCert, c.TLSKey, c.DataDir = "", "", "" }, "--data-dir is required"},
+		{"bad server name", func(c *Config) { c.ServerNames = []string{"gw_1"} }, `--server-name "gw_1"`},
 		{"bad listen", func(c *Config) { c.TunnelListen = "10262" }, `--tunnel-listen "10262"`},
 		{"bad port", func(c *Config) { c.ProxyPort = 70000 }, "--proxy-port 70000"},
 		{"bad mode", func(c *Config) { c.Mode = "nat" }, `unknown address mode "nat"`},
@@ -61,9 +64,9 @@ func TestValidate(t *testing.T) {
 	}
 	// Every problem is reported at once.
 	c := DefaultConfig()
-	c.Mode = "nat"
+	c.Mode, c.TLSKey, c.ServerNames = "nat", "/gw.key", []string{"-"}
 	err := c.Validate()
-	for _, want := range []string{"--client-ca", "--tls-cert", "--tls-key", "--mode"} {
+	for _, want := range []string{"--client-ca", "--tls-cert", "--server-name", "--mode"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to mention %s", err, want)
 		}

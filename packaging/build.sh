@@ -72,7 +72,7 @@ render() {
 	local config purge=
 	case $2 in
 	tether-edge) config=edge.yaml purge=/var/lib/tether ;;
-	tether-gateway) config=gateway.yaml ;;
+	tether-gateway) config=gateway.yaml purge=/var/lib/tether-gateway ;;
 	*) echo "package: unknown package $2" >&2; return 1 ;;
 	esac
 	sed -e "s|@NAME@|$2|g" -e "s|@CONFIG@|$config|g" -e "s|@PURGE@|$purge|g" \

@@ -1,6 +1,8 @@
 // Command tetherctl shows an operator the state of a Tether installation:
 // `tetherctl status` prints the edges connected to one or more
-// tether-gateway replicas, read from their admin endpoint's /status.
+// tether-gateway replicas, read from their admin endpoint's /status;
+// `tetherctl ca` prints the CA bundle edges need when the gateways manage
+// their own certificates.
 package main
 
 import (
@@ -30,6 +32,7 @@ type options struct {
 	gateways []string
 	output   string
 	timeout  time.Duration
+	dataDir  string
 }
 
 // Exit codes.
@@ -46,6 +49,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Var(config.NewStringList(&o.gateways), "gateway", "admin `URL`s of tether-gateway replicas (comma-separated or repeated; host:port means http://host:port); default $TETHER_GATEWAY or "+DefaultGateway)
 	fs.StringVar(&o.output, "o", "table", "output `format`: table or json")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on a gateway that has not answered within this `duration`")
+	fs.StringVar(&o.dataDir, "data-dir", "", "ca: read the CA from this gateway data `directory` (its --data-dir) instead of asking the gateways")
 	fs.Usage = func() { usage(fs) }
 
 	// Flags may come before and after the command: parse, take the
@@ -80,6 +84,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "status":
 		return status(ctx, o, stdout, stderr)
+	case "ca":
+		return ca(ctx, o, stdout, stderr)
 	case "pools":
 		// The node pool (leader election, replication, delegated
 		// heartbeats) is not in this build: there is no pool state to show.
@@ -93,7 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "tetherctl: unknown command %q (want status, pools, version or help)\n", cmd)
+	fmt.Fprintf(stderr, "tetherctl: unknown command %q (want status, ca, pools, version or help)\n", cmd)
 	return exitUsage
 }
 
@@ -111,6 +117,9 @@ func usage(fs *flag.FlagSet) {
 Commands:
   status    the edges connected to each gateway replica: node, pool, replica,
             RTT, open streams, bytes relayed, connected since
+  ca        the CA bundle edges need as their --gateway-ca when the gateways
+            issue their own serving certificates (no --tls-cert): each
+            gateway's CA once, PEM. Fetch it over a path you trust
   pools     node pools (not available yet)
   version   print tetherctl's version
 

@@ -82,26 +82,11 @@ func normalizeGateway(gw string) string {
 // what to check.
 func fetchStatus(ctx context.Context, client *http.Client, gw string) (gateway.Status, error) {
 	var st gateway.Status
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gw+"/status", nil)
-	if err != nil {
-		return st, fmt.Errorf("gateway %s: %w", gw, err)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		hint := "is tether-gateway running, and is its --admin-listen address reachable from here? Name another with --gateway"
-		var nerr net.Error
-		if errors.As(err, &nerr) && nerr.Timeout() {
-			hint = "no answer within --timeout; is a firewall dropping the traffic?"
-		}
-		return st, fmt.Errorf("gateway %s unreachable: %v (%s)", gw, unwrapURLError(err), hint)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return st, fmt.Errorf("gateway %s: read /status: %w", gw, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return st, fmt.Errorf("gateway %s: GET /status: %s (is this the admin address of a tether-gateway?)", gw, resp.Status)
+	body, err := get(ctx, client, gw, "/status")
+	if herr, ok := errors.AsType[*httpError](err); ok {
+		return st, fmt.Errorf("%w (is this the admin address of a tether-gateway?)", herr)
+	} else if err != nil {
+		return st, err
 	}
 	if err := json.Unmarshal(body, &st); err != nil {
 		return st, fmt.Errorf("gateway %s: /status is not a tether-gateway status: %w", gw, err)
@@ -110,6 +95,41 @@ func fetchStatus(ctx context.Context, client *http.Client, gw string) (gateway.S
 		return st, fmt.Errorf("gateway %s: /status has no replica name: not a tether-gateway status", gw)
 	}
 	return st, nil
+}
+
+// get GETs path on gw's admin endpoint and returns the body of a 200
+// answer. Its errors say which gateway failed and what to check; another
+// answer is an *httpError.
+func get(ctx context.Context, client *http.Client, gw, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gw+path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %s: %w", gw, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		hint := "is tether-gateway running, and is its --admin-listen address reachable from here? Name another with --gateway"
+		var nerr net.Error
+		if errors.As(err, &nerr) && nerr.Timeout() {
+			hint = "no answer within --timeout; is a firewall dropping the traffic?"
+		}
+		return nil, fmt.Errorf("gateway %s unreachable: %v (%s)", gw, unwrapURLError(err), hint)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("gateway %s: read %s: %w", gw, path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, &httpError{gw: gw, path: path, status: resp.Status, body: strings.TrimSpace(string(body))}
+	}
+	return body, nil
+}
+
+// httpError is an admin endpoint's answer other than 200.
+type httpError struct{ gw, path, status, body string }
+
+func (e *httpError) Error() string {
+	return fmt.Sprintf("gateway %s: GET %s: %s", e.gw, e.path, e.status)
 }
 
 // unwrapURLError drops net/http's `Get "url":` prefix, which repeats what

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -59,6 +60,10 @@ type edgeSpec struct {
 	// whatever the probes say (for tests of the offline paths that need
 	// no network cut).
 	offline *switchable
+	// topology runs the service topology filter for
+	// DefaultTopologyComponents, its informers reading through the proxy
+	// as in edgeproxy.Run.
+	topology bool
 }
 
 // edge is a running proxy, built from the same packages and in the same
@@ -70,6 +75,7 @@ type edge struct {
 	Ups    *upstream.Upstreams
 	Store  *cache.Store
 	Proxy  *Proxy
+	Topo   *filter.Filter // spec.topology only
 	Reg    *prometheus.Registry
 	cancel context.CancelFunc
 	done   sync.WaitGroup
@@ -111,12 +117,6 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 		spec.offline.Upstream = e.Ups
 		up = spec.offline
 	}
-	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: DefaultComponents,
-		HeldWatchRecheck: 2 * time.Second, ReleaseJitter: 100 * time.Millisecond,
-		Logger: log.With("part", "apiproxy"), Registerer: e.Reg})
-	if err != nil {
-		t.Fatal(err)
-	}
 	addr := spec.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -132,8 +132,23 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 		t.Fatal(err)
 	}
 	e.Addr = ln.Addr().String()
+	var topo Topology
+	if spec.topology {
+		c, _ := e.client(TopologyUserAgent + "/test")
+		e.Topo = filter.New(spec.node, c)
+		topo = e.Topo
+	}
+	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: DefaultComponents,
+		HeldWatchRecheck: 2 * time.Second, ReleaseJitter: 100 * time.Millisecond,
+		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	if e.Topo != nil {
+		e.Topo.Start(ctx)
+	}
 	for _, run := range []func(context.Context) error{
 		e.Ups.Run, e.Proxy.Run, func(ctx context.Context) error { return e.Proxy.Serve(ctx, ln) },
 	} {
@@ -156,6 +171,9 @@ func (e *edge) stop() {
 	}
 	e.cancel()
 	e.done.Wait()
+	if e.Topo != nil {
+		e.Topo.Shutdown()
+	}
 	e.Store.Close()
 	e.cancel = nil
 }

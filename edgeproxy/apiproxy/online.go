@@ -2,6 +2,7 @@ package apiproxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -36,7 +37,16 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 		p.lastGet.Delete(getKey)
 	}
 	cacheIt := resp.StatusCode == http.StatusOK && scopeErr == nil
-	if body := p.relay(w, resp, cacheIt); body != nil {
+	var body []byte
+	if p.filtered(req, r, comp) {
+		// Filters run before the cache: it holds what the client got.
+		if body = p.relayFiltered(w, resp); !cacheIt {
+			body = nil
+		}
+	} else {
+		body = p.relay(w, resp, cacheIt)
+	}
+	if body != nil {
 		if req.Verb == verbGet {
 			// The same answer as last time needs no decoding again.
 			h := maphash.Bytes(hashSeed, body)
@@ -170,6 +180,24 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 	if mt == runtime.ContentTypeProtobuf {
 		next = protobufFrames(resp.Body)
 	}
+	send := func(ev []byte) error {
+		_, err := w.Write(ev)
+		rc.Flush()
+		return err
+	}
+	var tw *topoWatch
+	if p.filtered(req, r, comp) {
+		tw = &topoWatch{p: p, gvr: req.GVR, scope: scope, codec: objCodec{proto: mt == runtime.ContentTypeProtobuf},
+			wc: wc, write: send, hwm: cache.ParseRV(r.URL.Query().Get("resourceVersion")), sent: map[string]uint64{}}
+		ctx, cancel := context.WithCancel(r.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tw.run(ctx)
+		}()
+		// No re-send may write once the handler has returned.
+		defer func() { cancel(); <-done }()
+	}
 	for {
 		ev, cacheEv, err := next()
 		if err != nil {
@@ -183,10 +211,14 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 			open.Inc()
 			return servedUpstream
 		}
-		if _, err := w.Write(ev); err != nil {
+		if tw != nil {
+			cacheEv, err = tw.send(ev, cacheEv)
+		} else {
+			err = send(ev)
+		}
+		if err != nil {
 			return servedUpstream
 		}
-		rc.Flush()
 		if raw, err := cacheEv(); err == nil {
 			wc.apply(raw)
 		} else {

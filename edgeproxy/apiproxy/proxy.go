@@ -54,6 +54,10 @@ type Options struct {
 	// Components whose get, list and watch responses are cached and
 	// served offline (the first word of their User-Agent).
 	Components []string
+	// Topology, when set, filters the EndpointSlices and Endpoints that
+	// TopologyComponents get, list and watch (package filter).
+	Topology           Topology
+	TopologyComponents []string
 	// HeldWatchRecheck is how often a watch held open after its
 	// upstream broke looks whether the cloud answers again though the
 	// health checks never failed (default 30 s).
@@ -108,6 +112,10 @@ type Proxy struct {
 	qlen   int
 	qEmpty chan struct{} // closed while the queue is empty
 
+	topo      Topology
+	topoComps map[string]bool
+	topoObjs  topoObjects
+
 	// lastGet holds, per component and path, a hash of the last get
 	// answer cached (cleared whenever an object is answered locally).
 	lastGet sync.Map
@@ -135,6 +143,15 @@ func New(o Options) (*Proxy, error) {
 	}
 	for _, c := range o.Components {
 		p.cached[c] = true
+	}
+	if o.Topology != nil {
+		p.topo, p.topoComps = o.Topology, map[string]bool{}
+		for _, c := range o.TopologyComponents {
+			p.topoComps[c] = true
+		}
+		// The filter's own informers read through the proxy, so that
+		// their Services and Nodes are served from the cache offline.
+		p.cached[TopologyUserAgent] = true
 	}
 	p.qlen = o.Store.QueueLen()
 	if p.qlen == 0 {
@@ -202,7 +219,12 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp string) string {
 	healthy := p.up.Healthy()
-	cached := p.cached[comp] && req.cacheable(r)
+	filtered := p.filtered(req, r, comp)
+	cached := (p.cached[comp] || filtered) && req.cacheable(r)
+	if filtered && healthy && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
+		topologyNotSynced(w)
+		return servedRefused
+	}
 	switch {
 	case isUpgrade(r):
 		if !healthy {

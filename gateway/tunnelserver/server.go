@@ -2,11 +2,31 @@
 // checks that each client certificate names a node, and it keeps each
 // accepted connection in the edge registry for as long as it lives.
 //
-// TLS verifies the client certificate's chain against the client CA during
-// the handshake (tunnel.ServerTLS), so a certificate from another CA, or
-// none, never gets a connection. A verified certificate that is not a node
-// identity (tunnel.NodeName) is closed right after the handshake with
-// tunnel.CloseNotAllowed and counted.
+// The client certificate's chain is verified against the client CAs during
+// the handshake, so a certificate from another CA, an expired one, or none,
+// never gets a connection. The server verifies it itself (VerifyConnection,
+// with the same checks crypto/tls makes) rather than leaving it to
+// crypto/tls, for two reasons: the CAs are asked for on every handshake
+// (Options.GetClientCAs, a --client-ca file that may be rotated), and each
+// refusal is logged with its reason and the peer's address, and counted.
+// The peer then sees a bad_certificate alert whatever the reason; the
+// gateway's log and metrics say which. A verified certificate that is not a
+// node identity (tunnel.NodeName) is closed right after the handshake with
+// tunnel.CloseNotAllowed and counted. Session tickets are off, so every
+// connection presents its certificate and is verified against the CAs of
+// the moment.
+//
+// A certificate is good for the handshake only, but tunnels live for
+// weeks: every Options.RecheckInterval the chains of the live tunnels are
+// verified again, against the client CAs and the time of the moment, and a
+// tunnel whose certificate expired or whose CA left --client-ca is closed
+// with tunnel.CloseNotAllowed (counted by
+// tether_gateway_tunnel_evictions_total). The edge reconnects with the
+// certificate it holds now, if that one verifies.
+//
+// Refusal log lines are limited (a handshake flood must not become a log
+// flood): at most refusalLogBurst per refusalLogWindow, the rest counted
+// only, with the number left out reported on the next line.
 //
 // Edges may not open streams toward the gateway (MaxIncomingStreams is
 // negative): every stream is opened by the gateway, one per proxied TCP
@@ -41,6 +61,10 @@ import (
 // DefaultShutdownGrace is how long Serve lets streams drain by default.
 const DefaultShutdownGrace = 10 * time.Second
 
+// DefaultRecheckInterval is how often live tunnels' certificates are
+// verified again by default.
+const DefaultRecheckInterval = time.Minute
+
 // Options configure a Server.
 type Options struct {
 	// GetCertificate returns the gateway's serving certificate; it may
@@ -48,6 +72,9 @@ type Options struct {
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// ClientCAs verify the edges' client certificates (--client-ca).
 	ClientCAs *x509.CertPool
+	// GetClientCAs, if set, is asked for the client CAs on every
+	// handshake instead of ClientCAs (they may rotate).
+	GetClientCAs func() *x509.CertPool
 	// StatelessResetKey, stable across restarts (tunnel.StatelessResetKey),
 	// lets a restarted gateway reset the edges' stale connections at once.
 	StatelessResetKey *quic.StatelessResetKey
@@ -61,6 +88,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer, if set, gets tether_gateway_tunnel_connections_total.
 	Registerer prometheus.Registerer
+	// Now is the clock certificates are verified with; nil means time.Now.
+	Now func() time.Time
+	// RecheckInterval is how often the certificates of live tunnels are
+	// verified again (see the package doc); 0 means DefaultRecheckInterval.
+	RecheckInterval time.Duration
 }
 
 // Server accepts edge tunnels into a registry.
@@ -71,6 +103,12 @@ type Server struct {
 	grace time.Duration
 	log   *slog.Logger
 	conns *prometheus.CounterVec
+	now   func() time.Time
+	quiet logLimit // of refusal lines
+
+	clientCAs func() *x509.CertPool
+	recheck   time.Duration
+	evictions *prometheus.CounterVec
 
 	wg     sync.WaitGroup // connection handlers
 	mu     sync.Mutex
@@ -79,16 +117,28 @@ type Server struct {
 }
 
 // Connection results counted by tether_gateway_tunnel_connections_total.
+// All but registered are refusals: not_a_node after the handshake, the
+// others during it.
 const (
-	resultRegistered = "registered"
-	resultNotANode   = "not_a_node"
+	resultRegistered     = "registered"
+	resultNotANode       = "not_a_node"      // verified certificate that names no node
+	resultNoCertificate  = "no_certificate"  // the peer sent none
+	resultUnknownCA      = "unknown_ca"      // not signed by a client CA
+	resultExpired        = "expired"         // outside its validity period
+	resultBadCertificate = "bad_certificate" // any other verification failure (key usage, ...)
 )
+
+var results = []string{resultRegistered, resultNotANode, resultNoCertificate, resultUnknownCA, resultExpired, resultBadCertificate}
 
 // Listen binds the UDP address (such as ":10262") and starts accepting QUIC
 // handshakes; Serve hands the connections to the registry.
 func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) {
-	if opts.GetCertificate == nil || opts.ClientCAs == nil {
+	if opts.GetCertificate == nil || (opts.ClientCAs == nil && opts.GetClientCAs == nil) {
 		return nil, errors.New("tunnel listener: serving certificate and client CA are required")
+	}
+	clientCAs := opts.GetClientCAs
+	if clientCAs == nil {
+		clientCAs = func() *x509.CertPool { return opts.ClientCAs }
 	}
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
@@ -104,21 +154,23 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
 	cfg := tunnel.QUICConfig(opts.Limits)
 	cfg.MaxIncomingStreams = -1 // the gateway opens every stream
-	ln, err := tr.Listen(tunnel.ServerTLS(opts.GetCertificate, opts.ClientCAs), cfg)
-	if err != nil {
-		uc.Close()
-		return nil, fmt.Errorf("tunnel listener %s: %w", addr, err)
-	}
 	s := &Server{
 		reg:   reg,
 		tr:    tr,
-		ln:    ln,
 		grace: opts.ShutdownGrace,
 		log:   opts.Logger,
+		now:   opts.Now,
 		live:  make(map[*quic.Conn]struct{}),
+
+		clientCAs: clientCAs,
+		recheck:   opts.RecheckInterval,
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_tunnel_evictions_total",
+			Help: "Live tunnels closed because their client certificate no longer verifies against the client CAs of the moment, by reason: expired, unknown_ca (its CA was removed from --client-ca), bad_certificate.",
+		}, []string{"reason"}),
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_connections_total",
-			Help: "Tunnel connections that completed the TLS handshake, by result: registered, or not_a_node (verified certificate that names no node; closed).",
+			Help: "Tunnel connections by result: registered; refused during the TLS handshake: no_certificate, unknown_ca, expired, bad_certificate; refused after it: not_a_node (verified certificate that names no node).",
 		}, []string{"result"}),
 	}
 	if s.grace <= 0 {
@@ -127,13 +179,30 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	for _, r := range []string{resultRegistered, resultNotANode} {
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.recheck <= 0 {
+		s.recheck = DefaultRecheckInterval
+	}
+	for _, r := range results {
 		s.conns.WithLabelValues(r)
 	}
+	for _, r := range []string{resultExpired, resultUnknownCA, resultBadCertificate} {
+		s.evictions.WithLabelValues(r)
+	}
+	s.ln, err = tr.Listen(s.tlsConfig(opts.GetCertificate, clientCAs), cfg)
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("tunnel listener %s: %w", addr, err)
+	}
 	if opts.Registerer != nil {
-		if err := opts.Registerer.Register(s.conns); err != nil {
-			tr.Close()
-			return nil, fmt.Errorf("register tunnel metrics: %w", err)
+		for _, c := range []prometheus.Collector{s.conns, s.evictions} {
+			if err := opts.Registerer.Register(c); err != nil {
+				s.ln.Close()
+				tr.Close()
+				return nil, fmt.Errorf("register tunnel metrics: %w", err)
+			}
 		}
 	}
 	return s, nil
@@ -154,6 +223,12 @@ func (s *Server) Close() error {
 // it returns.
 func (s *Server) Serve(ctx context.Context) error {
 	s.log.Info("tunnel listener up", "addr", s.ln.Addr().String())
+	recheckDone := make(chan struct{})
+	go func() {
+		defer close(recheckDone)
+		s.recheckLoop(ctx)
+	}()
+	defer func() { <-recheckDone }()
 	var err error
 	for {
 		var conn *quic.Conn
@@ -186,13 +261,14 @@ func (s *Server) handle(conn *quic.Conn) {
 	e, err := s.reg.Register(conn)
 	if err != nil {
 		s.conns.WithLabelValues(resultNotANode).Inc()
-		s.log.Warn("tunnel refused: client certificate names no node", "remote", remote, "err", err)
+		s.refused("tunnel refused: client certificate names no node", "remote", remote, "reason", resultNotANode, "err", err)
 		conn.CloseWithError(tunnel.CloseNotAllowed, "client certificate is not a node identity")
 		return
 	}
 	s.conns.WithLabelValues(resultRegistered).Inc()
 	log := s.log.With("node", e.Node(), "remote", remote)
-	log.Info("edge connected")
+	cert := conn.ConnectionState().TLS.PeerCertificates[0] // Register found it
+	log.Info("edge connected", "cert_serial", cert.SerialNumber.Text(16), "cert_not_after", cert.NotAfter)
 	<-conn.Context().Done()
 	s.reg.Unregister(e)
 	log.Info("edge disconnected", "reason", context.Cause(conn.Context()))

@@ -28,18 +28,25 @@ type fixture struct {
 
 func start(t *testing.T, grace time.Duration) *fixture {
 	t.Helper()
+	return startWith(t, func(o *Options) { o.ShutdownGrace = grace })
+}
+
+// startWith starts a server whose options edit may change.
+func startWith(t *testing.T, edit func(*Options)) *fixture {
+	t.Helper()
 	ca := testenv.MustCA(t, "tether test CA")
 	kp, err := ca.ServerCert("gateway", "gateway")
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := registry.New(registry.Options{})
-	srv, err := Listen("127.0.0.1:0", reg, Options{
+	opts := Options{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &kp.TLS, nil },
 		ClientCAs:      ca.Pool(),
-		ShutdownGrace:  grace,
 		Registerer:     prometheus.NewRegistry(),
-	})
+	}
+	edit(&opts)
+	srv, err := Listen("127.0.0.1:0", reg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +170,9 @@ func TestRefusesCertificateFromAnotherCA(t *testing.T) {
 	}
 	if f.reg.Len() != 0 || f.counter(resultRegistered) != 0 {
 		t.Fatal("a certificate from another CA was registered")
+	}
+	if got := f.counter(resultUnknownCA); got != 1 {
+		t.Fatalf("unknown_ca counter %v, want 1", got)
 	}
 }
 

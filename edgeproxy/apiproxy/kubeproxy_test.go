@@ -1,0 +1,156 @@
+package apiproxy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/tether-edge/tether/edgeproxy/filter"
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// TestTopologyKubeProxy runs the real kube-proxy (nftables mode) on an
+// edge host with tether-edge as its apiserver, and reads its ruleset.
+func TestTopologyKubeProxy(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft not installed")
+	}
+	bins := testenv.Binaries(t)
+	topo := testenv.NewTopology(t, testenv.TopologySpec{
+		CloudHosts: []string{"apiserver"},
+		Sites:      []testenv.SiteSpec{{Name: "site", Hosts: []string{"edge"}}},
+	})
+	cloud := topo.Cloud("apiserver")
+	host := topo.Site("site").Host("edge")
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{BindAddress: cloud.Addr.String(), Runner: cloud})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../../packaging/kubernetes/edge-rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	admin := cp.Client
+	setupTopology(t, ctx, admin)
+	// kube-proxy waits for its Node's addresses.
+	if _, err := admin.CoreV1().Nodes().Patch(ctx, "me", types.MergePatchType,
+		[]byte(`{"status":{"addresses":[{"type":"InternalIP","address":"192.0.2.10"}]}}`), metav1.PatchOptions{}, "status"); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := cp.CA.NodeCert("me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEdge(t, edgeSpec{net: host, server: cp.URL, node: "me", cert: kp.TLS, ca: cp.CA, topology: true})
+	e.waitHealthy(true, 30*time.Second)
+
+	dir := t.TempDir()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["edge"] = &clientcmdapi.Cluster{Server: "http://" + e.Addr}
+	kc.AuthInfos["kube-proxy"] = &clientcmdapi.AuthInfo{}
+	kc.Contexts["edge"] = &clientcmdapi.Context{Cluster: "edge", AuthInfo: "kube-proxy"}
+	kc.CurrentContext = "edge"
+	kubeconfig := filepath.Join(dir, "kube-proxy.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(dir, "kube-proxy.yaml")
+	if err := os.WriteFile(config, fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+hostnameOverride: me
+clientConnection:
+  kubeconfig: %s
+  contentType: application/vnd.kubernetes.protobuf
+conntrack:
+  maxPerCore: 0
+nftables:
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+`, kubeconfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithCancel(ctx)
+	cmd := host.Command(pctx, bins.KubeProxy, "--config", config, "--v=2")
+	logf, _ := os.Create(filepath.Join(dir, "kube-proxy.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pcancel()
+		cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			t.Logf("kube-proxy log (tail):\n%s", b)
+		}
+	})
+
+	// endpoints is the endpoint IPs kube-proxy programs for a Service.
+	chainRE := regexp.MustCompile(`(?s)chain service-[0-9A-Z]+-topo/([a-z]+)/tcp/ \{(.*?)\n\t\}`)
+	ipRE := regexp.MustCompile(`10\.1\.0\.[0-9]+`)
+	endpoints := func() map[string][]string {
+		out, err := host.Command(ctx, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
+		if err != nil {
+			return nil
+		}
+		m := map[string][]string{}
+		for _, sm := range chainRE.FindAllStringSubmatch(string(out), -1) {
+			for _, ip := range ipRE.FindAllString(sm[2], -1) {
+				if !slices.Contains(m[sm[1]], ip) {
+					m[sm[1]] = append(m[sm[1]], ip)
+				}
+			}
+		}
+		for k := range m {
+			slices.Sort(m[k])
+		}
+		return m
+	}
+	waitRules := func(what string, svc string, want []string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		var got map[string][]string
+		for time.Since(start) < 30*time.Second {
+			if got = endpoints(); slices.Equal(got[svc], want) {
+				return time.Since(start)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		full, _ := host.Command(ctx, "nft", "list", "ruleset").CombinedOutput()
+		var out []byte
+		for _, l := range regexp.MustCompile(`(?m)^.*(chain|dnat).*$`).FindAll(full, 40) {
+			out = append(append(out, l...), '\n')
+		}
+		t.Fatalf("%s: kube-proxy's endpoints %v, want %s: %v; ruleset:\n%s", what, got, svc, want, out)
+		return 0
+	}
+	waitRules("start", "host", []string{"10.1.0.1"})
+	waitRules("start", "pool", []string{"10.1.0.1", "10.1.0.2"})
+	waitRules("start", "fallback", []string{"10.1.0.2"}) // not ready here: the pool
+	waitRules("start", "plain", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3", "10.1.0.4"})
+	t.Logf("kube-proxy rules at start: %v", endpoints())
+
+	patchService(t, ctx, admin, "plain", filter.KeyHostname)
+	d := waitRules("annotation", "plain", []string{"10.1.0.1"})
+	t.Logf("annotation change → kube-proxy's nftables rules changed after %v", d)
+	patchNodePool(t, ctx, admin, "b", "p1")
+	d = waitRules("pool", "pool", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"})
+	t.Logf("pool change → kube-proxy's nftables rules changed after %v", d)
+}

@@ -1,0 +1,262 @@
+package tunnelserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// logBuffer is a slog text destination safe for concurrent writes.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+
+// refusedHandshake dials with cert and returns the error the handshake
+// ended with, which must be the gateway's TLS alert.
+func (f *fixture) refusedHandshake(cert tls.Certificate) error {
+	f.t.Helper()
+	edge, err := f.dial(cert, f.ca)
+	if err == nil {
+		// TLS 1.3: the client may finish its side first; the gateway's
+		// alert then closes the connection.
+		<-edge.Conn().Context().Done()
+		err = context.Cause(edge.Conn().Context())
+	}
+	var te *quic.TransportError
+	if !errors.As(err, &te) || !te.Remote || !te.ErrorCode.IsCryptoError() {
+		f.t.Fatalf("connection ended with %v, want the gateway's TLS alert", err)
+	}
+	return err
+}
+
+// streamWorks opens a stream to node through the registry: the tunnel is
+// up and usable.
+func (f *fixture) streamWorks(node string) {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := f.reg.Open(ctx, node)
+	if err != nil {
+		f.t.Fatalf("open a stream to %s: %v", node, err)
+	}
+	s.Close()
+	s.Release()
+}
+
+// Each bad certificate is refused during the handshake, with its reason
+// logged (with the peer's address) and counted, and an edge already
+// connected is not disturbed.
+func TestHandshakeRefusals(t *testing.T) {
+	logs := &logBuffer{}
+	f := startWith(t, func(o *Options) { o.Logger = logs.logger() })
+	honest := f.node("edge-1")
+
+	node := func(tmpl testenv.Template) tls.Certificate {
+		tmpl.CommonName, tmpl.Organizations = "system:node:edge-2", []string{"system:nodes"}
+		if tmpl.ExtKeyUsage == nil {
+			tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+		}
+		kp, err := f.ca.Issue(tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp.TLS
+	}
+	now := time.Now()
+	otherCA := testenv.MustCA(t, "someone else's CA")
+	foreign, err := otherCA.NodeCert("edge-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, reason string
+		cert         tls.Certificate
+	}{
+		{"expired", resultExpired, node(testenv.Template{NotBefore: now.Add(-48 * time.Hour), NotAfter: now.Add(-time.Hour)})},
+		{"not yet valid", resultExpired, node(testenv.Template{NotBefore: now.Add(time.Hour), NotAfter: now.Add(48 * time.Hour)})},
+		{"from another CA", resultUnknownCA, foreign.TLS},
+		{"none", resultNoCertificate, tls.Certificate{}},
+		{"a server certificate", resultBadCertificate, node(testenv.Template{ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.counter(tc.reason)
+			f.refusedHandshake(tc.cert)
+			if got := f.counter(tc.reason); got != before+1 {
+				t.Errorf("%s counter %v, want %v", tc.reason, got, before+1)
+			}
+			if !strings.Contains(logs.String(), "reason="+tc.reason) || !strings.Contains(logs.String(), "remote=127.0.0.1:") {
+				t.Errorf("no refusal logged with reason %s and the peer's address:\n%s", tc.reason, logs.String())
+			}
+			if _, ok := f.reg.Lookup("edge-2"); ok {
+				t.Fatal("edge-2 registered")
+			}
+			if _, closed := honest.CloseCode(); closed {
+				t.Fatal("the honest edge's tunnel was closed")
+			}
+			f.streamWorks("edge-1")
+		})
+	}
+	if got := f.counter(resultRegistered); got != 1 {
+		t.Errorf("registered counter %v, want 1 (the honest edge)", got)
+	}
+}
+
+// The client CAs are asked for on every handshake: a CA added is trusted
+// by the next handshake, one removed no longer, and the tunnels up are not
+// dropped by the change itself.
+func TestClientCARotation(t *testing.T) {
+	var pool atomic.Pointer[x509.CertPool]
+	f := startWith(t, func(o *Options) {
+		o.ClientCAs = nil
+		o.GetClientCAs = pool.Load
+		o.RecheckInterval = time.Hour // not in this test
+	})
+	caOld, caNew := f.ca, testenv.MustCA(t, "the new cluster CA")
+	pool.Store(caOld.Pool())
+	edge1 := f.node("edge-1")
+
+	kp2, err := caNew.NodeCert("edge-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refusedHandshake(kp2.TLS)
+
+	both := caOld.Pool()
+	both.AddCert(caNew.Cert)
+	pool.Store(both)
+	if _, err := f.dial(kp2.TLS, f.ca); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "edge-2 registered with the new CA", func() bool { _, ok := f.reg.Lookup("edge-2"); return ok })
+
+	pool.Store(caNew.Pool())
+	kp3, err := caOld.NodeCert("edge-3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.refusedHandshake(kp3.TLS)
+	if _, closed := edge1.CloseCode(); closed {
+		t.Fatal("a CA change closed a tunnel by itself")
+	}
+	f.streamWorks("edge-1")
+	f.streamWorks("edge-2")
+}
+
+// Live tunnels are verified again: one whose certificate expired, or whose
+// CA was removed, is closed with CloseNotAllowed and counted; the others
+// stay.
+func TestRecheckEvicts(t *testing.T) {
+	var pool atomic.Pointer[x509.CertPool]
+	var clock atomic.Pointer[time.Time]
+	start := time.Now()
+	clock.Store(&start)
+	logs := &logBuffer{}
+	f := startWith(t, func(o *Options) {
+		o.ClientCAs = nil
+		o.GetClientCAs = pool.Load
+		o.Now = func() time.Time { return *clock.Load() }
+		o.RecheckInterval = 20 * time.Millisecond
+		o.Logger = logs.logger()
+	})
+	caB := testenv.MustCA(t, "CA B")
+	both := f.ca.Pool()
+	both.AddCert(caB.Cert)
+	pool.Store(both)
+
+	shortLived, err := f.ca.Issue(testenv.Template{
+		CommonName: "system:node:edge-short", Organizations: []string{"system:nodes"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, NotAfter: start.Add(time.Hour),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := f.dial(shortLived.TLS, f.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromB, err := caB.NodeCert("edge-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.dial(fromB.TLS, f.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	honest := f.node("edge-1")
+	eventually(t, "three edges", func() bool { return f.reg.Len() == 3 })
+
+	evictions := func(reason string) float64 {
+		v, err := metrictest.Value(f.srv.evictions, "tether_gateway_tunnel_evictions_total", "reason="+reason)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	later := start.Add(2 * time.Hour)
+	clock.Store(&later)
+	if code, ok := short.WaitClosed(5 * time.Second); !ok || code != tunnel.CloseNotAllowed {
+		t.Fatalf("expired tunnel closed with %v (by gateway: %v), want CloseNotAllowed", code, ok)
+	}
+	pool.Store(f.ca.Pool())
+	if code, ok := b.WaitClosed(5 * time.Second); !ok || code != tunnel.CloseNotAllowed {
+		t.Fatalf("tunnel of a removed CA closed with %v (by gateway: %v), want CloseNotAllowed", code, ok)
+	}
+	if evictions(resultExpired) != 1 || evictions(resultUnknownCA) != 1 {
+		t.Errorf("evictions: expired %v, unknown_ca %v; want 1 each", evictions(resultExpired), evictions(resultUnknownCA))
+	}
+	if !strings.Contains(logs.String(), "tunnel closed: its client certificate no longer verifies") {
+		t.Errorf("evictions not logged:\n%s", logs.String())
+	}
+	if _, closed := honest.CloseCode(); closed {
+		t.Fatal("the honest edge's tunnel was closed")
+	}
+	f.streamWorks("edge-1")
+}
+
+func TestLogLimit(t *testing.T) {
+	var l logLimit
+	now := time.Now()
+	for i := range refusalLogBurst {
+		if ok, _ := l.allow(now); !ok {
+			t.Fatalf("line %d held back", i)
+		}
+	}
+	for range 5 {
+		if ok, _ := l.allow(now.Add(time.Second)); ok {
+			t.Fatal("a line over the burst let through")
+		}
+	}
+	ok, dropped := l.allow(now.Add(refusalLogWindow))
+	if !ok || dropped != 5 {
+		t.Fatalf("next window: ok %v, dropped %d; want true, 5", ok, dropped)
+	}
+}
