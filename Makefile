@@ -56,6 +56,14 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
+# bench-tunnel measures the tunnel against a direct connection and bare
+# quic-go in namespaces on this machine (issue 9) and prints a table; it
+# needs root and takes a few minutes. BENCH_TUNNEL_FLAGS: see --help.
+.PHONY: bench-tunnel
+BENCH_TUNNEL_FLAGS ?=
+bench-tunnel: build testbins
+	$(GO) run ./e2e/tunnelbench --bin-dir $(BIN) $(BENCH_TUNNEL_FLAGS)
+
 lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...

@@ -15,6 +15,9 @@
 // It writes a Request; the edge checks it, dials, and writes a Reply. After
 // an OK reply both sides relay bytes with half-close (Relay). A refusal is
 // a Reply with a Code other than OK, after which the stream is closed.
+// The gateway may send the client's bytes right after the request, without
+// waiting for the reply: the edge reads exactly the request, relays what
+// follows once it has dialled, and discards it when it refuses.
 //
 // Request, version 1 (big-endian):
 //

@@ -2,6 +2,8 @@
 // the DNAT rules netrules installs. For every accepted connection it finds
 // the edge node the client meant, opens a stream to that node's edge
 // through the registry, asks the edge to dial, and relays bytes both ways.
+// The client's bytes follow the request without waiting for the edge's
+// reply, so a connection costs no extra round trip through the tunnel.
 // It never terminates TLS.
 //
 // Finding the node:
@@ -36,6 +38,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
@@ -232,20 +235,75 @@ func (p *Proxy) handle(ctx context.Context, tc *net.TCPConn, listenPort uint16) 
 		return
 	}
 	defer s.Release()
-	if reason, err := p.request(s, tunnel.Request{Dest: tg.dest, Client: tc.RemoteAddr().String()}); err != nil {
+	if err := tunnel.WriteRequest(s, tunnel.Request{Dest: tg.dest, Client: tc.RemoteAddr().String()}); err != nil {
 		s.CancelRead(tunnel.StreamErrAbort)
 		s.CancelWrite(tunnel.StreamErrAbort)
-		p.refuse(tc, s.Edge(), reason)
-		log.Debug("connection refused", "reason", reason, "err", err)
+		p.refuse(tc, s.Edge(), ReasonStreamError)
+		log.Debug("connection refused", "reason", ReasonStreamError, "err", fmt.Errorf("write request: %w", err))
 		return
 	}
+	// The client's bytes follow the request at once instead of after the
+	// edge's reply: the edge reads exactly the request and drops what
+	// follows if it refuses, so this saves a round trip through the tunnel
+	// per connection. The relay's first read from the stream is the reply.
+	s.SetReadDeadline(time.Now().Add(p.opts.ReplyTimeout))
+	rs := &replyFirst{Stream: s, p: p}
 	log.Debug("relaying")
-	if err := tunnel.Relay(tg.conn, s, s.RelayOptions(p.opts.IdleTimeout)); err != nil {
+	err = tunnel.Relay(tg.conn, rs, s.RelayOptions(p.opts.IdleTimeout))
+	if rs.refused != "" {
+		log.Debug("connection refused", "reason", rs.refused, "err", err)
+		return
+	}
+	if err != nil {
 		p.metrics.connections.WithLabelValues(resultRelayError).Inc()
 		log.Debug("relay ended", "err", err)
 		return
 	}
 	p.metrics.connections.WithLabelValues(resultRelayed).Inc()
+}
+
+// replyFirst is the stream as the relay sees it: its first Read reads the
+// edge's reply, and a refusal (or no reply in time) fails that Read, which
+// makes the relay reset the client. The refusal is counted before that, so
+// the count is in place when the client sees the reset. Only the relay's
+// stream-to-client goroutine reads.
+type replyFirst struct {
+	*registry.Stream
+	p       *Proxy
+	replied bool
+	refused string // the refusal reason, once counted
+}
+
+func (r *replyFirst) Read(b []byte) (int, error) {
+	if !r.replied {
+		r.replied = true
+		_, err := tunnel.ReadReply(r.Stream)
+		r.Stream.SetReadDeadline(time.Time{})
+		if err != nil {
+			var se *quic.StreamError
+			if errors.As(err, &se) && !se.Remote {
+				// The relay cancelled the stream: the client side
+				// failed first. That is the relay's error, not a refusal.
+				return 0, err
+			}
+			r.refused = replyReason(err)
+			r.p.countRefusal(r.Stream.Edge(), r.refused)
+			return 0, err // the relay resets the client connection
+		}
+	}
+	return r.Stream.Read(b)
+}
+
+// replyReason is the refusal reason for a failed ReadReply.
+func replyReason(err error) string {
+	var refused *tunnel.RefusedError
+	switch {
+	case errors.As(err, &refused):
+		return refused.Code.String()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return ReasonReplyTimeout
+	}
+	return ReasonStreamError
 }
 
 // target is where a client connection goes.
@@ -292,35 +350,20 @@ func (p *Proxy) route(tc *net.TCPConn, listenPort uint16) (_ target, reason stri
 	return target{node: r.node, dest: netip.AddrPortFrom(r.dial, port), conn: &peekedConn{tc: tc, r: br}, by: by}, "", nil
 }
 
-// request sends the request on s and reads the edge's reply. On error it
-// returns the refusal reason.
-func (p *Proxy) request(s *registry.Stream, req tunnel.Request) (reason string, err error) {
-	if err := tunnel.WriteRequest(s, req); err != nil {
-		return ReasonStreamError, fmt.Errorf("write request: %w", err)
-	}
-	s.SetReadDeadline(time.Now().Add(p.opts.ReplyTimeout))
-	_, err = tunnel.ReadReply(s)
-	s.SetReadDeadline(time.Time{})
-	var refused *tunnel.RefusedError
-	switch {
-	case err == nil:
-		return "", nil
-	case errors.As(err, &refused):
-		return refused.Code.String(), err
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return ReasonReplyTimeout, err
-	}
-	return ReasonStreamError, err
-}
-
 // refuse resets the client connection and counts the refusal, also on the
 // edge when there is one.
 func (p *Proxy) refuse(tc *net.TCPConn, e *registry.Edge, reason string) {
+	p.countRefusal(e, reason)
+	tc.SetLinger(0) // close with RST: the client sees a refusal, not an empty answer
+	tc.Close()
+}
+
+// countRefusal counts a refused connection by reason, also on the edge
+// when there is one.
+func (p *Proxy) countRefusal(e *registry.Edge, reason string) {
 	if e != nil {
 		e.Refused(reason)
 	}
 	p.metrics.connections.WithLabelValues(resultRefused).Inc()
 	p.metrics.refusals.WithLabelValues(reason).Inc()
-	tc.SetLinger(0) // close with RST: the client sees a refusal, not an empty answer
-	tc.Close()
 }

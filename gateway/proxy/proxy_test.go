@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/tether-edge/tether/gateway/internal/edgetest"
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
@@ -358,5 +360,63 @@ func TestProxyRefusals(t *testing.T) {
 	}
 	if v := value(t, p, "connections", "result=refused"); v != 6 {
 		t.Errorf("refused connections: %v, want 6", v)
+	}
+}
+
+// The client's first bytes go to the edge right behind the request, before
+// the edge has replied: an edge that reads them before it answers still
+// gets them, and the relay carries on after its OK.
+func TestProxySendsClientBytesBeforeReply(t *testing.T) {
+	e := newEnv(t)
+	kp, err := e.ca.NodeCert("edge-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tc := tunnel.ClientTLS(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &kp.TLS, nil }, e.ca.Pool(), "gateway")
+	conn, err := quic.DialAddr(ctx, e.tunnelAddr, tc, tunnel.QUICConfig(tunnel.Limits{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseWithError(tunnel.CloseNormal, "")
+	edgeErr := make(chan error, 1)
+	go func() {
+		s, err := conn.AcceptStream(ctx)
+		if err != nil {
+			edgeErr <- err
+			return
+		}
+		if _, err := tunnel.ReadRequest(s); err != nil {
+			edgeErr <- err
+			return
+		}
+		first := make([]byte, len("hello"))
+		if _, err := io.ReadFull(s, first); err != nil {
+			edgeErr <- fmt.Errorf("read the client's bytes before replying: %w", err)
+			return
+		}
+		tunnel.WriteReply(s, tunnel.Reply{Code: tunnel.OK})
+		s.Write(append([]byte("echo "), first...))
+		s.Close()
+		edgeErr <- nil
+	}()
+	eventually(t, "edge-1 is registered", func() bool { _, ok := e.reg.Lookup("edge-1"); return ok })
+
+	dst := netip.AddrPortFrom(netip.MustParseAddr(edge1Addr), 10250)
+	_, addr := e.proxy(Options{ReplyTimeout: 5 * time.Second, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil }})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "hello")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil || string(got) != "echo hello" {
+		t.Fatalf("client read %q, %v; want %q", got, err, "echo hello")
+	}
+	if err := <-edgeErr; err != nil {
+		t.Fatal(err)
 	}
 }

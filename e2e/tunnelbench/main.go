@@ -1,0 +1,271 @@
+// Command tunnelbench is `make bench-tunnel`: the benchmark of issue 9. It
+// builds the e2e world once (a real kube-apiserver, tether-gateway on a
+// cloud host with nftables DNAT, one edge site behind NAT with tether-edge
+// and a stand-in kubelet) and measures, in one run and on one machine:
+//
+//   - tunnel: the cloud client host to the edge's stand-in kubelet by the
+//     node's address, routed via the gateway, through the QUIC tunnel;
+//   - direct: the same client to the same kind of stand-in (same TLS, same
+//     handler) on another cloud host, without Tether;
+//   - bare quic-go: one stream over loopback UDP in this process with
+//     tunnel.QUICConfig, ServerTLS and ClientTLS, no relay (bulk only);
+//   - quic-path: the same between the edge host and the gateway host, over
+//     the tunnel's own path through the NAT and routers (bulk only).
+//
+// Metrics: new-connection request rate (one HTTPS GET /healthz per new TCP
+// connection) sequentially and with concurrent clients, with p50/p99
+// latency; bulk throughput of one connection (GET /bytes); and the CPU
+// time all this cost, per request and per byte, in tether-gateway plus
+// tether-edge and in this process. It prints tables and how the tunnel
+// fares against the issue's targets. It asserts nothing: rates on a shared
+// machine vary with its load, which it prints with them; CPU per request
+// varies much less, and --baseline measures other binaries in the same
+// world, interleaved, for before/after comparisons.
+//
+// Within a run the modes' new-connection measurements take turns every few
+// dozen requests, so that all see the same load even on a busy machine.
+//
+// It needs root (network namespaces) and uses only addresses inside the
+// namespaces it creates and loopback. --profile DIR writes CPU profiles of
+// tether-gateway, tether-edge and this process for each phase of the first
+// run (the binaries are then built with a profiling hook added by `go
+// build -overlay`, see profile.go; the source tree is not changed).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+type options struct {
+	binDir     string
+	baseline   string
+	runs       int
+	seq        int
+	conc       int
+	concReqs   int
+	bulk       int64
+	timeout    time.Duration
+	profileDir string
+	verbose    bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-gateway and tether-edge, as make build leaves them in bin; empty builds them from this tree into a temporary directory")
+	flag.StringVar(&o.baseline, "baseline", "", "also measure the tunnel with the tether-gateway and tether-edge in `dir` (such as a build before a change), interleaved with the binaries under test in the same world: before/after numbers under the same load")
+	flag.IntVar(&o.runs, "runs", 3, "measure every mode this many `times` (the tables show the median of each column); within a run the new-connection measurements of the modes take turns, the bulk transfers follow one another")
+	flag.IntVar(&o.seq, "seq", 500, "`requests` of the sequential new-connection measurement")
+	flag.IntVar(&o.conc, "conc", 32, "concurrent `clients` of the concurrent new-connection measurement")
+	flag.IntVar(&o.concReqs, "conc-requests", 3000, "`requests` of the concurrent new-connection measurement, shared by the clients")
+	flag.Int64Var(&o.bulk, "bulk", 512<<20, "`bytes` of the one-connection bulk transfer")
+	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this `duration` (world setup included)")
+	flag.StringVar(&o.profileDir, "profile", "", "write CPU profiles of the gateway, the edge and this process into `dir`, for each phase of the first run: seq and c32 (all modes taking turns) and each mode's bulk (builds profiling binaries; ignores --bin-dir)")
+	flag.BoolVar(&o.verbose, "v", false, "log the world's setup steps")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection and bare quic-go, in network namespaces on this machine (needs root).\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if o.runs < 1 || o.seq < 1 || o.conc < 1 || o.concReqs < o.conc || o.bulk < 1 {
+		fmt.Fprintln(os.Stderr, "tunnelbench: --runs, --seq, --conc and --bulk must be positive, --conc-requests at least --conc")
+		os.Exit(2)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "tunnelbench: needs root (it creates network namespaces)")
+		os.Exit(2)
+	}
+
+	level := slog.LevelWarn
+	if o.verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	s := &testenv.Session{Log: log}
+	err := s.Run(func() error { return run(ctx, s, o) })
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (--timeout %v)", err, o.timeout)
+		}
+		fmt.Fprintf(os.Stderr, "tunnelbench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, s *testenv.Session, o options) error {
+	printHeader(o)
+	setup := time.Now()
+
+	var prof *profiler
+	var bins world.Binaries
+	var err error
+	if o.profileDir != "" {
+		prof, err = newProfiler(o.profileDir)
+		if err != nil {
+			return err
+		}
+		note("building profiling tether-gateway and tether-edge into %s", o.profileDir)
+		bins, err = prof.build()
+	} else {
+		bins, err = binaries(s, o.binDir)
+	}
+	if err != nil {
+		return err
+	}
+	var base world.Binaries
+	if o.baseline != "" {
+		if base, err = binaries(s, o.baseline); err != nil {
+			return fmt.Errorf("--baseline: %w", err)
+		}
+	}
+
+	logf := func(string, ...any) {}
+	if o.verbose {
+		logf = func(format string, args ...any) { s.Log.Info(fmt.Sprintf(format, args...)) }
+	}
+	// One gateway and one edge node; with a baseline, a second pair runs
+	// the baseline binaries at the same time (each edge dials both
+	// gateways, and the client routes each node's address to its own
+	// gateway), so the two take turns without restarts.
+	hosts, gateways := []string{"edge-1"}, 1
+	if o.baseline != "" {
+		hosts, gateways = append(hosts, "edge-2"), 2
+	}
+	note("building the world: control plane, %d gateway(s), one edge site with %d node(s)", gateways, len(hosts))
+	testenv.Binaries(s)
+	w := world.New(s, bins, world.Options{Gateways: gateways, Sites: []testenv.SiteSpec{
+		{Name: "site-a", Hosts: hosts, LAN: netip.MustParsePrefix("192.168.1.0/24")},
+	}}, logf)
+	start := func(i int, bins world.Binaries) (gw *testenv.Host, edge *world.Edge, pids []int) {
+		gw, edge = w.Gateways[i], w.Edges[i]
+		w.Bins = bins
+		// Debug logging writes a line per connection on both sides; a
+		// deployment runs at info.
+		g := w.StartGateway(s, gw, "--netrules", "nftables", "--log-level", "info")
+		e := w.StartEdge(s, edge, "--log-level", "info")
+		w.RouteVia(s, netip.PrefixFrom(edge.Host.Addr, 32), gw)
+		if prof != nil && bins == prof.bins { // only the profiling build has the hook
+			prof.procs = []profiled{{"gateway", g.Process}, {"edge", e.Process}}
+		}
+		return gw, edge, []int{g.Process.Pid, e.Process.Pid}
+	}
+	gw, edge, pids := start(0, bins)
+	modes := []mode{{name: "tunnel", desc: fmt.Sprintf("client → %s → QUIC → %s → kubelet %s", gw.Label, edge.Name, edge.Kubelet.Addr),
+		url: edge.KubeletURL(""), pids: pids, profiled: prof != nil}}
+	if o.baseline != "" {
+		bgw, bedge, bpids := start(1, base)
+		modes = append(modes, mode{name: "baseline", desc: fmt.Sprintf("the same through %s and %s, running the binaries in %s", bgw.Label, bedge.Name, o.baseline),
+			url: bedge.KubeletURL(""), pids: bpids})
+	}
+	if err := w.WaitReachable(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	// The direct reference: the same stand-in server on another cloud host.
+	ref := world.StartKubelet(s, w.Topo.Cloud("apiserver"), "direct-ref", w.KubeletCA)
+	bq, err := newLoopbackQUIC(s)
+	if err != nil {
+		return err
+	}
+	// The same, but across the tunnel's own path (the site's NAT router
+	// and the cloud router), to tell the cost of the emulated network from
+	// the cost of the relay.
+	pq, err := newBareQUIC(s, gw, gw.Addr.String(), edge.Host)
+	if err != nil {
+		return err
+	}
+	modes = append(modes,
+		mode{name: "direct", desc: "client → stand-in on the apiserver host " + ref.Addr, url: "https://" + ref.Addr},
+		mode{name: "bare-quic", desc: "one quic-go stream over loopback UDP in this process, no relay", bulkOnly: true, bare: bq},
+		mode{name: "quic-path", desc: fmt.Sprintf("the same from %s to %s, over the tunnel's path (NAT, routers)", edge.Name, gw.Label), bulkOnly: true, bare: pq},
+	)
+	note("world ready in %v", time.Since(setup).Round(time.Second))
+	b := &bench{o: o, client: newClient(w.Client.DialContext, w.KubeletCA.Pool()), prof: prof}
+	res, err := b.measure(ctx, modes)
+	if err != nil {
+		return err
+	}
+	printTable(o, modes, res)
+	printTargets(o, res)
+	printNotes(ctx, w, gw, edge, o, prof)
+	return nil
+}
+
+func note(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "tunnelbench: "+format+"\n", args...)
+}
+
+// binaries returns the programs under test: those in dir, or fresh ones
+// built from this tree, so that a bench never measures stale binaries
+// by accident.
+func binaries(s *testenv.Session, dir string) (world.Binaries, error) {
+	if dir != "" {
+		b := world.Binaries{Gateway: filepath.Join(dir, "tether-gateway"), Edge: filepath.Join(dir, "tether-edge")}
+		for _, p := range []string{b.Gateway, b.Edge} {
+			if _, err := os.Stat(p); err != nil {
+				return world.Binaries{}, fmt.Errorf("--bin-dir: %w", err)
+			}
+		}
+		return b, nil
+	}
+	tmp, err := os.MkdirTemp("", "tether-bench-bin-")
+	if err != nil {
+		return world.Binaries{}, err
+	}
+	s.Cleanup(func() { os.RemoveAll(tmp) })
+	note("building tether-gateway and tether-edge")
+	return world.BuildBinaries(tmp)
+}
+
+// printNotes says what the tested gateway and edge logged about their
+// UDP sockets, the tunnel's round-trip time, and where the profiles are.
+func printNotes(ctx context.Context, w *world.World, gw *testenv.Host, edge *world.Edge, o options, prof *profiler) {
+	fmt.Println()
+	for _, p := range []struct {
+		name string
+		log  string
+	}{{"gateway", w.Log(gw)}, {"edge", w.Log(edge.Host)}} {
+		var warn []string
+		for _, line := range strings.Split(p.log, "\n") {
+			if strings.Contains(line, "buffer size") || strings.Contains(line, "GSO") {
+				warn = append(warn, strings.TrimSpace(line))
+			}
+		}
+		if len(warn) == 0 {
+			fmt.Printf("%s log: no UDP buffer or GSO warnings from quic-go\n", p.name)
+		}
+		for _, l := range warn {
+			fmt.Printf("%s log: %s\n", p.name, l)
+		}
+	}
+	var st gateway.Status
+	if out, err := world.Get(ctx, gw, world.GatewayAdmin(gw, "/status")); err == nil && json.Unmarshal([]byte(out), &st) == nil {
+		for _, e := range st.Edges {
+			if e.Node == edge.Name {
+				fmt.Printf("tunnel round trip (smoothed, %s /status): %.2f ms\n", gw.Label, e.RTTMillis)
+			}
+		}
+	}
+	if prof != nil {
+		fmt.Printf("CPU profiles of the first run: %s (e.g. go tool pprof -top %s/tether-gateway-seq.pprof)\n", o.profileDir, o.profileDir)
+	}
+}
