@@ -35,6 +35,15 @@ func TestContainerImage(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// podman must leave the host's network namespace alone (no netavark
+	// bridge, rules or ip_forward): the build runs with --network none and
+	// the container in the world's namespace.
+	hostBefore := hostNetState(t)
+	t.Cleanup(func() {
+		if after := hostNetState(t); after != hostBefore {
+			t.Errorf("podman changed the host's network namespace:\nbefore:\n%s\nafter:\n%s", hostBefore, after)
+		}
+	})
 
 	image := fmt.Sprintf("localhost/tether-gateway:e2e-%d", os.Getpid())
 	build := exec.CommandContext(ctx, filepath.Join(world.RepoRoot(), "packaging", "docker", "build-image.sh"),
@@ -128,4 +137,18 @@ func curlViaGateway(ctx context.Context, w *world.World, gw *testenv.Host, e *wo
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// hostNetState is the host namespace's ruleset and forwarding switch.
+func hostNetState(t *testing.T) string {
+	t.Helper()
+	rules, err := exec.Command("nft", "list", "ruleset").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v\n%s", err, rules)
+	}
+	fwd, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("ip_forward=%s%s", fwd, rules)
 }

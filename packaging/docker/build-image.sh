@@ -48,7 +48,10 @@ if [ "$tool" = podman ]; then
 	# Daemonless podman as root in a container (ENVIRONMENT.md). No layer
 	# cache: the build copies two files, and old layers would pile up.
 	export CONTAINERS_CONF=${CONTAINERS_CONF:-$root/packaging/docker/containers.conf}
-	args=(--cgroup-manager cgroupfs "${args[@]}" --runtime runc --layers=false)
+	# --network none: the Dockerfile has no RUN step, and without it podman
+	# would set up its bridge network (netavark rules and ip_forward) in the
+	# host namespace.
+	args=(--cgroup-manager cgroupfs "${args[@]}" --runtime runc --layers=false --network none)
 fi
 "$tool" "${args[@]}" "$ctx" >&2
 printf '%s\n' "$image"
