@@ -5,12 +5,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
 )
 
@@ -19,18 +19,8 @@ func TestEveryConfigKeyIsAFlag(t *testing.T) {
 	cfg := gateway.DefaultConfig()
 	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
 	registerFlags(fs, &cfg)
-	typ := reflect.TypeOf(cfg)
-	for i := range typ.NumField() {
-		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		f := fs.Lookup(name)
-		if f == nil {
-			t.Errorf("config key %q has no flag", name)
-		} else if len(f.Usage) < 20 {
-			t.Errorf("--%s: help %q says too little", name, f.Usage)
-		}
+	if err := cli.CheckFlags(fs, cfg); err != nil {
+		t.Error(err)
 	}
 }
 

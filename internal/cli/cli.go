@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 
@@ -91,4 +92,26 @@ func Usage(fs *flag.FlagSet, name, intro string) {
 		}
 		fmt.Fprintln(w)
 	})
+}
+
+// CheckFlags reports every key of cfg's YAML form (its struct's json
+// tags) that has no flag of the same name in fs, or whose help says too
+// little to explain it: the file and the command line must offer the same
+// settings, each explained by --help. The commands' tests call it.
+func CheckFlags(fs *flag.FlagSet, cfg any) error {
+	var errs []error
+	typ := reflect.TypeOf(cfg)
+	for i := range typ.NumField() {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			errs = append(errs, fmt.Errorf("config key %q has no flag", name))
+		} else if len(f.Usage) < 20 {
+			errs = append(errs, fmt.Errorf("--%s: help %q says too little", name, f.Usage))
+		}
+	}
+	return errors.Join(errs...)
 }
