@@ -140,7 +140,7 @@ func TestCertificateRotation(t *testing.T) {
 // `tetherctl ca` gives the edges that CA, and they connect with it.
 func TestSelfManagedCertificate(t *testing.T) {
 	testenv.RequireRoot(t)
-	ctl := tetherctl(t)
+	ctl := bins.Ctl
 	w := world.New(t, bins, world.Options{}, t.Logf)
 	gw := w.Gateways[0]
 	dataDir := t.TempDir()

@@ -5,12 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,29 +16,6 @@ import (
 	"github.com/tether-edge/tether/gateway"
 	"github.com/tether-edge/tether/internal/testenv"
 )
-
-var (
-	ctlOnce sync.Once
-	ctlPath string
-	ctlErr  error
-)
-
-// tetherctl builds cmd/tetherctl next to the binaries TestMain built.
-func tetherctl(t *testing.T) string {
-	t.Helper()
-	ctlOnce.Do(func() {
-		ctlPath = filepath.Join(filepath.Dir(bins.Gateway), "tetherctl")
-		cmd := exec.Command("go", "build", "-o", ctlPath, "./cmd/tetherctl")
-		cmd.Dir = world.RepoRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			ctlErr = fmt.Errorf("build tetherctl: %v\n%s", err, out)
-		}
-	})
-	if ctlErr != nil {
-		t.Fatal(ctlErr)
-	}
-	return ctlPath
-}
 
 // ctlStatus is one element of `tetherctl status -o json`.
 type ctlStatus struct {
@@ -52,7 +27,7 @@ type ctlStatus struct {
 // gateway replicas that both edges are connected to.
 func TestTetherctl(t *testing.T) {
 	testenv.RequireRoot(t)
-	ctl := tetherctl(t)
+	ctl := bins.Ctl
 	w := world.New(t, bins, world.Options{Gateways: 2}, t.Logf)
 	for _, gw := range w.Gateways {
 		w.StartGateway(t, gw, "--netrules", "nftables", "--replica", gw.Label)

@@ -104,7 +104,7 @@ func run(ctx context.Context, s *testenv.Session, binDir string, once bool) erro
 
 func binaries(s *testenv.Session, dir string) (world.Binaries, error) {
 	if dir != "" {
-		b := world.Binaries{Gateway: filepath.Join(dir, "tether-gateway"), Edge: filepath.Join(dir, "tether-edge")}
+		b := world.Binaries{Gateway: filepath.Join(dir, "tether-gateway"), Edge: filepath.Join(dir, "tether-edge"), Ctl: filepath.Join(dir, "tetherctl")}
 		if _, err := os.Stat(b.Gateway); err == nil {
 			return b, nil
 		}

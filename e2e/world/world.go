@@ -83,7 +83,7 @@ type Edge struct {
 }
 
 // Binaries are the programs under test.
-type Binaries struct{ Gateway, Edge string }
+type Binaries struct{ Gateway, Edge, Ctl string }
 
 // RepoRoot is the directory of the repository this package is built from.
 func RepoRoot() string {
@@ -91,15 +91,19 @@ func RepoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// BuildBinaries builds tether-gateway and tether-edge into dir.
+// BuildBinaries builds tether-gateway, tether-edge and tetherctl into dir.
 func BuildBinaries(dir string) (Binaries, error) {
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/tether-gateway", "./cmd/tether-edge")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/tether-gateway", "./cmd/tether-edge", "./cmd/tetherctl")
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return Binaries{}, fmt.Errorf("build binaries: %v\n%s", err, out)
 	}
-	return Binaries{Gateway: filepath.Join(dir, "tether-gateway"), Edge: filepath.Join(dir, "tether-edge")}, nil
+	return Binaries{
+		Gateway: filepath.Join(dir, "tether-gateway"),
+		Edge:    filepath.Join(dir, "tether-edge"),
+		Ctl:     filepath.Join(dir, "tetherctl"),
+	}, nil
 }
 
 // New builds the network and the control plane, registers the edge Nodes
