@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds the real components Tether's tests run — kube-apiserver, kube-proxy
-# and etcd — from their Go modules (pinned in tools/kube and tools/etcd) into
-# a cache directory keyed by version, so a warm machine never rebuilds them.
+# Builds the real components Tether's tests run — kube-apiserver, kube-proxy,
+# kube-controller-manager and etcd — from their Go modules (pinned in tools/kube
+# and tools/etcd) into a cache directory keyed by version, so a warm machine
+# never rebuilds them.
 #
 #   tools/build-testbins.sh            build what is missing, print the bin dir
 #   TETHER_CACHE_DIR=/x tools/...      cache somewhere else (default ~/.cache/tether)
 #
-# A cold build takes about 6 minutes on 2 cores; progress is printed to stderr.
+# A cold build takes about 9 minutes on 2 cores; progress is printed to stderr.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,5 +50,7 @@ flock 9
 build "$etcd_dir" etcd "$here/etcd" go.etcd.io/etcd/server/v3 "about 1 minute cold"
 build "$kube_dir" kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver "about 6 minutes cold on 2 cores"
 build "$kube_dir" kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "under a minute once kube-apiserver is built"
+build "$kube_dir" kube-controller-manager "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager "about 2 minutes once kube-apiserver is built"
 
-printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nETCD=%s\n' "$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$etcd_dir/etcd"
+printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nETCD=%s\n' \
+	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd"

@@ -16,7 +16,7 @@ import (
 // Bins holds the paths of the real components built from their Go modules
 // by tools/build-testbins.sh.
 type Bins struct {
-	KubeAPIServer, KubeProxy, Etcd string
+	KubeAPIServer, KubeProxy, KubeControllerManager, Etcd string
 }
 
 var (
@@ -94,9 +94,14 @@ func parseBins(out []byte) (Bins, error) {
 			values[key] = value
 		}
 	}
-	b := Bins{KubeAPIServer: values["KUBE_APISERVER"], KubeProxy: values["KUBE_PROXY"], Etcd: values["ETCD"]}
+	b := Bins{
+		KubeAPIServer:         values["KUBE_APISERVER"],
+		KubeProxy:             values["KUBE_PROXY"],
+		KubeControllerManager: values["KUBE_CONTROLLER_MANAGER"],
+		Etcd:                  values["ETCD"],
+	}
 	var errs []error
-	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "ETCD"} {
+	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "ETCD"} {
 		if values[key] == "" {
 			errs = append(errs, fmt.Errorf("no %s= line", key))
 		}

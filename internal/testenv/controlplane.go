@@ -411,7 +411,7 @@ func kernelPorts(hosts []string) ([]int, error) {
 	return ports, nil
 }
 
-// component is a started etcd or apiserver process.
+// component is a started etcd, apiserver or controller-manager process.
 type component struct {
 	name string
 	log  string
@@ -456,8 +456,14 @@ func (cp *ControlPlane) start(t T, bin, name string, args []string) *component {
 }
 
 // stop sends SIGTERM to the component's process group and SIGKILL if it
-// has not exited after componentStopGrace.
+// has not exited after componentStopGrace. A component that has exited is
+// left alone, so stopping twice signals nothing the second time.
 func (c *component) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
 	pgid := -c.cmd.Process.Pid
 	_ = syscall.Kill(pgid, syscall.SIGTERM)
 	select {

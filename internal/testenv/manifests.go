@@ -18,10 +18,12 @@ import (
 	"k8s.io/client-go/restmapper"
 )
 
-// ApplyManifests creates every object of the multi-document YAML files
-// (the same manifests that packaging/kubernetes ships) with cfg's identity.
-// With dryRun the apiserver validates and admits them without storing
-// (server-side dry run).
+// ApplyManifests applies every object of the multi-document YAML files
+// (the same manifests that packaging/kubernetes ships) with cfg's identity,
+// as `kubectl apply --server-side` does: an object that exists (the
+// namespace two manifests share) is updated, not an error. With dryRun the
+// apiserver validates and admits them without storing (server-side dry
+// run).
 func ApplyManifests(ctx context.Context, cfg *rest.Config, dryRun bool, paths ...string) error {
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
@@ -32,7 +34,7 @@ func ApplyManifests(ctx context.Context, cfg *rest.Config, dryRun bool, paths ..
 	if err != nil {
 		return fmt.Errorf("dynamic client: %w", err)
 	}
-	opts := metav1.CreateOptions{}
+	opts := metav1.ApplyOptions{FieldManager: "tether-testenv", Force: true}
 	if dryRun {
 		opts.DryRun = []string{metav1.DryRunAll}
 	}
@@ -65,8 +67,8 @@ func ApplyManifests(ctx context.Context, cfg *rest.Config, dryRun bool, paths ..
 				}
 				ri = dyn.Resource(m.Resource).Namespace(ns)
 			}
-			if _, err := ri.Create(ctx, &obj, opts); err != nil {
-				return fmt.Errorf("%s: create %s %s: %w", path, gvk.Kind, obj.GetName(), err)
+			if _, err := ri.Apply(ctx, obj.GetName(), &obj, opts); err != nil {
+				return fmt.Errorf("%s: apply %s %s: %w", path, gvk.Kind, obj.GetName(), err)
 			}
 		}
 	}

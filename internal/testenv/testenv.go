@@ -1,5 +1,6 @@
 // Package testenv starts the real things Tether's tests run against: a
-// kube-apiserver with etcd built from their Go modules, a test PKI, and
+// kube-apiserver with etcd built from their Go modules (and, for tests that
+// need node heartbeats judged, kube-controller-manager), a test PKI, and
 // hosts in network namespaces joined by veth links, bridges and NAT routers.
 //
 // Nothing here is a fake. Everything a helper creates is removed by the

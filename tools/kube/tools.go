@@ -1,12 +1,15 @@
 //go:build tools
 
 // Package tools pins the Kubernetes components that Tether's tests run for
-// real: kube-apiserver (the control plane every integration test talks to)
-// and kube-proxy (the real peer of the service-topology filter). They are
-// built from the k8s.io/kubernetes module, never downloaded as binaries.
+// real: kube-apiserver (the control plane every integration test talks to),
+// kube-proxy (the real peer of the service-topology filter) and
+// kube-controller-manager (its node lifecycle controller judges node
+// heartbeats). They are built from the k8s.io/kubernetes module, never
+// downloaded as binaries.
 package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
