@@ -143,13 +143,12 @@ func BenchmarkResync(b *testing.B) {
 	}
 }
 
-// BenchmarkOneNode adds one node to 10,000, or removes one (which also
-// flushes its conntrack entries): the gateway's Apply on a node change.
+// BenchmarkOneNode adds one node to 10,000, or removes one: the gateway's
+// Apply on a node change. The conntrack flush a removal calls for is not
+// part of Apply (see BenchmarkConntrackFlush); it runs untimed between
+// iterations.
 func BenchmarkOneNode(b *testing.B) {
-	all := benchDesired(benchNodes)
-	less := benchDesired(benchNodes)
-	less.Edges = maps.Clone(less.Edges)
-	delete(less.Edges, "edge-04242")
+	all, less := benchOneLess()
 	ctx := context.Background()
 	for _, be := range benchBackends {
 		for _, op := range []struct {
@@ -162,6 +161,7 @@ func BenchmarkOneNode(b *testing.B) {
 				for range b.N {
 					b.StopTimer()
 					benchDo(b, h, func() error { return r.Apply(ctx, op.from) })
+					benchDo(b, h, func() error { return r.FlushConntrack(ctx) })
 					b.StartTimer()
 					cpu.do(b, h, func() error { return r.Apply(ctx, op.to) })
 				}
@@ -169,6 +169,51 @@ func BenchmarkOneNode(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkConntrackFlush is the FlushConntrack after one node of 10,000
+// was removed: one walk of the kernel's conntrack table per family the
+// removed addresses belong to (here IPv4). "flush" times the flush alone,
+// "remove+flush" the removing Apply and the flush, as gateway/dnat runs
+// them. The backend does not matter for the flush; nftables is used.
+func BenchmarkConntrackFlush(b *testing.B) {
+	all, less := benchOneLess()
+	ctx := context.Background()
+	for _, withApply := range []bool{false, true} {
+		name := "flush"
+		if withApply {
+			name = "remove+flush"
+		}
+		b.Run(name, func(b *testing.B) {
+			h, r := benchHost(b, benchBackends[0].new)
+			var cpu cpuMeter
+			for range b.N {
+				b.StopTimer()
+				benchDo(b, h, func() error { return r.Apply(ctx, all) })
+				if !withApply {
+					benchDo(b, h, func() error { return r.Apply(ctx, less) })
+				}
+				b.StartTimer()
+				cpu.do(b, h, func() error {
+					if withApply {
+						if err := r.Apply(ctx, less); err != nil {
+							return err
+						}
+					}
+					return r.FlushConntrack(ctx)
+				})
+			}
+			cpu.report(b)
+		})
+	}
+}
+
+// benchOneLess returns the 10,000 benchmark nodes, and the same less one.
+func benchOneLess() (all, less Desired) {
+	all, less = benchDesired(benchNodes), benchDesired(benchNodes)
+	less.Edges = maps.Clone(less.Edges)
+	delete(less.Edges, "edge-04242")
+	return all, less
 }
 
 // BenchmarkYurtTunnelWay applies the same nodes the way yurt-tunnel does:

@@ -1,24 +1,34 @@
 package netrules
 
 import (
+	"context"
+	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"testing"
 
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
+// flow is a conntrack entry of a connection to dst whose replies come
+// from port replyPort: the listener's port if it was redirected, dst's own
+// if not.
+func flow(proto uint8, dst string, replyPort uint16) *netlink.ConntrackFlow {
+	ap := netip.MustParseAddrPort(dst)
+	f := &netlink.ConntrackFlow{}
+	f.Forward.Protocol = proto
+	f.Forward.DstIP = net.IP(ap.Addr().AsSlice())
+	f.Forward.DstPort = ap.Port()
+	f.Reverse.Protocol = proto
+	f.Reverse.SrcPort = replyPort
+	return f
+}
+
 func TestStaleFilter(t *testing.T) {
 	prev := mustNormalize(t, goldenDesired)
-	flow := func(proto uint8, dst string) *netlink.ConntrackFlow {
-		ap := netip.MustParseAddrPort(dst)
-		f := &netlink.ConntrackFlow{}
-		f.Forward.Protocol = proto
-		f.Forward.DstIP = net.IP(ap.Addr().AsSlice())
-		f.Forward.DstPort = ap.Port()
-		return f
-	}
 	removedNode := goldenDesired
 	removedNode.Edges = map[string][]netip.Addr{"edge-b": goldenDesired.Edges["edge-b"]}
 	removedPort := goldenDesired
@@ -26,54 +36,145 @@ func TestStaleFilter(t *testing.T) {
 	movedListener := goldenDesired
 	movedListener.ProxyPort = 10264
 
+	type dst struct {
+		addr      string
+		replyPort uint16
+	}
 	for _, tc := range []struct {
 		name  string
 		next  Desired
-		stale map[string]bool // flow destination -> deleted
+		stale map[dst]bool // flow -> deleted
 	}{
-		{"node removed", removedNode, map[string]bool{
-			"10.20.0.5:10250":    true,
-			"[fd00:20::5]:8080":  true,
-			"10.20.0.6:10250":    false, // still redirected
-			"10.20.0.5:10251":    false, // never redirected
-			"10.30.0.1:10250":    false, // never an edge
-			"192.168.7.10:10255": true,
+		{"node removed", removedNode, map[dst]bool{
+			{"10.20.0.5:10250", 10263}:    true,
+			{"[fd00:20::5]:8080", 10263}:  true,
+			{"192.168.7.10:10255", 10263}: true,
+			{"10.20.0.6:10250", 10263}:    false, // still redirected
+			{"10.20.0.5:10251", 10263}:    false, // never redirected
+			{"10.30.0.1:10250", 10263}:    false, // never an edge
+			{"10.20.0.5:10250", 10250}:    false, // direct, not redirected
 		}},
-		{"port removed", removedPort, map[string]bool{
-			"10.20.0.5:8080":  true,
-			"10.20.0.5:10250": false,
+		{"port removed", removedPort, map[dst]bool{
+			{"10.20.0.5:8080", 10263}:  true,
+			{"10.20.0.5:10250", 10263}: false,
+			{"10.20.0.5:8080", 8080}:   false,
 		}},
-		{"listener moved", movedListener, map[string]bool{
-			"10.20.0.5:10250": true,
-			"10.20.0.5:10251": false,
+		{"listener moved", movedListener, map[dst]bool{
+			{"10.20.0.5:10250", 10263}: true,
+			{"10.20.0.5:10250", 10264}: false, // redirected by next
+			{"10.20.0.5:10251", 10263}: false,
 		}},
 	} {
-		f := newStaleFilter(prev, mustNormalize(t, tc.next))
+		f := newStaleFilter([]*state{prev}, mustNormalize(t, tc.next))
 		if f == nil {
 			t.Errorf("%s: nothing stale", tc.name)
 			continue
 		}
-		for dst, want := range tc.stale {
-			if got := f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, dst)); got != want {
-				t.Errorf("%s: TCP to %s: stale %v, want %v", tc.name, dst, got, want)
+		for d, want := range tc.stale {
+			if got := f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, d.addr, d.replyPort)); got != want {
+				t.Errorf("%s: TCP to %s, replies from port %d: stale %v, want %v", tc.name, d.addr, d.replyPort, got, want)
 			}
-			if f.MatchConntrackFlow(flow(unix.IPPROTO_UDP, dst)) {
-				t.Errorf("%s: UDP to %s matched", tc.name, dst)
+			if f.MatchConntrackFlow(flow(unix.IPPROTO_UDP, d.addr, d.replyPort)) {
+				t.Errorf("%s: UDP to %s matched", tc.name, d.addr)
 			}
 		}
 	}
-	if f := newStaleFilter(prev, prev); f != nil {
+	if f := newStaleFilter([]*state{prev}, prev); f != nil {
 		t.Errorf("same state: filter %+v, want none", f)
 	}
 	added := goldenDesired
 	added.Edges = map[string][]netip.Addr{"new": {netip.MustParseAddr("10.1.1.1")}}
-	for k, v := range goldenDesired.Edges {
-		added.Edges[k] = v
-	}
-	if f := newStaleFilter(prev, mustNormalize(t, added)); f != nil {
+	maps.Copy(added.Edges, goldenDesired.Edges)
+	if f := newStaleFilter([]*state{prev}, mustNormalize(t, added)); f != nil {
 		t.Errorf("node added: filter %+v, want none", f)
 	}
-	if f := newStaleFilter(prev, nil); f == nil || !f.v4 || !f.v6 {
+	if f := newStaleFilter([]*state{prev}, nil); f == nil || !f.v4 || !f.v6 {
 		t.Errorf("cleanup: filter %+v, want all of both families", f)
+	}
+	if f := newStaleFilter(nil, prev); f != nil {
+		t.Errorf("nothing recorded: filter %+v, want none", f)
+	}
+}
+
+// TestTrackerRecordsStale checks what Applies leave for the next flush:
+// only states that a later one stopped redirecting something of, judged
+// against the state in place when the flush runs.
+func TestTrackerRecordsStale(t *testing.T) {
+	all := mustNormalize(t, goldenDesired)
+	lessD := goldenDesired
+	lessD.Edges = maps.Clone(goldenDesired.Edges)
+	delete(lessD.Edges, "edge-a") // 10.20.0.5, fd00:20::5
+	less := mustNormalize(t, lessD)
+	lessAgainD := lessD
+	lessAgainD.Edges = maps.Clone(lessD.Edges)
+	delete(lessAgainD.Edges, "edge-b") // 10.20.0.6, also claimed by edge-f
+	delete(lessAgainD.Edges, "edge-f")
+	lessAgain := mustNormalize(t, lessAgainD)
+
+	tr := tracker{log: slog.New(slog.DiscardHandler)}
+	tr.succeeded(less)
+	tr.succeeded(all) // adds only
+	tr.succeeded(all) // the resync timer
+	if len(tr.stale) != 0 {
+		t.Fatalf("after adds only: %d stale states, want 0", len(tr.stale))
+	}
+
+	// Removed, then back before the flush: nothing to flush.
+	tr.succeeded(less)
+	tr.succeeded(all)
+	if f := newStaleFilter(tr.stale, tr.last); f != nil {
+		t.Errorf("edge-a removed and back: filter over %d states, want none", len(f.stale))
+	}
+
+	// Two removals before one flush: the flush covers both.
+	tr.stale = nil
+	tr.succeeded(less)
+	tr.succeeded(lessAgain)
+	f := newStaleFilter(tr.stale, tr.last)
+	if f == nil {
+		t.Fatal("two removals: nothing stale")
+	}
+	for d, want := range map[string]bool{
+		"10.20.0.5:10250":    true,
+		"[fd00:20::5]:10255": true,
+		"10.20.0.6:8080":     true,
+		"10.20.0.17:10250":   false,
+	} {
+		if got := f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, d, 10263)); got != want {
+			t.Errorf("two removals: TCP to %s: stale %v, want %v", d, got, want)
+		}
+	}
+}
+
+// TestKernelConntrackFlushedWithoutCaller checks that a caller that never
+// calls FlushConntrack gets it done inside Apply, so that what is kept for
+// the flush stays bounded.
+func TestKernelConntrackFlushedWithoutCaller(t *testing.T) {
+	testenv.RequireRoot(t)
+	h := testenv.NewHost(t, "nr-ctcap")
+	ctx := context.Background()
+	lessD := goldenDesired
+	lessD.Edges = maps.Clone(goldenDesired.Edges)
+	delete(lessD.Edges, "edge-a")
+	err := h.Do(func() error {
+		r, err := newNFTRules(testLogger(t))
+		if err != nil {
+			return err
+		}
+		for i := range maxStale {
+			if err := r.Apply(ctx, goldenDesired); err != nil {
+				return err
+			}
+			if err := r.Apply(ctx, lessD); err != nil {
+				return err
+			}
+			if want := (i + 1) % maxStale; len(r.stale) != want {
+				t.Errorf("after %d removals: %d states kept for the flush, want %d", i+1, len(r.stale), want)
+			}
+		}
+		return r.Cleanup(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

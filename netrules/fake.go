@@ -12,6 +12,7 @@ type Fake struct {
 	mu      sync.Mutex
 	desired *Desired
 	applies int
+	flushes int
 	cleaned bool
 	err     error
 }
@@ -31,6 +32,14 @@ func (f *Fake) Apply(_ context.Context, d Desired) error {
 		return f.err
 	}
 	f.desired, f.cleaned = &d, false
+	return nil
+}
+
+// FlushConntrack counts the call; see Flushes.
+func (f *Fake) FlushConntrack(context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.flushes++
 	return nil
 }
 
@@ -63,6 +72,13 @@ func (f *Fake) Applies() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.applies
+}
+
+// Flushes returns how many times FlushConntrack was called.
+func (f *Fake) Flushes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.flushes
 }
 
 // CleanedUp reports whether Cleanup ran after the last successful Apply.

@@ -121,6 +121,17 @@ func (r *iptRules) Apply(ctx context.Context, d Desired) error {
 	return nil
 }
 
+// FlushConntrack deletes the conntrack entries of what the Applies since
+// the last flush stopped redirecting.
+func (r *iptRules) FlushConntrack(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.flushConntrack()
+}
+
 func (r *iptRules) applyFamily(ctx context.Context, f *iptFamily, want *state) error {
 	if f.err != nil {
 		if len(want.addrs(f.v)) == 0 {
@@ -185,6 +196,7 @@ func (r *iptRules) Cleanup(ctx context.Context) error {
 		return err
 	}
 	r.succeeded(nil)
+	r.flushLogged()
 	return nil
 }
 

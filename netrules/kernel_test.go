@@ -136,17 +136,29 @@ func foreignRules(t *testing.T, l *lab, mode string) string {
 }
 
 // conntrackEntries counts the conntrack entries of TCP connections to dst
-// in the gateway namespace.
-func conntrackEntries(t *testing.T, l *lab, dst netip.AddrPort) int {
+// in the gateway namespace: those redirected to the transparent listener
+// (replies from labProxyPort) and those that went to dst directly.
+func conntrackEntries(t *testing.T, l *lab, dst netip.AddrPort) (redirected, direct int) {
 	t.Helper()
-	n := 0
 	out := l.gw.Run(t, "conntrack", "-L", "-p", "tcp", "--orig-dst", dst.Addr().String(), "--dport", fmt.Sprint(dst.Port()))
 	for line := range strings.Lines(out) {
-		if strings.HasPrefix(line, "tcp") {
-			n++
+		if !strings.HasPrefix(line, "tcp") {
+			continue
+		}
+		// The second sport= is the reply's source port.
+		var sports []string
+		for _, f := range strings.Fields(line) {
+			if p, ok := strings.CutPrefix(f, "sport="); ok {
+				sports = append(sports, p)
+			}
+		}
+		if len(sports) == 2 && sports[1] == fmt.Sprint(labProxyPort) {
+			redirected++
+		} else {
+			direct++
 		}
 	}
-	return n
+	return redirected, direct
 }
 
 // hostTetherLines returns what the test process's own namespace holds of
@@ -221,8 +233,11 @@ func testBackend(t *testing.T, bc backendCase) {
 	apply(goldenDesired)
 	expectListed(goldenDesired)
 
-	// A removed node is no longer redirected, and its conntrack entries are gone.
-	if n := conntrackEntries(t, l, ap("10.20.0.5:10250")); n == 0 {
+	// A removed node is no longer redirected. Apply leaves the conntrack
+	// entries of its redirected connections to FlushConntrack, which
+	// deletes them and only them: the entries of direct connections made
+	// in between stay.
+	if n, _ := conntrackEntries(t, l, ap("10.20.0.5:10250")); n == 0 {
 		t.Fatal("no conntrack entries for 10.20.0.5 before removing edge-a")
 	}
 	d := goldenDesired
@@ -230,11 +245,21 @@ func testBackend(t *testing.T, bc backendCase) {
 	delete(d.Edges, "edge-a")
 	apply(d)
 	expectListed(d)
-	if n := conntrackEntries(t, l, ap("10.20.0.5:10250")); n != 0 {
-		t.Errorf("%d conntrack entries for 10.20.0.5 left after removing edge-a", n)
+	if n, _ := conntrackEntries(t, l, ap("10.20.0.5:10250")); n == 0 {
+		t.Error("Apply flushed the conntrack entries of 10.20.0.5 itself; FlushConntrack should")
 	}
 	l.expectDirect(t, ap("10.20.0.5:10250"))
 	l.expectDirect(t, ap("[fd00:20::5]:10255"))
+	l.do(t, func() error { return r.FlushConntrack(ctx) })
+	for _, dst := range []netip.AddrPort{ap("10.20.0.5:10250"), ap("[fd00:20::5]:10255")} {
+		redirected, direct := conntrackEntries(t, l, dst)
+		if redirected != 0 {
+			t.Errorf("%d conntrack entries of redirected connections to %v left after FlushConntrack", redirected, dst)
+		}
+		if direct == 0 {
+			t.Errorf("FlushConntrack deleted the entries of direct connections to %v", dst)
+		}
+	}
 	l.expectRedirected(t, ap("10.20.0.6:10250"))
 
 	// Drift: whatever someone else did to our rules, the next Apply repairs.
@@ -249,10 +274,17 @@ func testBackend(t *testing.T, bc backendCase) {
 	l.expectRedirected(t, ap("10.20.0.6:10250"))
 	l.expectRedirected(t, ap("[fd00:20::1:9]:10255"))
 
-	// Cleanup leaves the ruleset as it found it.
+	// Cleanup leaves the ruleset as it found it, and flushes the entries
+	// of what it redirected.
+	if n, _ := conntrackEntries(t, l, ap("10.20.0.6:10250")); n == 0 {
+		t.Fatal("no conntrack entries for 10.20.0.6 before Cleanup")
+	}
 	l.do(t, func() error { return r.Cleanup(ctx) })
 	if diff := cmp.Diff(before, l.snapshot(t)); diff != "" {
 		t.Errorf("ruleset after Cleanup differs from before Apply (-before +after):\n%s", diff)
+	}
+	if n, _ := conntrackEntries(t, l, ap("10.20.0.6:10250")); n != 0 {
+		t.Errorf("%d conntrack entries of redirected connections to 10.20.0.6 left after Cleanup", n)
 	}
 	l.expectDirect(t, ap("10.20.0.6:10250"))
 	l.do(t, func() error { return r.Cleanup(ctx) }) // nothing left to remove

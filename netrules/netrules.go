@@ -50,10 +50,20 @@ type Rules interface {
 	// Apply makes the installed rules match d. It renders the whole state,
 	// checks the kernel for drift (our table or chains flushed or edited by
 	// someone else) and writes what differs in one transaction; after any
-	// failure, or when it finds drift, it rewrites everything. Connection
-	// tracking entries for destinations no longer redirected are flushed.
+	// failure, or when it finds drift, it rewrites everything. It leaves the
+	// connection tracking entries of destinations it stopped redirecting to
+	// FlushConntrack, which the caller runs after Apply returns.
 	Apply(ctx context.Context, d Desired) error
-	// Cleanup removes everything Tether created, and nothing else.
+	// FlushConntrack deletes the connection tracking entries of TCP
+	// connections that the rules redirected since the last flush and no
+	// longer redirect the same way (a removed address or port, or every
+	// one when the listener's port changed): their NAT binding outlives the
+	// rule. It costs a walk of the kernel's conntrack table, and nothing
+	// when no Apply removed anything. A caller that never calls it gets the
+	// flush done inside Apply after 16 such changes.
+	FlushConntrack(ctx context.Context) error
+	// Cleanup removes everything Tether created, and nothing else, and
+	// flushes the conntrack entries of what it redirected.
 	Cleanup(ctx context.Context) error
 	// Backend names the backend: "nftables", "iptables" or "none".
 	Backend() string
@@ -116,6 +126,7 @@ type None struct{}
 var _ Rules = None{}
 
 func (None) Apply(context.Context, Desired) error { return nil }
+func (None) FlushConntrack(context.Context) error { return nil }
 func (None) Cleanup(context.Context) error        { return nil }
 func (None) Backend() string                      { return KindNone }
 

@@ -158,6 +158,20 @@ func (r *Reconciler) apply(ctx context.Context, s *nodewatch.Snapshot) {
 		r.log.Info("DNAT rules in place", "edges", len(d.Edges), "ports", d.Ports, "proxy-port", d.ProxyPort)
 	}
 	r.log.Debug("DNAT rules applied", "edges", len(d.Edges), "took", r.o.Clock.Since(start))
+	r.flushConntrack(ctx)
+}
+
+// flushConntrack deletes, once the new rules are in place, the conntrack
+// entries of connections they no longer redirect, so that no established
+// flow to a removed node keeps reaching the listener. A failure is logged:
+// the rules are right, and a later flush does not retry it.
+func (r *Reconciler) flushConntrack(ctx context.Context) {
+	start := r.o.Clock.Now()
+	if err := r.o.Rules.FlushConntrack(ctx); err != nil {
+		r.log.Warn("flush conntrack of destinations no longer redirected", "err", err)
+		return
+	}
+	r.log.Debug("conntrack flushed", "took", r.o.Clock.Since(start))
 }
 
 // desired is the rule set for s: each edge node's reach addresses.

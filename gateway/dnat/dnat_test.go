@@ -3,6 +3,7 @@ package dnat
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -182,5 +183,72 @@ func TestVIPModeAssignsRecordsAndHolds(t *testing.T) {
 	slices.SortFunc(want, netip.Addr.Compare)
 	if !slices.Equal(held, want) {
 		t.Errorf("link holds %v, want %v", held, want)
+	}
+}
+
+// recordingRules is a netrules.Fake that records the order of calls.
+type recordingRules struct {
+	*netrules.Fake
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recordingRules) record(call string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, call)
+}
+
+func (r *recordingRules) Apply(ctx context.Context, d netrules.Desired) error {
+	err := r.Fake.Apply(ctx, d)
+	if err != nil {
+		r.record("apply failed")
+		return err
+	}
+	r.record("apply")
+	return nil
+}
+
+func (r *recordingRules) FlushConntrack(ctx context.Context) error {
+	r.record("flush")
+	return r.Fake.FlushConntrack(ctx)
+}
+
+func (r *recordingRules) Calls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// TestReconcilerFlushesConntrackAfterApply checks that the conntrack
+// entries of what the rules stopped redirecting are flushed after every
+// successful Apply (netrules.Rules leaves it out of Apply), never after a
+// failed one.
+func TestReconcilerFlushesConntrackAfterApply(t *testing.T) {
+	rules := &recordingRules{Fake: &netrules.Fake{}}
+	r, _ := start(t, Options{Rules: rules, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263})
+	both := snapshot(
+		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}},
+		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a2}},
+	)
+	one := snapshot(nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a2}})
+	steps := []struct {
+		err  error
+		snap *nodewatch.Snapshot
+		want []string
+	}{
+		{nil, both, []string{"apply", "flush"}},
+		{errors.New("table busy"), one, []string{"apply failed"}},
+		{nil, one, []string{"apply", "flush"}},
+	}
+	var want []string
+	for _, s := range steps {
+		rules.SetErr(s.err)
+		r.Update(s.snap)
+		want = append(want, s.want...)
+		eventually(t, fmt.Sprintf("calls %v", want), func() bool { return len(rules.Calls()) >= len(want) })
+	}
+	if diff := cmp.Diff(want, rules.Calls()); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
 	}
 }
