@@ -409,7 +409,7 @@ func TestServeDNS(t *testing.T) {
 			w := &recorder{tcp: tcp}
 			s.ServeDNS(w, q)
 			b, _ := q.Pack()
-			want := s.handle(newSession(), b, tcp)
+			want := s.handle(newSession(), b, tcp, testSource)
 			if tcp {
 				want = want[2:]
 			}

@@ -34,7 +34,7 @@ func BenchmarkServeDNS(b *testing.B) {
 		ss := newSession()
 		b.ReportAllocs()
 		for b.Loop() {
-			if s.handle(ss, raw, false) == nil {
+			if s.handle(ss, raw, false, testSource) == nil {
 				b.Fatal("no answer")
 			}
 		}

@@ -37,7 +37,7 @@ func FuzzServeDNS(f *testing.F) {
 		var m dns.Msg
 		unpackErr := m.Unpack(in)
 		for _, tcp := range []bool{false, true} {
-			out := s.handle(ss, in, tcp)
+			out := s.handle(ss, in, tcp, testSource)
 			if unpackErr != nil || m.Response {
 				if out != nil {
 					t.Fatalf("tcp=%v: answered a message that must get no answer (unpack: %v)", tcp, unpackErr)

@@ -10,6 +10,9 @@ import (
 	"github.com/tether-edge/tether/gateway/nodewatch"
 )
 
+// testSource is the client address of queries sent through handle.
+var testSource = netip.MustParseAddr("192.0.2.53")
+
 // testSnapshot returns the nodes most tests serve.
 func testSnapshot() *nodewatch.Snapshot {
 	many := make([]netip.Addr, 60) // 1,000 bytes compressed, 2,000 not
@@ -72,7 +75,7 @@ func exchange(t testing.TB, s *Server, m *dns.Msg, tcp bool) (*dns.Msg, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := s.handle(newSession(), b, tcp)
+	out := s.handle(newSession(), b, tcp, testSource)
 	if out == nil {
 		return nil, 0
 	}

@@ -43,7 +43,7 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		s.metrics.dropped()
 		return
 	}
-	s.metrics.answered(resp.Rcode)
+	s.answered(addrOf(w.RemoteAddr()), r, resp.Rcode)
 	_, _ = w.Write(out)
 }
 
@@ -57,11 +57,11 @@ type session struct {
 
 func newSession() *session { return &session{buf: make([]byte, dns.MaxMsgSize+2)} }
 
-// handle answers the raw query in and returns the raw response, which is
-// valid until the next call, or nil when in gets no answer (it does not
-// unpack, or it is a response). Over TCP the response starts with its
-// two-byte length.
-func (s *Server) handle(ss *session, in []byte, tcp bool) []byte {
+// handle answers the raw query in, from src, and returns the raw
+// response, which is valid until the next call, or nil when in gets no
+// answer (it does not unpack, or it is a response). Over TCP the response
+// starts with its two-byte length.
+func (s *Server) handle(ss *session, in []byte, tcp bool, src netip.Addr) []byte {
 	if err := ss.req.Unpack(in); err != nil {
 		s.metrics.dropped()
 		return nil
@@ -82,12 +82,21 @@ func (s *Server) handle(ss *session, in []byte, tcp bool) []byte {
 		s.metrics.dropped()
 		return nil
 	}
-	s.metrics.answered(ss.resp.Rcode)
+	s.answered(src, &ss.req, ss.resp.Rcode)
 	if tcp {
 		out = ss.buf[:len(out)+2]
 		binary.BigEndian.PutUint16(out, uint16(len(out)-2))
 	}
 	return out
+}
+
+// answered counts an answer with rcode to req from src, and logs it if it
+// is a refusal.
+func (s *Server) answered(src netip.Addr, req *dns.Msg, rcode int) {
+	s.metrics.answered(rcode)
+	if rcode == dns.RcodeRefused {
+		s.refusals.refused(src, req)
+	}
 }
 
 func questionName(m *dns.Msg) string {
@@ -187,7 +196,11 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 			}
 			continue
 		}
-		out := s.handle(ss, in[:n], false)
+		src := ap.Addr()
+		if uc == nil {
+			src = addrOf(from)
+		}
+		out := s.handle(ss, in[:n], false, src)
 		if out == nil {
 			continue
 		}
@@ -241,6 +254,7 @@ func loopError(ctx context.Context, err error, doing string) (goOn bool, _ error
 func (s *Server) serveConn(c net.Conn) {
 	ss := newSession()
 	in := make([]byte, dns.MaxMsgSize)
+	src := addrOf(c.RemoteAddr())
 	for {
 		c.SetReadDeadline(time.Now().Add(tcpIdleTimeout))
 		if _, err := io.ReadFull(c, in[:2]); err != nil {
@@ -250,7 +264,7 @@ func (s *Server) serveConn(c net.Conn) {
 		if _, err := io.ReadFull(c, in[:n]); err != nil {
 			return
 		}
-		out := s.handle(ss, in[:n], true)
+		out := s.handle(ss, in[:n], true, src)
 		if out == nil {
 			return
 		}

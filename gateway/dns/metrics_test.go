@@ -14,7 +14,7 @@ func TestMetrics(t *testing.T) {
 	exchange(t, s, query("edge-1.", dns.TypeA, 0), true)
 	exchange(t, s, query("nope.tether.internal.", dns.TypeA, 0), false)
 	exchange(t, s, query("example.com.", dns.TypeA, 0), false)
-	s.handle(newSession(), []byte{1, 2, 3}, false)
+	s.handle(newSession(), []byte{1, 2, 3}, false, testSource)
 
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
 )
@@ -55,8 +56,15 @@ type Options struct {
 	// MaxUDPSize caps UDP answers below the size the client offers with
 	// EDNS0; 0 means DefaultMaxUDPSize.
 	MaxUDPSize int
-	// Logger receives the server's logs; nil discards them.
+	// Logger receives the server's logs; nil discards them. Refused
+	// queries are logged at info level, at most once per source address
+	// per RefusalLogInterval, with the count of the others.
 	Logger *slog.Logger
+	// RefusalLogInterval is how often, at most, a refused query from one
+	// source address is logged; 0 means DefaultRefusalLogInterval.
+	RefusalLogInterval time.Duration
+	// Clock times the refusal log; nil means the real clock.
+	Clock clock.PassiveClock
 	// Registerer, if set, gets the dns_queries_total counter by rcode.
 	Registerer prometheus.Registerer
 }
@@ -79,6 +87,9 @@ func (o Options) Validate() error {
 	if o.TTL < 0 || o.TTL > 24*time.Hour {
 		errs = append(errs, fmt.Errorf("TTL %s out of range (0 to 24h)", o.TTL))
 	}
+	if o.RefusalLogInterval < 0 {
+		errs = append(errs, fmt.Errorf("refusal log interval %s is negative", o.RefusalLogInterval))
+	}
 	if o.MaxUDPSize != 0 && (o.MaxUDPSize < 512 || o.MaxUDPSize > 65535) {
 		errs = append(errs, fmt.Errorf("max UDP size %d out of range (512 to 65535)", o.MaxUDPSize))
 	}
@@ -87,10 +98,11 @@ func (o Options) Validate() error {
 
 // Server answers node-name queries. Its methods are safe for concurrent use.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	table   atomic.Pointer[table]
-	metrics *metrics
+	opts     Options
+	log      *slog.Logger
+	table    atomic.Pointer[table]
+	metrics  *metrics
+	refusals *refusalLog
 }
 
 var _ dns.Handler = (*Server)(nil)
@@ -110,6 +122,12 @@ func New(opts Options) *Server {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.RefusalLogInterval == 0 {
+		opts.RefusalLogInterval = DefaultRefusalLogInterval
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
 	zones := make([]string, 0, len(opts.Zones))
 	for _, z := range opts.Zones {
 		z = strings.ToLower(dns.Fqdn(z))
@@ -118,7 +136,8 @@ func New(opts Options) *Server {
 		}
 	}
 	opts.Zones = zones
-	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer)}
+	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer),
+		refusals: newRefusalLog(opts.Logger, opts.Clock, opts.RefusalLogInterval)}
 	s.Update(&nodewatch.Snapshot{})
 	return s
 }
