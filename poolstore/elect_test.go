@@ -1,0 +1,155 @@
+package poolstore
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// poolRBAC are the manifests that let node identities campaign and read
+// the pool-scope resources.
+var poolRBAC = []string{"../packaging/kubernetes/edge-rbac.yaml", "../packaging/kubernetes/pool-rbac.yaml"}
+
+// candidate is one node campaigning, with a Source in its store while it
+// leads.
+type candidate struct {
+	node    string
+	elector *Elector
+	store   *Store
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string) *candidate {
+	t.Helper()
+	client, _, _ := cp.NodeClient(t, node)
+	el, err := NewElector(ElectionOptions{Client: client, Pool: "p1", Node: node,
+		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &candidate{node: node, elector: el, store: open(t, filepath.Join(t.TempDir(), FileName)), done: make(chan struct{})}
+	cctx, cancel := context.WithCancel(ctx)
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		el.Run(cctx, func(ctx context.Context) {
+			c.store.StartEpoch(fmt.Sprintf("%s/%d", node, time.Now().UnixNano()))
+			NewSource(SourceOptions{Client: client, Store: c.store, Pool: "p1", Node: node}).Run(ctx)
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-c.done })
+	return c
+}
+
+// leaders returns the candidates that say they lead.
+func leaders(cs []*candidate) []*candidate {
+	var out []*candidate
+	for _, c := range cs {
+		if _, leading := c.elector.Leader(); leading {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < d {
+		if cond() {
+			return time.Since(start)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %v", what, d)
+	return 0
+}
+
+// TestElectionAndSource campaigns with three node identities against a
+// real apiserver (with the shipped RBAC): one leads and fills its store
+// from the cloud; when it stops, another takes over and has the same data.
+func TestElectionAndSource(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, poolRBAC...); err != nil {
+		t.Fatal(err)
+	}
+	createSlices(t, ctx, cp.Client, 0, 20)
+
+	var cs []*candidate
+	for i := range 3 {
+		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i)))
+	}
+	waitFor(t, 10*time.Second, "a leader", func() bool { return len(leaders(cs)) == 1 })
+	first := leaders(cs)[0]
+	waitFor(t, 10*time.Second, "the leader's store has the slices", func() bool { return countSlices(first.store) == 20 })
+	for _, c := range cs {
+		if c != first {
+			waitFor(t, 5*time.Second, "followers see the leader", func() bool { l, _ := c.elector.Leader(); return l == first.node })
+		}
+	}
+	createSlices(t, ctx, cp.Client, 20, 25)
+	waitFor(t, 5*time.Second, "a new slice in the leader's store", func() bool { return countSlices(first.store) == 25 })
+	waitFor(t, 15*time.Second, "the sync mark", func() bool { return !first.store.SyncedAt().IsZero() })
+	waitFor(t, 5*time.Second, "the sync record in the cloud", func() bool {
+		rec, err := cp.Client.CoreV1().ConfigMaps(LeaseNamespace).Get(ctx, SyncLeaseName("p1"), metav1.GetOptions{})
+		return err == nil && rec.Data["holderIdentity"] == first.node
+	})
+	el, err := ReadElection(ctx, cp.Client, "p1")
+	if err != nil || el.Holder != first.node || !el.Expires.After(time.Now()) {
+		t.Fatalf("election record: %+v, %v", el, err)
+	}
+
+	// Stopping the leader releases the Lease: another node leads at once.
+	stopped := time.Now()
+	first.cancel()
+	<-first.done
+	rest := slicesWithout(cs, first)
+	took := waitFor(t, 3*time.Second+2*time.Second, "a new leader", func() bool { return len(leaders(rest)) == 1 })
+	t.Logf("new leader %s %v after the old one stopped", leaders(rest)[0].node, time.Since(stopped).Round(time.Millisecond))
+	_ = took
+	second := leaders(rest)[0]
+	waitFor(t, 10*time.Second, "the new leader's store", func() bool { return countSlices(second.store) == 25 })
+}
+
+func slicesWithout(cs []*candidate, c *candidate) []*candidate {
+	var out []*candidate
+	for _, x := range cs {
+		if x != c {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+var createMu sync.Mutex
+
+func createSlices(t *testing.T, ctx context.Context, c kubernetes.Interface, from, to int) {
+	t.Helper()
+	createMu.Lock()
+	defer createMu.Unlock()
+	for i := from; i < to; i++ {
+		es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprint("s-", i), Namespace: "default",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "svc"}}, AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{fmt.Sprintf("10.0.%d.%d", i/250, i%250+1)}}}}
+		if _, err := c.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func countSlices(s *Store) int {
+	objs, _, _, _ := s.List(ResourceKey(DefaultResources[0]))
+	return len(objs)
+}

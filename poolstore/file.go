@@ -1,0 +1,225 @@
+package poolstore
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The file (FileName in the data directory) is an API: change the bucket
+// tree only with a new schema version.
+//
+//	meta/
+//	    "schema-version"  -> "1"
+//	    "epoch"           -> the leader term of the data
+//	    "rev"             -> the last revision, 8 bytes big-endian
+//	resources/
+//	    <group>/<version>/<resource>  -> resourceVersion, 8 bytes big-endian
+//	objects/
+//	    <group>/<version>/<resource>/
+//	        <namespace>/<name>        -> the object's JSON (kind, apiVersion set)
+//
+// The file trails memory by at most flushDelay plus one transaction: it
+// is what a node serves after a restart without the cloud and without the
+// leader, and what a node that becomes leader starts from.
+const schemaVersion = "1"
+
+var (
+	bucketMeta      = []byte("meta")
+	bucketResources = []byte("resources")
+	bucketObjects   = []byte("objects")
+	keySchema       = []byte("schema-version")
+	keyEpoch        = []byte("epoch")
+	keyRev          = []byte("rev")
+)
+
+// load reads the file into memory (creating the buckets of a new one).
+func (s *Store) load(db *bolt.DB) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			for _, b := range [][]byte{bucketMeta, bucketResources, bucketObjects} {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
+			}
+			return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersion))
+		}
+		if v := string(meta.Get(keySchema)); v != schemaVersion {
+			return fmt.Errorf("schema version %q, this build reads %q", v, schemaVersion)
+		}
+		s.epoch = string(meta.Get(keyEpoch))
+		if v := meta.Get(keyRev); len(v) == 8 {
+			s.rev = binary.BigEndian.Uint64(v)
+		}
+		resources, objects := tx.Bucket(bucketResources), tx.Bucket(bucketObjects)
+		if resources == nil || objects == nil {
+			return errors.New("buckets missing")
+		}
+		return resources.ForEach(func(k, v []byte) error {
+			if len(v) != 8 {
+				return fmt.Errorf("resource %s: bad resourceVersion", k)
+			}
+			res := &resource{rv: binary.BigEndian.Uint64(v), objs: map[string]*Object{}}
+			s.resources[string(k)] = res
+			b := objects.Bucket(k)
+			if b == nil {
+				return nil
+			}
+			return b.ForEach(func(_, raw []byte) error {
+				o, err := decodeObject(json.RawMessage(append([]byte(nil), raw...)))
+				if err != nil {
+					return fmt.Errorf("resource %s: %w", k, err)
+				}
+				res.objs[objKey(o.Namespace, o.Name)] = o
+				return nil
+			})
+		})
+	})
+}
+
+// writer writes what changed in memory to the file, gathering changes for
+// flushDelay, until Close.
+func (s *Store) writer() {
+	defer close(s.done)
+	for range s.flush {
+		time.Sleep(flushDelay)
+		s.write()
+	}
+	s.write()
+}
+
+// write commits the pending changes in one transaction.
+func (s *Store) write() {
+	s.mu.Lock()
+	rewrite, objs, res := s.rewrite, s.dirtyObjs, s.dirtyRes
+	if !rewrite && len(objs) == 0 && len(res) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.rewrite, s.dirtyObjs, s.dirtyRes = false, map[string]bool{}, map[string]bool{}
+	// Copy what to write under the lock; write without it.
+	epoch, rev := s.epoch, s.rev
+	type put struct {
+		resource, key string
+		raw           []byte // nil: delete
+	}
+	var puts []put
+	rvs := map[string]uint64{}
+	if rewrite {
+		for r, rr := range s.resources {
+			rvs[r] = rr.rv
+			for k, o := range rr.objs {
+				puts = append(puts, put{r, k, o.Raw})
+			}
+		}
+	} else {
+		for r := range res {
+			if rr := s.resources[r]; rr != nil {
+				rvs[r] = rr.rv
+			}
+		}
+		for rk := range objs {
+			r, k, _ := strings.Cut(rk, "\x00")
+			p := put{resource: r, key: k}
+			if rr := s.resources[r]; rr != nil {
+				if o := rr.objs[k]; o != nil {
+					p.raw = o.Raw
+				}
+			}
+			puts = append(puts, p)
+		}
+	}
+	s.mu.Unlock()
+
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if rewrite {
+			for _, b := range [][]byte{bucketResources, bucketObjects} {
+				if err := tx.DeleteBucket(b); err != nil {
+					return err
+				}
+				if _, err := tx.CreateBucket(b); err != nil {
+					return err
+				}
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if err := meta.Put(keyEpoch, []byte(epoch)); err != nil {
+			return err
+		}
+		if err := meta.Put(keyRev, binary.BigEndian.AppendUint64(nil, rev)); err != nil {
+			return err
+		}
+		resources, objects := tx.Bucket(bucketResources), tx.Bucket(bucketObjects)
+		for r, rv := range rvs {
+			if err := resources.Put([]byte(r), binary.BigEndian.AppendUint64(nil, rv)); err != nil {
+				return err
+			}
+		}
+		for _, p := range puts {
+			b, err := objects.CreateBucketIfNotExists([]byte(p.resource))
+			if err != nil {
+				return err
+			}
+			if p.raw == nil {
+				err = b.Delete([]byte(p.key))
+			} else {
+				err = b.Put([]byte(p.key), p.raw)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Error("pool store write failed; the file will be rewritten", "err", err)
+		s.mu.Lock()
+		s.rewrite = true
+		s.mu.Unlock()
+	}
+}
+
+// objectMeta is the part of an object the store reads.
+type objectMeta struct {
+	Metadata struct {
+		Namespace       string            `json:"namespace"`
+		Name            string            `json:"name"`
+		ResourceVersion string            `json:"resourceVersion"`
+		Labels          map[string]string `json:"labels"`
+	} `json:"metadata"`
+}
+
+func decodeObject(raw json.RawMessage) (*Object, error) {
+	var m objectMeta
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("decode object: %w", err)
+	}
+	rv, _ := strconv.ParseUint(m.Metadata.ResourceVersion, 10, 64)
+	return &Object{Namespace: m.Metadata.Namespace, Name: m.Metadata.Name, RV: rv,
+		Labels: m.Metadata.Labels, Raw: raw}, nil
+}
+
+// withResourceVersion returns raw with metadata.resourceVersion set to rv.
+func withResourceVersion(raw json.RawMessage, rv uint64) (json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	var meta map[string]json.RawMessage
+	if err := json.Unmarshal(obj["metadata"], &meta); err != nil {
+		return nil, err
+	}
+	meta["resourceVersion"], _ = json.Marshal(strconv.FormatUint(rv, 10))
+	var err error
+	if obj["metadata"], err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
+	return json.Marshal(obj)
+}

@@ -1,0 +1,27 @@
+package poolstore
+
+// Names shared by the edge (election, replication) and the gateway
+// (delegated heartbeats, taints). They are OpenYurt's where OpenYurt has
+// one, so that its users keep their labels.
+const (
+	// PoolLabel on a Node names its pool.
+	PoolLabel = "apps.openyurt.io/nodepool"
+	// LeaseNamespace holds the pools' election records (ConfigMaps: see
+	// lock.go).
+	LeaseNamespace = "tether-system"
+	// DelegateHeartbeatAnnotation marks a node Lease written by the
+	// gateway on behalf of a node that lost the cloud.
+	DelegateHeartbeatAnnotation = "openyurt.io/delegate-heartbeat"
+	// UnschedulableTaintKey is set (value "true", effect NoSchedule) on a
+	// node whose heartbeats are delegated.
+	UnschedulableTaintKey = "node.openyurt.io/unschedulable"
+	// DefaultPort is the pool listener's port.
+	DefaultPort = 10269
+)
+
+// LeaseName is the name of pool's election record in LeaseNamespace.
+func LeaseName(pool string) string { return "pool-" + pool }
+
+// SyncLeaseName is the name of the record the leader of pool renews while
+// its watches are synced (leader-informer-sync).
+func SyncLeaseName(pool string) string { return "pool-" + pool + "-sync" }

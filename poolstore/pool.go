@@ -1,0 +1,334 @@
+package poolstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+)
+
+// DefaultFreshFor is how old the leader's last sync may be for a replica
+// to answer reads while the cloud is reachable (DESIGN.md: Node pool).
+const DefaultFreshFor = 30 * time.Second
+
+// Options configure a Pool. PeerConfig, Pool, Client, Store, Listener
+// and CloudHealthy are required.
+type Options struct {
+	PeerConfig
+	// Pool is the pool's name (the nodes' PoolLabel value).
+	Pool string
+	// Client reaches the cloud apiserver with the node's identity: the
+	// election, the sync record, and the leader's watches. Dynamic reads
+	// configured resources beyond DefaultResources.
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Resources are the pool-scope resources (default DefaultResources).
+	Resources []schema.GroupVersionResource
+	Store     *Store
+	// Listener is the pool listener (TLS is added).
+	Listener net.Listener
+	// CloudHealthy reports whether this node reaches the cloud now: while
+	// it does, the leader is the one the election shows; while it does
+	// not, the one its peers name.
+	CloudHealthy func() bool
+	// Peers lists the pool's members, to ask who leads when the cloud is
+	// out of reach.
+	Peers func() []string
+	// Delegate passes a member's Lease renewal to the cloud (the gateway,
+	// through the tunnel); nil: heartbeats are not delegated.
+	Delegate func(ctx context.Context, node string, lease []byte) error
+	// Election timings (default 15 s, 10 s, 2 s).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// FreshFor: see DefaultFreshFor.
+	FreshFor   time.Duration
+	Registerer prometheus.Registerer
+}
+
+// Pool is this node's part of its node pool: it campaigns for the lead;
+// while it leads it fills its store from the cloud and serves it to the
+// members; otherwise it replicates the leader's store. It serves its
+// replica to the node's components (Transport) and passes the node's
+// heartbeats to the leader when the cloud is out of reach.
+type Pool struct {
+	o        Options
+	log      *slog.Logger
+	elector  *Elector
+	server   *Server
+	follower *Follower
+	handler  *Handler
+	rt       http.RoundTripper
+
+	mu       sync.Mutex
+	termOpen bool   // this node leads and its term's epoch is started
+	hint     string // the leader a peer named while the cloud was out of reach
+}
+
+// New checks o and builds the Pool; Run runs it.
+func New(o Options) (*Pool, error) {
+	if o.Pool == "" || o.Client == nil || o.Store == nil || o.Listener == nil || o.CloudHealthy == nil {
+		return nil, errors.New("pool: Pool, Client, Store, Listener and CloudHealthy are required")
+	}
+	cfg, err := o.PeerConfig.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	o.PeerConfig = cfg
+	o.Logger = o.Logger.With("pool", o.Pool)
+	if o.FreshFor <= 0 {
+		o.FreshFor = DefaultFreshFor
+	}
+	if len(o.Resources) == 0 {
+		o.Resources = DefaultResources
+	}
+	if o.Peers == nil {
+		o.Peers = func() []string { return nil }
+	}
+	p := &Pool{o: o, log: o.Logger}
+	if p.elector, err = NewElector(ElectionOptions{Client: o.Client, Pool: o.Pool, Node: o.Self,
+		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod, Logger: p.log}); err != nil {
+		return nil, err
+	}
+	if p.server, err = NewServer(ServerOptions{PeerConfig: o.PeerConfig, Store: o.Store, Leader: p.Leader,
+		Delegate: o.Delegate, Registerer: o.Registerer}); err != nil {
+		return nil, err
+	}
+	if p.follower, err = NewFollower(FollowerOptions{PeerConfig: o.PeerConfig, Store: o.Store, Leader: p.Leader,
+		Registerer: o.Registerer}); err != nil {
+		return nil, err
+	}
+	p.handler = NewHandler(o.Store, HandlerOptions{Logger: p.log})
+	p.rt = HandlerTransport(p.handler)
+	if err := p.registerMetrics(o.Registerer); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Run runs the election, the pool listener, the replication and the
+// search for the leader until ctx ends.
+func (p *Pool) Run(ctx context.Context) error {
+	p.log.Info("node pool", "listen", p.o.Listener.Addr().String(), "resources", len(p.o.Resources),
+		"replica", p.o.Store.Path(), "objects", p.o.Store.Len())
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return p.elector.Run(ctx, p.lead) })
+	g.Go(func() error { return p.server.Serve(ctx, p.o.Listener) })
+	g.Go(func() error { return p.follower.Run(ctx) })
+	g.Go(func() error { p.findLeader(ctx); return nil })
+	return g.Wait()
+}
+
+// lead is this node's term: a new epoch, then the cloud's resources into
+// the store until the lease is lost.
+func (p *Pool) lead(ctx context.Context) {
+	epoch := fmt.Sprintf("%s/%d", p.o.Self, time.Now().UnixNano())
+	if err := p.o.Store.StartEpoch(epoch); err != nil {
+		p.log.Error("pool term not started", "err", err)
+		return
+	}
+	p.setTerm(true)
+	defer p.setTerm(false)
+	p.log.Info("pool term started", "epoch", epoch)
+	NewSource(SourceOptions{Client: p.o.Client, Dynamic: p.o.Dynamic, Resources: p.o.Resources,
+		Store: p.o.Store, Pool: p.o.Pool, Node: p.o.Self, Logger: p.log}).Run(ctx)
+}
+
+func (p *Pool) setTerm(open bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.termOpen = open
+}
+
+// Leader is the pool's leader as this node sees it: itself during its
+// term; the election's holder while the cloud is reachable; otherwise the
+// one its peers name, or the last holder it saw.
+func (p *Pool) Leader() string {
+	p.mu.Lock()
+	term, hint := p.termOpen, p.hint
+	p.mu.Unlock()
+	if term {
+		return p.o.Self
+	}
+	leader, _ := p.elector.Leader()
+	if leader == p.o.Self {
+		return "" // elected, term not started yet (or just ended)
+	}
+	if hint != "" && !p.o.CloudHealthy() {
+		return hint
+	}
+	return leader
+}
+
+// findLeaderEvery is how often a node that reaches neither the cloud nor
+// its leader asks its peers who leads.
+const findLeaderEvery = 2 * time.Second
+
+// findLeader asks the peers who leads while the cloud is out of reach and
+// the replication stream is down: a peer that says it leads itself, with
+// the newest sync, is followed.
+func (p *Pool) findLeader(ctx context.Context) {
+	t := time.NewTicker(findLeaderEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.o.CloudHealthy() {
+			p.setHint("")
+			continue
+		}
+		if p.follower.Status().Connected || p.Leader() == p.o.Self {
+			continue
+		}
+		var best LeaderInfo
+		for _, node := range p.o.Peers() {
+			if node == p.o.Self {
+				continue
+			}
+			info, err := p.follower.Client().AskLeader(ctx, node)
+			if err != nil {
+				continue
+			}
+			if info.Leader == info.Node && info.SyncedAt.After(best.SyncedAt) {
+				best = info
+			}
+		}
+		if best.Node != "" {
+			p.setHint(best.Node)
+		}
+	}
+}
+
+func (p *Pool) setHint(node string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hint != node && node != "" {
+		p.log.Info("pool leader named by a peer (the cloud is out of reach)", "leader", node)
+	}
+	p.hint = node
+}
+
+// Serves reports whether a list or watch of gvr is answered from the
+// replica now: while the leader's last sync is at most FreshFor old, or,
+// with the cloud out of reach, whenever the replica has the resource.
+func (p *Pool) Serves(gvr schema.GroupVersionResource, cloudHealthy bool) bool {
+	if !p.handler.Serves(ResourceKey(gvr)) {
+		return false
+	}
+	return !cloudHealthy || p.Fresh()
+}
+
+// Fresh reports whether the leader's last sync is at most FreshFor old.
+func (p *Pool) Fresh() bool {
+	at := p.o.Store.SyncedAt()
+	return !at.IsZero() && time.Since(at) <= p.o.FreshFor
+}
+
+// Transport answers kube-apiserver list and watch requests of pool-scope
+// resources from the replica.
+func (p *Pool) Transport() http.RoundTripper { return p.rt }
+
+// DelegateHeartbeat has this node's Lease (JSON) written in the cloud by
+// way of the leader; a leader passes its own on itself.
+func (p *Pool) DelegateHeartbeat(ctx context.Context, lease []byte) error {
+	if p.Leader() == p.o.Self {
+		if p.o.Delegate == nil {
+			return errors.New("delegate heartbeat: no way to the gateway")
+		}
+		return p.o.Delegate(ctx, p.o.Self, lease)
+	}
+	return p.follower.DelegateToLeader(ctx, lease)
+}
+
+// Status is the pool's part of the edge's /status.
+type Status struct {
+	Pool     string    `json:"pool"`
+	Role     string    `json:"role"` // leader, follower, or none (no leader known)
+	Leader   string    `json:"leader,omitempty"`
+	Epoch    string    `json:"epoch,omitempty"`
+	Rev      uint64    `json:"rev"`
+	Objects  int       `json:"objects"`
+	SyncedAt time.Time `json:"lastSync,omitzero"`
+	Fresh    bool      `json:"fresh"`
+	Digest   string    `json:"digest"`
+	// Replication is the follower's side (on a follower).
+	Replication *FollowerStatus `json:"replication,omitempty"`
+}
+
+// Status reports the pool's state.
+func (p *Pool) Status() Status {
+	st := Status{Pool: p.o.Pool, Leader: p.Leader(), Epoch: p.o.Store.Epoch(), Rev: p.o.Store.Rev(),
+		Objects: p.o.Store.Len(), SyncedAt: p.o.Store.SyncedAt(), Fresh: p.Fresh(), Digest: p.o.Store.Digest()}
+	switch st.Leader {
+	case "":
+		st.Role = "none"
+	case p.o.Self:
+		st.Role = "leader"
+	default:
+		st.Role = "follower"
+		fs := p.follower.Status()
+		st.Replication = &fs
+	}
+	return st
+}
+
+func (p *Pool) registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	const ns, sub = "tether", "edge_pool"
+	role := func(r string) func() float64 {
+		return func() float64 {
+			if p.role() == r {
+				return 1
+			}
+			return 0
+		}
+	}
+	cs := []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this node leads its pool."}, role("leader")),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "follower",
+			Help: "1 while this node follows a known leader."}, role("follower")),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "revision",
+			Help: "The replica's revision in the current leader's term."}, func() float64 { return float64(p.o.Store.Rev()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "objects",
+			Help: "Objects in the replica."}, func() float64 { return float64(p.o.Store.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "last_sync_age_seconds",
+			Help: "Age of the leader's last sync as the replica knows it (-1: none); the replica answers reads while it is at most 30 s."},
+			func() float64 {
+				if at := p.o.Store.SyncedAt(); !at.IsZero() {
+					return time.Since(at).Seconds()
+				}
+				return -1
+			}),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Pool) role() string {
+	switch l := p.Leader(); l {
+	case "":
+		return "none"
+	case p.o.Self:
+		return "leader"
+	default:
+		return "follower"
+	}
+}

@@ -1,0 +1,115 @@
+package poolstore
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+)
+
+// The replication stream is newline-delimited JSON: one frame per line,
+// each flushed as it is written (see README.md, "Replication").
+const (
+	// frameSnapshot begins a snapshot: the leader's epoch, revision and
+	// resources, and how many objects follow in objects frames.
+	frameSnapshot = "snapshot"
+	// frameObjects carries objects of the snapshot begun last.
+	frameObjects = "objects"
+	// frameChanges carries contiguous changes of the leader's log.
+	frameChanges = "changes"
+	// frameSync carries the leader's SyncedAt; it is also the stream's
+	// keepalive.
+	frameSync = "sync"
+)
+
+var frameTypes = []string{frameSnapshot, frameObjects, frameChanges, frameSync}
+
+// Limits of the stream.
+const (
+	// maxFrameBytes bounds a frame a follower accepts. The leader keeps
+	// frames near frameTargetBytes; one object alone may exceed that
+	// (etcd's limit on an object is 1.5 MiB), never this.
+	maxFrameBytes = 16 << 20
+	// frameTargetBytes and frameMaxItems bound how many objects or
+	// changes the leader puts in one frame.
+	frameTargetBytes = 1 << 20
+	frameMaxItems    = 1000
+)
+
+// frame is one line of the stream. Epoch and Rev are the leader's store's
+// position when it wrote the frame (for a snapshot: the snapshot's).
+type frame struct {
+	Type  string `json:"type"`
+	Epoch string `json:"epoch,omitempty"`
+	Rev   uint64 `json:"rev"`
+
+	// snapshot
+	Resources map[string]uint64 `json:"resources,omitempty"`
+	Count     int               `json:"count,omitempty"`
+	// objects (Added changes at the snapshot's revision) and changes
+	Items []Change `json:"items,omitempty"`
+	// sync: the leader's SyncedAt, and its age on the leader's clock when
+	// the frame was written, which the follower subtracts from its own
+	// clock so that clock skew between nodes does not count.
+	SyncedAt  time.Time `json:"syncedAt,omitzero"`
+	AgeMillis int64     `json:"ageMillis,omitempty"`
+}
+
+// batches splits items into runs of at most frameMaxItems items and about
+// frameTargetBytes of objects each.
+func batches(items []Change) [][]Change {
+	var out [][]Change
+	for len(items) > 0 {
+		n, size := 0, 0
+		for n < len(items) && n < frameMaxItems && (n == 0 || size+len(items[n].Object) <= frameTargetBytes) {
+			size += len(items[n].Object) + 128 // and the change's other fields
+			n++
+		}
+		out = append(out, items[:n])
+		items = items[n:]
+	}
+	return out
+}
+
+// frameReader reads frames from a stream, each at most maxFrameBytes.
+type frameReader struct {
+	sc *bufio.Scanner
+}
+
+func newFrameReader(r io.Reader) *frameReader {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxFrameBytes)
+	sc.Split(scanFrames)
+	return &frameReader{sc: sc}
+}
+
+// scanFrames splits lines, each ending in a newline: a line cut short by
+// the end of the stream is an error, not a frame.
+func scanFrames(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return 0, nil, io.ErrUnexpectedEOF
+	}
+	return 0, nil, nil
+}
+
+// next returns the next frame and its size in bytes; io.EOF at the end of
+// the stream.
+func (fr *frameReader) next() (frame, int, error) {
+	if !fr.sc.Scan() {
+		if err := fr.sc.Err(); err != nil {
+			return frame{}, 0, fmt.Errorf("read frame: %w", err)
+		}
+		return frame{}, 0, io.EOF
+	}
+	line := fr.sc.Bytes()
+	var f frame
+	if err := json.Unmarshal(line, &f); err != nil {
+		return frame{}, len(line), fmt.Errorf("decode frame: %w", err)
+	}
+	return f, len(line) + 1, nil
+}

@@ -1,0 +1,333 @@
+package poolstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// FollowerOptions configure a Follower. PeerConfig, Store and Leader are
+// required.
+type FollowerOptions struct {
+	PeerConfig
+	// Store is this node's replica.
+	Store *Store
+	// Leader is the pool's leader as this node sees it ("" if unknown):
+	// from the election, or from peers (Client.AskLeader) when the cloud
+	// is out of reach. It is polled every CheckInterval and must not
+	// block. The Follower idles while it is "" or Self.
+	Leader func() string
+	// CheckInterval is how often Leader is polled. Default 1 s.
+	CheckInterval time.Duration
+	// StaleAfter ends a stream without a frame for this long (the leader
+	// sends one every ServerOptions.SyncEvery at least). Default 20 s.
+	StaleAfter time.Duration
+	// Reconnect backoff: from BackoffInitial (200 ms), doubling up to
+	// BackoffMax (30 s), jittered; it starts over after a stream lived
+	// BackoffReset (1 min) or when the leader changes.
+	BackoffInitial, BackoffMax, BackoffReset time.Duration
+	// Registerer, if set, gets the follower's metrics.
+	Registerer prometheus.Registerer
+}
+
+// FollowerStatus is what a Follower is doing.
+type FollowerStatus struct {
+	// Leader is the node streamed from ("" when not connected).
+	Leader    string    `json:"leader,omitempty"`
+	Connected bool      `json:"connected"`
+	LastFrame time.Time `json:"lastFrame,omitzero"`
+	// LeaderRev is the leader's revision in its last frame, Rev the
+	// replica's, Lag the difference while they are of one epoch.
+	LeaderRev uint64 `json:"leaderRev"`
+	Rev       uint64 `json:"rev"`
+	Lag       uint64 `json:"lag"`
+	// Resyncs counts the snapshots loaded.
+	Resyncs   uint64 `json:"resyncs"`
+	LastError string `json:"lastError,omitempty"`
+}
+
+// Follower replicates the leader's store into this node's: it streams
+// from the leader, reconnecting with backoff when the stream ends or the
+// leader changes.
+type Follower struct {
+	o      FollowerOptions
+	client *Client
+	log    *slog.Logger
+	m      *followerMetrics
+
+	// wantSnapshot asks the next stream for a snapshot (after a gap).
+	// Only Run's goroutine uses it.
+	wantSnapshot bool
+
+	mu sync.Mutex
+	st FollowerStatus
+}
+
+// Why a follower ends a stream itself.
+var (
+	errLeaderChanged = errors.New("the pool leader changed")
+	errStale         = errors.New("no frame from the leader for too long")
+)
+
+// NewFollower checks o and registers the metrics; Run does the work.
+func NewFollower(o FollowerOptions) (*Follower, error) {
+	if o.Store == nil || o.Leader == nil {
+		return nil, errors.New("pool follower: Store and Leader are required")
+	}
+	client, err := NewClient(o.PeerConfig)
+	if err != nil {
+		return nil, err
+	}
+	o.PeerConfig = client.cfg
+	o.CheckInterval = cmpOr(o.CheckInterval, time.Second)
+	o.StaleAfter = cmpOr(o.StaleAfter, 20*time.Second)
+	o.BackoffInitial = cmpOr(o.BackoffInitial, 200*time.Millisecond)
+	o.BackoffMax = cmpOr(o.BackoffMax, 30*time.Second)
+	o.BackoffReset = cmpOr(o.BackoffReset, time.Minute)
+	f := &Follower{o: o, client: client, log: o.Logger}
+	if f.m, err = newFollowerMetrics(o.Registerer); err != nil {
+		return nil, fmt.Errorf("pool follower metrics: %w", err)
+	}
+	return f, nil
+}
+
+// Client is the follower's client to its peers (AskLeader).
+func (f *Follower) Client() *Client { return f.client }
+
+// DelegateToLeader sends this node's own node Lease to the leader (see
+// Client.SendHeartbeat).
+func (f *Follower) DelegateToLeader(ctx context.Context, lease []byte) error {
+	switch leader := f.o.Leader(); leader {
+	case "":
+		return errors.New("delegate heartbeat: no pool leader known")
+	case f.o.Self:
+		return errors.New("delegate heartbeat: this node is the leader")
+	default:
+		return f.client.SendHeartbeat(ctx, leader, lease)
+	}
+}
+
+// Status is a copy of the follower's status.
+func (f *Follower) Status() FollowerStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.st
+	st.Rev = f.o.Store.Rev()
+	st.Lag = f.lag(st.LeaderRev)
+	return st
+}
+
+// lag is leaderRev minus the replica's revision, 0 if not above.
+func (f *Follower) lag(leaderRev uint64) uint64 {
+	if rev := f.o.Store.Rev(); leaderRev > rev {
+		return leaderRev - rev
+	}
+	return 0
+}
+
+// Run follows the leader until ctx ends.
+func (f *Follower) Run(ctx context.Context) error {
+	defer f.client.Close()
+	template := wait.Backoff{Duration: f.o.BackoffInitial, Factor: 2, Jitter: 0.5, Steps: 64, Cap: f.o.BackoffMax}
+	bo := template
+	var last string
+	for {
+		leader := f.o.Leader()
+		if leader == "" || leader == f.o.Self {
+			if !f.sleep(ctx, f.o.CheckInterval) {
+				return nil
+			}
+			continue
+		}
+		if leader != last {
+			bo, last = template, leader
+		}
+		started := f.o.Clock.Now()
+		err := f.follow(ctx, leader)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if f.o.Clock.Since(started) >= f.o.BackoffReset || errors.Is(err, errLeaderChanged) {
+			bo = template
+		}
+		f.setError(err)
+		d := bo.Step()
+		f.log.Info("pool replication stream ended; reconnecting", "leader", leader, "err", err, "in", d)
+		if !f.sleep(ctx, d) {
+			return nil
+		}
+	}
+}
+
+// sleep waits d or until ctx ends (false).
+func (f *Follower) sleep(ctx context.Context, d time.Duration) bool {
+	t := f.o.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
+}
+
+// follow streams from leader into the store until the stream ends, the
+// leader changes or the stream goes stale.
+func (f *Follower) follow(ctx context.Context, leader string) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	epoch, rev := f.o.Store.Epoch(), f.o.Store.Rev()
+	if f.wantSnapshot {
+		epoch, rev = "", 0
+	}
+	resp, err := f.client.replicate(ctx, leader, epoch, rev)
+	if err != nil {
+		cancel(nil)
+		return err
+	}
+	f.connected(leader)
+	f.log.Info("pool replication stream open", "leader", leader, "epoch", epoch, "rev", rev)
+	var wg sync.WaitGroup
+	wg.Go(func() { f.watch(ctx, cancel, leader) })
+	defer func() {
+		cancel(nil)
+		resp.Body.Close()
+		wg.Wait()
+		f.disconnected()
+	}()
+	err = f.apply(newFrameReader(resp.Body))
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause // why watch ended it
+	}
+	return err
+}
+
+// watch ends the stream (cancel) when the leader changes or no frame came
+// for StaleAfter.
+func (f *Follower) watch(ctx context.Context, cancel context.CancelCauseFunc, leader string) {
+	t := f.o.Clock.NewTicker(f.o.CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		if now := f.o.Leader(); now != leader {
+			cancel(fmt.Errorf("%w: from %s to %q", errLeaderChanged, leader, now))
+			return
+		}
+		f.mu.Lock()
+		last := f.st.LastFrame
+		f.mu.Unlock()
+		if f.o.Clock.Since(last) > f.o.StaleAfter {
+			cancel(fmt.Errorf("%w (%s)", errStale, f.o.StaleAfter))
+			return
+		}
+	}
+}
+
+// apply reads frames and applies them to the store until the stream ends
+// or a frame cannot be applied.
+func (f *Follower) apply(r *frameReader) error {
+	store := f.o.Store
+	var snap *Snapshot   // being received
+	var want int         // its number of objects
+	var synced time.Time // the leader's SyncedAt last marked
+	for {
+		fr, n, err := r.next()
+		if errors.Is(err, io.EOF) {
+			return errors.New("the leader ended the stream")
+		}
+		if err != nil {
+			return err
+		}
+		f.received(fr, n)
+		switch fr.Type {
+		case frameSnapshot:
+			snap = &Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources,
+				Objects: make([]Change, 0, min(fr.Count, 1<<16))}
+			want = fr.Count
+		case frameObjects:
+			if snap == nil || len(snap.Objects)+len(fr.Items) > want {
+				return errors.New("protocol error: objects beyond a snapshot")
+			}
+			snap.Objects = append(snap.Objects, fr.Items...)
+		case frameChanges:
+			if snap != nil {
+				return errors.New("protocol error: changes inside a snapshot")
+			}
+			if err := store.ApplyChanges(fr.Epoch, fr.Items); err != nil {
+				if errors.Is(err, ErrGap) {
+					f.wantSnapshot = true
+				}
+				return fmt.Errorf("apply replicated changes: %w", err)
+			}
+		case frameSync:
+			if !fr.SyncedAt.IsZero() && !fr.SyncedAt.Equal(synced) {
+				// The leader's sync as old on this clock as on its own.
+				store.MarkSynced(f.o.Clock.Now().Add(-time.Duration(fr.AgeMillis) * time.Millisecond))
+				synced = fr.SyncedAt
+			}
+		default:
+			f.log.Debug("pool replication: frame of unknown type skipped", "type", fr.Type)
+		}
+		if snap != nil && len(snap.Objects) == want {
+			if err := store.Load(*snap); err != nil {
+				return fmt.Errorf("load snapshot: %w", err)
+			}
+			f.loaded(snap)
+			snap = nil
+		}
+		f.m.lag.Set(float64(f.lag(fr.Rev)))
+	}
+}
+
+// received records a frame in the status and the metrics.
+func (f *Follower) received(fr frame, n int) {
+	f.m.frames.WithLabelValues(fr.Type).Inc()
+	f.m.bytes.Add(float64(n))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.LastFrame = f.o.Clock.Now()
+	f.st.LeaderRev = fr.Rev
+}
+
+func (f *Follower) loaded(snap *Snapshot) {
+	f.wantSnapshot = false
+	f.m.resyncs.Inc()
+	f.log.Info("pool replica loaded from a snapshot", "leader_epoch", snap.Epoch, "rev", snap.Rev, "objects", len(snap.Objects))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.Resyncs++
+}
+
+func (f *Follower) connected(leader string) {
+	f.m.connected.Set(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.Leader, f.st.Connected, f.st.LastFrame, f.st.LastError = leader, true, f.o.Clock.Now(), ""
+}
+
+func (f *Follower) disconnected() {
+	f.m.connected.Set(0)
+	f.m.lag.Set(0)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.Leader, f.st.Connected = "", false
+}
+
+func (f *Follower) setError(err error) {
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st.LastError = err.Error()
+}

@@ -1,0 +1,244 @@
+package poolstore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// members is an in-memory Members.
+type members struct {
+	mu    sync.Mutex
+	pools map[string]string
+	addrs map[string]string
+}
+
+var _ Members = (*members)(nil)
+
+func (m *members) Pool(node string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok := m.pools[node]
+	return p, ok
+}
+
+func (m *members) Address(node string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a, ok := m.addrs[node]
+	return a, ok
+}
+
+func (m *members) set(node, pool, addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if pool != "" {
+		m.pools[node] = pool
+	}
+	if addr != "" {
+		m.addrs[node] = addr
+	}
+}
+
+// cluster is a test pool: one CA, a shared view of membership and of the
+// leader, and nodes that each run a Server and a Follower on loopback.
+type cluster struct {
+	t       testing.TB
+	ca      *testenv.CA
+	members *members
+
+	mu     sync.Mutex
+	leader string
+}
+
+func newCluster(t testing.TB) *cluster {
+	return &cluster{t: t, ca: testenv.MustCA(t, "cluster-ca"),
+		members: &members{pools: map[string]string{}, addrs: map[string]string{}}}
+}
+
+func (c *cluster) setLeader(n string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.leader = n
+}
+
+func (c *cluster) leaderName() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+// peer returns the PeerConfig of a node holding cert, trusting cas.
+func (c *cluster) peer(self string, cert tls.Certificate, cas *x509.CertPool) PeerConfig {
+	return PeerConfig{Self: self, Members: c.members,
+		Certificate: func() (*tls.Certificate, error) { return &cert, nil },
+		CAs:         func() *x509.CertPool { return cas }}
+}
+
+// nodeCert issues name's node certificate from the cluster CA.
+func (c *cluster) nodeCert(name string) tls.Certificate {
+	c.t.Helper()
+	kp, err := c.ca.NodeCert(name)
+	if err != nil {
+		c.t.Fatalf("%v", err)
+	}
+	return kp.TLS
+}
+
+// client is a Client for self (member of pool, or none if "") holding
+// cert.
+func (c *cluster) client(self, pool string, cert tls.Certificate, cas *x509.CertPool) *Client {
+	c.t.Helper()
+	c.members.set(self, pool, "")
+	cl, err := NewClient(c.peer(self, cert, cas))
+	if err != nil {
+		c.t.Fatalf("%v", err)
+	}
+	c.t.Cleanup(cl.Close)
+	return cl
+}
+
+// node is a cluster member with its store, server and follower.
+type node struct {
+	c        *cluster
+	name     string
+	path     string
+	store    *Store
+	server   *Server
+	follower *Follower
+	reg      *prometheus.Registry
+
+	mu       sync.Mutex
+	delegate func(ctx context.Context, node string, lease []byte) error // nil: accept
+
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// addNode starts a node of pool on loopback.
+func (c *cluster) addNode(name, pool string) *node {
+	c.t.Helper()
+	n := &node{c: c, name: name, path: filepath.Join(c.t.TempDir(), FileName)}
+	c.members.set(name, pool, "")
+	n.start()
+	c.t.Cleanup(n.stop)
+	return n
+}
+
+// start opens the store and runs the server and the follower.
+func (n *node) start() {
+	t := n.c.t
+	t.Helper()
+	var err error
+	if n.store, err = Open(n.path, nil); err != nil {
+		t.Fatalf("%v", err)
+	}
+	cfg := n.c.peer(n.name, n.c.nodeCert(n.name), n.c.ca.Pool())
+	n.reg = prometheus.NewRegistry()
+	n.server, err = NewServer(ServerOptions{PeerConfig: cfg, Store: n.store, Leader: n.c.leaderName,
+		SyncEvery: 50 * time.Millisecond, Registerer: n.reg,
+		Delegate: func(ctx context.Context, node string, lease []byte) error {
+			n.mu.Lock()
+			d := n.delegate
+			n.mu.Unlock()
+			if d == nil {
+				return nil
+			}
+			return d(ctx, node, lease)
+		}})
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	n.follower, err = NewFollower(FollowerOptions{PeerConfig: cfg, Store: n.store, Leader: n.c.leaderName,
+		CheckInterval: 10 * time.Millisecond, StaleAfter: 2 * time.Second,
+		BackoffInitial: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Registerer: n.reg})
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	n.c.members.set(n.name, "", ln.Addr().String())
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	n.done.Go(func() {
+		if err := n.server.Serve(ctx, ln); err != nil {
+			t.Errorf("%s: serve: %v", n.name, err)
+		}
+	})
+	n.done.Go(func() { n.follower.Run(ctx) })
+}
+
+// stop stops the server and the follower and closes the store; start
+// runs them again on the same file.
+func (n *node) stop() {
+	if n.cancel == nil {
+		return
+	}
+	n.cancel()
+	n.done.Wait()
+	n.cancel = nil
+	if err := n.store.Close(); err != nil {
+		n.c.t.Errorf("%s: close store: %v", n.name, err)
+	}
+}
+
+func (n *node) setDelegate(d func(ctx context.Context, node string, lease []byte) error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.delegate = d
+}
+
+// lead makes n the leader of a new term.
+func (n *node) lead(epoch string) {
+	n.c.t.Helper()
+	if err := n.store.StartEpoch(epoch); err != nil {
+		n.c.t.Fatalf("%v", err)
+	}
+	n.c.setLeader(n.name)
+}
+
+// value reads a counter or a gauge.
+func value(m prometheus.Metric) float64 {
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		panic(err)
+	}
+	if d.Counter != nil {
+		return d.Counter.GetValue()
+	}
+	return d.Gauge.GetValue()
+}
+
+// eventually polls cond every 5 ms for up to 10 s.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// converged waits until every follower's digest is the leader's.
+func converged(t testing.TB, leader *node, followers ...*node) {
+	t.Helper()
+	for _, f := range followers {
+		eventually(t, f.name+" has "+leader.name+"'s content", func() bool {
+			return f.store.Rev() == leader.store.Rev() && f.store.Digest() == leader.store.Digest()
+		})
+	}
+}

@@ -1,0 +1,210 @@
+package poolstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Why a stream ends, besides the follower leaving or a failed write. The
+// follower reconnects; with another epoch or too far behind it gets a
+// snapshot.
+var (
+	errNoLongerLeader = errors.New("this node no longer leads")
+	errEpochChanged   = errors.New("the leader started a new term")
+	errBehind         = errors.New("follower fell behind the change log")
+)
+
+// serveReplicate streams this leader's store to a follower: the changes
+// after ?rev=N if ?epoch=E is the store's and its log still holds them,
+// else a snapshot; then every change as it comes, and sync frames.
+func (s *Server) serveReplicate(w http.ResponseWriter, r *http.Request) {
+	if !s.leading() {
+		s.notLeader(w)
+		return
+	}
+	q := r.URL.Query()
+	var rev uint64
+	if v := q.Get("rev"); v != "" {
+		var err error
+		if rev, err = strconv.ParseUint(v, 10, 64); err != nil {
+			writeError(w, http.StatusBadRequest, reasonBadRequest, "rev: "+err.Error(), "")
+			return
+		}
+	}
+	peer := peerOf(r)
+	log := s.log.With("node", peer)
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+
+	st := &stream{s: s, w: w, rc: http.NewResponseController(w)}
+	err := st.run(r.Context(), q.Get("epoch"), rev)
+	reason := endReason(r.Context(), err)
+	s.m.ended.WithLabelValues(reason).Inc()
+	switch reason {
+	case endedFollowerGone:
+		log.Debug("pool replication stream ended by the follower", "sent_frames", st.frames)
+	case endedBehind:
+		log.Warn("pool follower too slow: stream ended, it will resync from a snapshot", "err", err)
+	default:
+		log.Info("pool replication stream ended", "reason", reason, "err", err, "sent_frames", st.frames)
+	}
+}
+
+// Why a stream ended, the "reason" label of streams_ended_total.
+const (
+	endedFollowerGone = "follower_gone"
+	endedBehind       = "behind"
+	endedNewTerm      = "new_term"
+	endedNotLeader    = "not_leader"
+	endedWriteFailed  = "write_failed"
+)
+
+func endReason(ctx context.Context, err error) string {
+	switch {
+	case ctx.Err() != nil:
+		return endedFollowerGone
+	case errors.Is(err, errBehind):
+		return endedBehind
+	case errors.Is(err, errEpochChanged):
+		return endedNewTerm
+	case errors.Is(err, errNoLongerLeader):
+		return endedNotLeader
+	default:
+		return endedWriteFailed
+	}
+}
+
+// stream is one follower's replication stream.
+type stream struct {
+	s      *Server
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	frames int
+}
+
+// run writes the stream until the follower leaves, this node stops
+// leading, its term changes or a write fails. It holds at most one
+// frame's bytes and one Since's worth of changes: a follower that cannot
+// keep up with the log ends up behind it, and resyncs.
+func (st *stream) run(ctx context.Context, epoch string, rev uint64) error {
+	store := st.s.o.Store
+	pos, epoch, err := st.start(epoch, rev)
+	if err != nil {
+		return err
+	}
+	ticker := st.s.o.Clock.NewTicker(st.s.o.SyncEvery)
+	defer ticker.Stop()
+	var sentSync time.Time
+	syncDue := true
+	for {
+		changed := store.Changed()
+		if !st.s.leading() {
+			return errNoLongerLeader
+		}
+		cs, err := store.Since(pos)
+		// Epochs are never reused: the same one before and after Since
+		// means cs belong to it.
+		if store.Epoch() != epoch {
+			return errEpochChanged
+		}
+		if errors.Is(err, ErrCompacted) {
+			return fmt.Errorf("%w: at revision %d", errBehind, pos)
+		}
+		if err != nil {
+			return err
+		}
+		if pos, err = st.changes(epoch, pos, cs); err != nil {
+			return err
+		}
+		if at := store.SyncedAt(); syncDue || !at.Equal(sentSync) {
+			if err := st.sync(epoch, at); err != nil {
+				return err
+			}
+			sentSync, syncDue = at, false
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-ticker.C():
+			syncDue = true
+		}
+	}
+}
+
+// start resumes the follower at (epoch, rev) when it can, else sends a
+// snapshot; it returns the revision the follower has then, and the epoch.
+func (st *stream) start(epoch string, rev uint64) (uint64, string, error) {
+	store := st.s.o.Store
+	if epoch != "" && epoch == store.Epoch() && rev <= store.Rev() {
+		cs, err := store.Since(rev)
+		if err == nil && store.Epoch() == epoch {
+			pos, err := st.changes(epoch, rev, cs)
+			return pos, epoch, err
+		}
+	}
+	snap := store.Snapshot()
+	err := st.write(frame{Type: frameSnapshot, Epoch: snap.Epoch, Rev: snap.Rev,
+		Resources: snap.Resources, Count: len(snap.Objects)})
+	for _, b := range batches(snap.Objects) {
+		if err != nil {
+			break
+		}
+		err = st.write(frame{Type: frameObjects, Epoch: snap.Epoch, Rev: snap.Rev, Items: b})
+	}
+	return snap.Rev, snap.Epoch, err
+}
+
+// changes sends cs, the changes after pos, and returns the revision
+// reached.
+func (st *stream) changes(epoch string, pos uint64, cs []Change) (uint64, error) {
+	if len(cs) == 0 {
+		return pos, nil
+	}
+	rev := st.s.o.Store.Rev()
+	for _, b := range batches(cs) {
+		if err := st.write(frame{Type: frameChanges, Epoch: epoch, Rev: rev, Items: b}); err != nil {
+			return pos, err
+		}
+	}
+	return cs[len(cs)-1].Rev, nil
+}
+
+// sync sends the leader's SyncedAt (at) with its age on this clock.
+func (st *stream) sync(epoch string, at time.Time) error {
+	f := frame{Type: frameSync, Epoch: epoch, Rev: st.s.o.Store.Rev()}
+	if !at.IsZero() {
+		f.SyncedAt = at
+		f.AgeMillis = max(0, st.s.o.Clock.Since(at).Milliseconds())
+	}
+	return st.write(f)
+}
+
+// write sends one frame and flushes it.
+func (st *stream) write(f frame) error {
+	b, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("encode %s frame: %w", f.Type, err)
+	}
+	b = append(b, '\n')
+	// Best effort: a ResponseWriter without deadlines still ends with
+	// the connection's pings.
+	_ = st.rc.SetWriteDeadline(time.Now().Add(st.s.o.WriteTimeout))
+	if _, err := st.w.Write(b); err != nil {
+		return fmt.Errorf("write %s frame: %w", f.Type, err)
+	}
+	if err := st.rc.Flush(); err != nil {
+		return fmt.Errorf("flush %s frame: %w", f.Type, err)
+	}
+	st.frames++
+	st.s.m.frames.WithLabelValues(f.Type).Inc()
+	st.s.m.bytes.Add(float64(len(b)))
+	return nil
+}

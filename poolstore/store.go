@@ -1,0 +1,600 @@
+package poolstore
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// FileName is the replica's file in the data directory.
+const FileName = "pool.db"
+
+// Event types of the change log: the watch event types, and Bookmark,
+// which only raises a resource's resourceVersion.
+const (
+	Added    = "ADDED"
+	Modified = "MODIFIED"
+	Deleted  = "DELETED"
+	Bookmark = "BOOKMARK"
+)
+
+// Errors callers branch on.
+var (
+	// ErrCompacted: the in-memory change log no longer reaches back to
+	// the revision (or resourceVersion) asked for; resync from a
+	// snapshot (followers) or relist (watchers, HTTP 410).
+	ErrCompacted = errors.New("poolstore: change log compacted past the requested revision")
+	// ErrGap: replicated changes do not follow the replica's revision or
+	// belong to another epoch; resync from a snapshot.
+	ErrGap = errors.New("poolstore: replicated changes do not follow the replica")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("poolstore: store closed")
+)
+
+// Change is one entry of the pool's change log, in the leader's order.
+type Change struct {
+	// Rev is the pool revision: 1, 2, 3... within an epoch.
+	Rev uint64 `json:"rev"`
+	// Resource is ResourceKey of the object's resource.
+	Resource string `json:"resource"`
+	Type     string `json:"type"`
+	// Namespace and Name identify the object (empty for a Bookmark).
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	// RV is the object's resourceVersion in the cloud (a Bookmark's: the
+	// resource's).
+	RV uint64 `json:"rv"`
+	// Object is the object's JSON with kind and apiVersion set; for
+	// Deleted, its last state. Empty for a Bookmark.
+	Object json.RawMessage `json:"object,omitempty"`
+}
+
+// Object is a stored object. Raw must not be modified.
+type Object struct {
+	Namespace string
+	Name      string
+	RV        uint64
+	Labels    map[string]string
+	Raw       json.RawMessage
+}
+
+// Snapshot is the whole replica at one revision.
+type Snapshot struct {
+	Epoch string `json:"epoch"`
+	Rev   uint64 `json:"rev"`
+	// Resources maps each synced resource to its resourceVersion.
+	Resources map[string]uint64 `json:"resources"`
+	// Objects are Added changes, one per object (their Rev is Rev).
+	Objects []Change `json:"objects"`
+}
+
+// ResourceKey names a resource in the store and on the wire:
+// "<group>/<version>/<resource>", with "core" for the legacy group.
+func ResourceKey(gvr schema.GroupVersionResource) string {
+	g := gvr.Group
+	if g == "" {
+		g = "core"
+	}
+	return g + "/" + gvr.Version + "/" + gvr.Resource
+}
+
+// maxLog bounds the in-memory change log; when it is full the older half
+// is dropped (followers further behind resync from a snapshot, watchers
+// further behind relist).
+const maxLog = 16384
+
+// flushDelay is how long changes gather in memory before they are written
+// to the file in one transaction.
+const flushDelay = 50 * time.Millisecond
+
+// Store is a node's pool replica: the objects in memory, written through
+// to a bbolt file in the background, and the recent change log in memory.
+// Its methods are safe for concurrent use.
+type Store struct {
+	db  *bolt.DB
+	log *slog.Logger
+
+	mu        sync.RWMutex
+	epoch     string
+	rev       uint64
+	resources map[string]*resource
+	changes   []Change          // the log: revisions logStart..rev
+	baseRV    map[string]uint64 // per resource, its RV before changes[0]
+	changed   chan struct{}
+	syncedAt  time.Time
+	closed    bool
+
+	// Pending writes to the file: keys ("resource\x00namespace/name")
+	// whose state changed, resources whose RV changed, and whether
+	// everything is to be rewritten (after Load).
+	dirtyObjs map[string]bool
+	dirtyRes  map[string]bool
+	rewrite   bool
+	flush     chan struct{}
+	done      chan struct{}
+}
+
+type resource struct {
+	rv   uint64
+	objs map[string]*Object // by namespace/name
+}
+
+func objKey(namespace, name string) string { return namespace + "/" + name }
+
+// Open opens the replica at path, creating it (and its directory) if
+// needed. A file that cannot be read is moved aside: the replica is a
+// copy, the leader has it all.
+func Open(path string, log *slog.Logger) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open pool store: %w", err)
+	}
+	s := &Store{log: log, resources: map[string]*resource{}, baseRV: map[string]uint64{},
+		changed: make(chan struct{}), dirtyObjs: map[string]bool{}, dirtyRes: map[string]bool{},
+		flush: make(chan struct{}, 1), done: make(chan struct{})}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err == nil {
+		if err = s.load(db); err != nil {
+			db.Close()
+		}
+	}
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("open pool store %s: locked by another process (is another tether-edge running with this --data-dir?)", path)
+		}
+		aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000Z")
+		if rerr := os.Rename(path, aside); rerr != nil {
+			return nil, fmt.Errorf("open pool store %s: %w; and cannot move it aside: %w", path, err, rerr)
+		}
+		log.Error("pool store unreadable: moved aside, starting empty (the leader's snapshot fills it)",
+			"path", path, "moved_to", aside, "err", err)
+		s.resources, s.epoch, s.rev = map[string]*resource{}, "", 0
+		if db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second}); err != nil {
+			return nil, fmt.Errorf("open pool store %s: %w", path, err)
+		}
+		s.rewrite = true
+	}
+	s.db = db
+	for r, res := range s.resources {
+		s.baseRV[r] = res.rv
+	}
+	go s.writer()
+	return s, nil
+}
+
+// Close flushes pending writes and closes the file.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	close(s.flush)
+	<-s.done
+	return s.db.Close()
+}
+
+// Path is the store's file.
+func (s *Store) Path() string { return s.db.Path() }
+
+// Epoch is the leader term the replica holds data of.
+func (s *Store) Epoch() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.epoch
+}
+
+// Rev is the last revision applied.
+func (s *Store) Rev() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.rev
+}
+
+// StartEpoch begins a leader's term: revisions restart at 0, the objects
+// are kept (a follower that becomes leader starts from its replica).
+func (s *Store) StartEpoch(epoch string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.epoch, s.rev = epoch, 0
+	s.resetLog()
+	s.rewrite = true // meta changed; cheap next to a term change
+	s.notify()
+	return nil
+}
+
+// Replace applies a complete list of resource (leader): changes for what
+// differs from the stored objects, then a Bookmark at listRV. items are
+// objects' JSON with kind and apiVersion set.
+func (s *Store) Replace(resource string, items []json.RawMessage, listRV uint64) error {
+	objs := make(map[string]*Object, len(items))
+	for _, raw := range items {
+		o, err := decodeObject(raw)
+		if err != nil {
+			return fmt.Errorf("list of %s: %w", resource, err)
+		}
+		objs[objKey(o.Namespace, o.Name)] = o
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	res := s.resource(resource)
+	for _, k := range sortedKeys(objs) {
+		o := objs[k]
+		old := res.objs[k]
+		switch {
+		case old == nil:
+			s.record(resource, res, Change{Type: Added, Namespace: o.Namespace, Name: o.Name, RV: o.RV, Object: o.Raw}, o)
+		case old.RV != o.RV || !bytes.Equal(old.Raw, o.Raw):
+			s.record(resource, res, Change{Type: Modified, Namespace: o.Namespace, Name: o.Name, RV: o.RV, Object: o.Raw}, o)
+		}
+	}
+	for _, k := range sortedKeys(res.objs) {
+		if _, ok := objs[k]; ok {
+			continue
+		}
+		old := res.objs[k]
+		// The deletion happened at or before listRV: that is its RV.
+		last, err := withResourceVersion(old.Raw, listRV)
+		if err != nil {
+			last = old.Raw
+		}
+		s.record(resource, res, Change{Type: Deleted, Namespace: old.Namespace, Name: old.Name, RV: listRV, Object: last}, nil)
+	}
+	s.record(resource, res, Change{Type: Bookmark, RV: listRV}, nil)
+	s.notify()
+	return nil
+}
+
+// Apply applies one watch event of resource (leader): typ is Added,
+// Modified, Deleted or Bookmark; obj the event's object JSON with kind and
+// apiVersion set. An event not newer than the stored object is ignored.
+func (s *Store) Apply(resource, typ string, obj json.RawMessage) error {
+	o, err := decodeObject(obj)
+	if err != nil {
+		return fmt.Errorf("%s event of %s: %w", typ, resource, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	res := s.resource(resource)
+	k := objKey(o.Namespace, o.Name)
+	old := res.objs[k]
+	switch typ {
+	case Bookmark:
+		if o.RV <= res.rv {
+			return nil
+		}
+		s.record(resource, res, Change{Type: Bookmark, RV: o.RV}, nil)
+	case Added, Modified:
+		if old != nil && old.RV >= o.RV {
+			return nil
+		}
+		t := Modified
+		if old == nil {
+			t = Added
+		}
+		s.record(resource, res, Change{Type: t, Namespace: o.Namespace, Name: o.Name, RV: o.RV, Object: o.Raw}, o)
+	case Deleted:
+		if old == nil {
+			if o.RV > res.rv {
+				s.record(resource, res, Change{Type: Bookmark, RV: o.RV}, nil)
+			}
+			return nil
+		}
+		s.record(resource, res, Change{Type: Deleted, Namespace: o.Namespace, Name: o.Name, RV: o.RV, Object: o.Raw}, nil)
+	default:
+		return fmt.Errorf("event of %s: unknown type %q", resource, typ)
+	}
+	s.notify()
+	return nil
+}
+
+// Load replaces the replica with a leader's snapshot (follower).
+func (s *Store) Load(snap Snapshot) error {
+	resources := make(map[string]*resource, len(snap.Resources))
+	for r, rv := range snap.Resources {
+		resources[r] = &resource{rv: rv, objs: map[string]*Object{}}
+	}
+	for _, c := range snap.Objects {
+		res := resources[c.Resource]
+		if res == nil {
+			return fmt.Errorf("snapshot: object %s/%s of resource %s it does not list", c.Namespace, c.Name, c.Resource)
+		}
+		o, err := decodeObject(c.Object)
+		if err != nil {
+			return fmt.Errorf("snapshot: %w", err)
+		}
+		res.objs[objKey(o.Namespace, o.Name)] = o
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	s.epoch, s.rev, s.resources = snap.Epoch, snap.Rev, resources
+	s.resetLog()
+	s.rewrite = true
+	s.notify()
+	return nil
+}
+
+// ApplyChanges applies replicated changes (follower). It returns ErrGap,
+// changing nothing, unless epoch is the replica's and cs starts at
+// Rev()+1 and is contiguous.
+func (s *Store) ApplyChanges(epoch string, cs []Change) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	objs := make([]*Object, len(cs))
+	for i, c := range cs {
+		if c.Type == Added || c.Type == Modified {
+			o, err := decodeObject(c.Object)
+			if err != nil {
+				return fmt.Errorf("change %d: %w", c.Rev, err)
+			}
+			objs[i] = o
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if epoch != s.epoch {
+		return fmt.Errorf("%w: epoch %q, replica has %q", ErrGap, epoch, s.epoch)
+	}
+	for i, c := range cs {
+		if c.Rev != s.rev+1+uint64(i) {
+			return fmt.Errorf("%w: change %d where %d was due", ErrGap, c.Rev, s.rev+1+uint64(i))
+		}
+	}
+	for i, c := range cs {
+		res := s.resource(c.Resource)
+		s.record(c.Resource, res, c, objs[i])
+	}
+	s.notify()
+	return nil
+}
+
+// Snapshot returns the whole replica.
+func (s *Store) Snapshot() Snapshot {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	snap := Snapshot{Epoch: s.epoch, Rev: s.rev, Resources: make(map[string]uint64, len(s.resources))}
+	for _, r := range sortedKeys(s.resources) {
+		res := s.resources[r]
+		snap.Resources[r] = res.rv
+		for _, k := range sortedKeys(res.objs) {
+			o := res.objs[k]
+			snap.Objects = append(snap.Objects, Change{Rev: s.rev, Resource: r, Type: Added,
+				Namespace: o.Namespace, Name: o.Name, RV: o.RV, Object: o.Raw})
+		}
+	}
+	return snap
+}
+
+// Since returns the changes after rev, up to Rev(), in order; ErrCompacted
+// when the log no longer holds rev+1.
+func (s *Store) Since(rev uint64) ([]Change, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if rev >= s.rev {
+		return nil, nil
+	}
+	start := s.rev + 1 - uint64(len(s.changes)) // rev of changes[0]
+	if rev+1 < start {
+		return nil, ErrCompacted
+	}
+	return slices.Clone(s.changes[rev+1-start:]), nil
+}
+
+// History returns the changes of resource whose RV is above afterRV, in
+// order, and the revision they reach (Rev() at the call); ErrCompacted
+// when the log cannot tell all of them.
+func (s *Store) History(resource string, afterRV uint64) ([]Change, uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	res := s.resources[resource]
+	if res == nil || afterRV >= res.rv {
+		return nil, s.rev, nil
+	}
+	if afterRV < s.baseRV[resource] {
+		return nil, s.rev, ErrCompacted
+	}
+	var out []Change
+	for _, c := range s.changes {
+		if c.Resource == resource && c.RV > afterRV {
+			out = append(out, c)
+		}
+	}
+	return out, s.rev, nil
+}
+
+// Changed is closed at the next change of the replica (an applied change,
+// a load, a new epoch, a sync mark).
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.changed
+}
+
+// List returns the objects of resource sorted by namespace and name, the
+// resource's resourceVersion and the revision the list is consistent
+// with; ok is false if the resource was never synced.
+func (s *Store) List(resource string) (objs []Object, rv, rev uint64, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	res := s.resources[resource]
+	if res == nil {
+		return nil, 0, s.rev, false
+	}
+	objs = make([]Object, 0, len(res.objs))
+	for _, k := range sortedKeys(res.objs) {
+		objs = append(objs, *res.objs[k])
+	}
+	return objs, res.rv, s.rev, true
+}
+
+// Resources lists the synced resources with their resourceVersion.
+func (s *Store) Resources() map[string]uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m := make(map[string]uint64, len(s.resources))
+	for r, res := range s.resources {
+		m[r] = res.rv
+	}
+	return m
+}
+
+// Len is the number of objects in the replica.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, res := range s.resources {
+		n += len(res.objs)
+	}
+	return n
+}
+
+// MarkSynced records that the leader's watches were all synced at t (on
+// the leader itself, or as a sync frame of the replication stream).
+func (s *Store) MarkSynced(t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || t.Equal(s.syncedAt) {
+		return
+	}
+	s.syncedAt = t
+	s.notify()
+}
+
+// SyncedAt is the last MarkSynced time (zero if none since Open).
+func (s *Store) SyncedAt() time.Time {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.syncedAt
+}
+
+// Digest is a hash of the replica's content (resources, their
+// resourceVersions, objects), independent of epoch and revision: two
+// replicas with equal digests serve the same answers.
+func (s *Store) Digest() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	h := sha256.New()
+	var n [8]byte
+	for _, r := range sortedKeys(s.resources) {
+		res := s.resources[r]
+		binary.BigEndian.PutUint64(n[:], res.rv)
+		fmt.Fprintf(h, "%s\x00%x\x00", r, n)
+		for _, k := range sortedKeys(res.objs) {
+			o := res.objs[k]
+			binary.BigEndian.PutUint64(n[:], uint64(len(o.Raw)))
+			h.Write([]byte(k))
+			h.Write(n[:])
+			h.Write(o.Raw)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// resource returns the named resource, creating it. s.mu is held.
+func (s *Store) resource(name string) *resource {
+	res := s.resources[name]
+	if res == nil {
+		res = &resource{objs: map[string]*Object{}}
+		s.resources[name] = res
+		s.dirtyRes[name] = true
+	}
+	return res
+}
+
+// record applies c to res (o is the object for Added and Modified),
+// assigns it the next revision unless it has one (replicated changes),
+// logs it and marks it for the file. s.mu is held.
+func (s *Store) record(name string, res *resource, c Change, o *Object) {
+	if c.Rev == 0 {
+		c.Rev = s.rev + 1
+	}
+	c.Resource = name
+	s.rev = c.Rev
+	k := objKey(c.Namespace, c.Name)
+	switch c.Type {
+	case Added, Modified:
+		res.objs[k] = o
+		s.dirtyObjs[name+"\x00"+k] = true
+	case Deleted:
+		delete(res.objs, k)
+		s.dirtyObjs[name+"\x00"+k] = true
+	}
+	if c.RV > res.rv {
+		res.rv = c.RV
+		s.dirtyRes[name] = true
+	}
+	if len(s.changes) == maxLog {
+		drop := s.changes[:maxLog/2]
+		for _, d := range drop {
+			s.baseRV[d.Resource] = max(s.baseRV[d.Resource], d.RV)
+		}
+		s.changes = append(s.changes[:0], s.changes[maxLog/2:]...)
+	}
+	s.changes = append(s.changes, c)
+}
+
+// resetLog empties the change log: what a watcher or follower saw before
+// is no longer comparable. s.mu is held.
+func (s *Store) resetLog() {
+	s.changes = nil
+	s.baseRV = make(map[string]uint64, len(s.resources))
+	for r, res := range s.resources {
+		s.baseRV[r] = res.rv
+	}
+}
+
+// notify wakes those waiting on Changed and the file writer. s.mu is
+// held.
+func (s *Store) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+	select {
+	case s.flush <- struct{}{}:
+	default:
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,156 @@
+package poolstore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+const slices_ = "discovery.k8s.io/v1/endpointslices"
+
+func slice(ns, name string, rv uint64, labels ...string) json.RawMessage {
+	l := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		l[labels[i]] = labels[i+1]
+	}
+	b, _ := json.Marshal(map[string]any{
+		"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1", "addressType": "IPv4",
+		"metadata": map[string]any{"namespace": ns, "name": name, "resourceVersion": fmt.Sprint(rv), "labels": l},
+	})
+	return b
+}
+
+func open(t *testing.T, path string) *Store {
+	t.Helper()
+	s, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func mustNil(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLeaderChangesAndReplica(t *testing.T) {
+	dir := t.TempDir()
+	leader := open(t, filepath.Join(dir, "l.db"))
+	mustNil(t, leader.StartEpoch("a/1"))
+	mustNil(t, leader.Replace(slices_, []json.RawMessage{slice("ns", "a", 5), slice("ns", "b", 6)}, 10))
+	if got := leader.Rev(); got != 3 { // two Added, one Bookmark
+		t.Fatalf("rev after list = %d, want 3", got)
+	}
+
+	follower := open(t, filepath.Join(dir, "f.db"))
+	mustNil(t, follower.Load(leader.Snapshot()))
+	if leader.Digest() != follower.Digest() {
+		t.Fatal("digest differs after snapshot")
+	}
+
+	mustNil(t, leader.Apply(slices_, Modified, slice("ns", "a", 11)))
+	mustNil(t, leader.Apply(slices_, Modified, slice("ns", "a", 9))) // older: ignored
+	mustNil(t, leader.Apply(slices_, Deleted, slice("ns", "b", 12)))
+	mustNil(t, leader.Apply(slices_, Added, slice("other", "c", 13)))
+	cs, err := leader.Since(3)
+	mustNil(t, err)
+	if len(cs) != 3 || cs[0].Type != Modified || cs[1].Type != Deleted || cs[2].Type != Added {
+		t.Fatalf("changes since 3: %+v", cs)
+	}
+	if err := follower.ApplyChanges("a/1", cs[1:]); !errors.Is(err, ErrGap) {
+		t.Fatalf("applying with a gap: %v, want ErrGap", err)
+	}
+	if err := follower.ApplyChanges("b/2", cs); !errors.Is(err, ErrGap) {
+		t.Fatalf("applying another epoch: %v, want ErrGap", err)
+	}
+	mustNil(t, follower.ApplyChanges("a/1", cs))
+	if leader.Digest() != follower.Digest() {
+		t.Fatal("digest differs after changes")
+	}
+	objs, rv, rev, ok := follower.List(slices_)
+	if !ok || rv != 13 || rev != 6 || len(objs) != 2 || objs[0].Name != "a" || objs[1].Namespace != "other" {
+		t.Fatalf("list = %+v rv %d rev %d ok %v", objs, rv, rev, ok)
+	}
+
+	// A relist that lost c and changed a: Modified, Deleted at the list's RV.
+	mustNil(t, leader.Replace(slices_, []json.RawMessage{slice("ns", "a", 14)}, 20))
+	h, _, err := leader.History(slices_, 13)
+	mustNil(t, err)
+	if len(h) != 3 || h[0].Type != Modified || h[1].Type != Deleted || h[1].RV != 20 || h[2].Type != Bookmark {
+		t.Fatalf("history after 13: %+v", h)
+	}
+	var last objectMeta
+	mustNil(t, json.Unmarshal(h[1].Object, &last))
+	if last.Metadata.ResourceVersion != "20" {
+		t.Fatalf("deleted object's resourceVersion = %q, want the list's 20", last.Metadata.ResourceVersion)
+	}
+	// The follower's log starts at its snapshot: older RVs are compacted.
+	if _, _, err := follower.History(slices_, 5); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("history before the snapshot: %v, want ErrCompacted", err)
+	}
+}
+
+func TestReopenKeepsReplica(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	s, err := Open(path, nil)
+	mustNil(t, err)
+	mustNil(t, s.StartEpoch("n1/3"))
+	for i := range 100 {
+		mustNil(t, s.Apply(slices_, Added, slice("ns", fmt.Sprint("s", i), uint64(i+1))))
+	}
+	mustNil(t, s.Apply(slices_, Deleted, slice("ns", "s7", 200)))
+	digest, rev := s.Digest(), s.Rev()
+	mustNil(t, s.Close())
+
+	s = open(t, path)
+	if s.Digest() != digest || s.Rev() != rev || s.Epoch() != "n1/3" || s.Len() != 99 {
+		t.Fatalf("reopened: digest equal %v, rev %d (want %d), epoch %q, %d objects",
+			s.Digest() == digest, s.Rev(), rev, s.Epoch(), s.Len())
+	}
+	if _, err := s.Since(rev - 1); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("since after reopen: %v, want ErrCompacted", err)
+	}
+}
+
+func TestLogBounded(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), FileName))
+	mustNil(t, s.StartEpoch("e"))
+	for i := range maxLog + 10 {
+		mustNil(t, s.Apply(slices_, Modified, slice("ns", "x", uint64(i+1))))
+	}
+	if _, err := s.Since(1); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("since 1: %v, want ErrCompacted", err)
+	}
+	cs, err := s.Since(s.Rev() - 5)
+	if err != nil || len(cs) != 5 {
+		t.Fatalf("since rev-5: %d changes, %v", len(cs), err)
+	}
+	if _, _, err := s.History(slices_, 3); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("history from rv 3: %v, want ErrCompacted", err)
+	}
+	if h, _, err := s.History(slices_, uint64(maxLog)); err != nil || len(h) != 10 {
+		t.Fatalf("history from the log's span: %d changes, %v", len(h), err)
+	}
+}
+
+func TestChangedAndSynced(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), FileName))
+	ch := s.Changed()
+	now := time.Now()
+	s.MarkSynced(now)
+	select {
+	case <-ch:
+	case <-time.After(time.Second):
+		t.Fatal("Changed not closed by MarkSynced")
+	}
+	if !s.SyncedAt().Equal(now) {
+		t.Fatal("SyncedAt not recorded")
+	}
+}
