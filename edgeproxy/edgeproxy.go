@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +26,7 @@ import (
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
+	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/version"
 )
 
@@ -147,11 +147,13 @@ func newTunnel(cfg Config, reg *prometheus.Registry, log *slog.Logger) (*edgetun
 			"node_name", cfg.NodeName, "cert_node", certNode)
 		node = cfg.NodeName
 	}
-	var roots *x509.CertPool
+	var roots func() *x509.CertPool
 	if cfg.GatewayCA != "" {
-		if roots, err = loadCAs(cfg.GatewayCA); err != nil {
-			return nil, "", err
+		cas, err := certfile.LoadCAs(cfg.GatewayCA, certfile.Options{Name: "--gateway-ca", Logger: log})
+		if err != nil {
+			return nil, "", fmt.Errorf("--gateway-ca: %w", err)
 		}
+		roots = cas.Pool
 	}
 	tun, err := edgetunnel.New(edgetunnel.Options{
 		Gateways:    cfg.Gateway,
@@ -276,16 +278,4 @@ type Status struct {
 type APIServerStatus struct {
 	apiproxy.Status
 	Servers []upstream.ServerStatus `json:"servers"`
-}
-
-func loadCAs(path string) (*x509.CertPool, error) {
-	pem, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--gateway-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--gateway-ca %s: no PEM certificate in it", path)
-	}
-	return pool, nil
 }

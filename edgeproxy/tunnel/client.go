@@ -28,8 +28,10 @@ type Options struct {
 	// ServerName, if set, is the name every gateway's certificate is
 	// checked against; otherwise each entry's host part.
 	ServerName string
-	// RootCAs verify the gateways' certificates; nil means the system pool.
-	RootCAs *x509.CertPool
+	// RootCAs returns the CAs that verify the gateways' certificates,
+	// asked at each connection (so a rotated --gateway-ca file is used
+	// for the next one); nil, or a nil pool, means the system's roots.
+	RootCAs func() *x509.CertPool
 	// Certificate supplies the node's client certificate for each new
 	// connection (CertFiles.GetClientCertificate).
 	Certificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)

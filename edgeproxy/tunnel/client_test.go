@@ -2,6 +2,7 @@ package edgetunnel
 
 import (
 	"bytes"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -391,4 +393,27 @@ func TestRotatedCertificateUsedForNextConnection(t *testing.T) {
 	if got := peer(gw.nextConn()); got != "edge-new" {
 		t.Fatalf("connection after rotation as %q, want edge-new", got)
 	}
+}
+
+// A gateway whose CA the edge learns later (the --gateway-ca file
+// rotated): the next connection attempt uses the new CAs, without a
+// restart.
+func TestRootCAsAskedAtEachConnection(t *testing.T) {
+	ca := testenv.MustCA(t, "edgetunnel-test")
+	gwCA := testenv.MustCA(t, "new-gateway-ca")
+	gw := startGateway(t, gatewayPKI{serverCA: gwCA, clientCA: ca}, "127.0.0.1:0")
+	var roots atomic.Pointer[x509.CertPool]
+	roots.Store(ca.Pool())
+	e := startEdge(t, Options{Gateways: []string{gw.addr.String()}, AllowPorts: []uint16{1},
+		RootCAs: func() *x509.CertPool { return roots.Load() }}, ca, ca)
+	eventually(t, "a refused handshake", func() bool {
+		st, _ := e.status(gw.addr)
+		return st.LastError != "" && gw.hellos.Load() > 0
+	})
+	roots.Store(gwCA.Pool())
+	gw.nextConn()
+	eventually(t, "connected", func() bool {
+		st, _ := e.status(gw.addr)
+		return st.Connected
+	})
 }

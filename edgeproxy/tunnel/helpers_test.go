@@ -221,7 +221,7 @@ func startEdge(t *testing.T, o Options, nodeCA, gwCA *testenv.CA) *edge {
 		o.Certificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &kp.TLS, nil }
 	}
 	if o.RootCAs == nil {
-		o.RootCAs = gwCA.Pool()
+		o.RootCAs = gwCA.Pool
 	}
 	o.BackoffInitial = cmpOr(o.BackoffInitial, 20*time.Millisecond)
 	o.BackoffMax = cmpOr(o.BackoffMax, 200*time.Millisecond)

@@ -3,6 +3,7 @@ package edgetunnel
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -128,7 +129,11 @@ func (r *replica) dial(ctx context.Context) (*quic.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open UDP socket: %w", err)
 	}
-	tlsConf := tunnel.ClientTLS(r.c.opts.Certificate, r.c.opts.RootCAs, r.ep.serverName)
+	var roots *x509.CertPool
+	if r.c.opts.RootCAs != nil {
+		roots = r.c.opts.RootCAs()
+	}
+	tlsConf := tunnel.ClientTLS(r.c.opts.Certificate, roots, r.ep.serverName)
 	dctx, cancel := context.WithTimeout(ctx, 2*r.c.quicConf.HandshakeIdleTimeout)
 	defer cancel()
 	conn, err := quic.Dial(dctx, udp, net.UDPAddrFromAddrPort(r.ep.addr), tlsConf, r.c.quicConf)
