@@ -24,7 +24,8 @@ func TestKubernetesManifests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
-	rbac := []string{filepath.Join(dir, "gateway-rbac.yaml"), filepath.Join(dir, "gateway-hosts-configmap-rbac.yaml")}
+	rbac := []string{filepath.Join(dir, "gateway-rbac.yaml"), filepath.Join(dir, "gateway-hosts-configmap-rbac.yaml"),
+		filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml")}
 	if err := testenv.ApplyManifests(ctx, cp.Admin, false, rbac...); err != nil {
 		t.Fatalf("apply RBAC: %v", err)
 	}
@@ -51,7 +52,12 @@ func TestKubernetesManifests(t *testing.T) {
 			{"delete", "nodes", "", "", false},
 			{"get", "secrets", "tether-system", "", false},
 			{"list", "pods", "", "", false},
-			{"update", "leases", "kube-node-lease", "edge-1", false},
+			// Delegated heartbeats: node Leases, after reading the pool's
+			// election record; nothing else in tether-system.
+			{"update", "leases", "kube-node-lease", "edge-1", true},
+			{"delete", "leases", "kube-node-lease", "edge-1", false},
+			{"get", "configmaps", "tether-system", "pool-shop", true},
+			{"update", "configmaps", "tether-system", "pool-shop", false},
 			// --hosts-configmap kube-system/tether-nodes, and nothing else.
 			{"update", "configmaps", "kube-system", "tether-nodes", true},
 			{"create", "configmaps", "kube-system", "", true},
@@ -77,7 +83,49 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
+// The edges, as any node: the pool election's records in tether-system
+// (ConfigMaps: NodeRestriction keeps nodes from every Lease but their
+// own), read-only access to what they serve, nothing else.
+func TestEdgeRBAC(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		verb, resource, namespace, name string
+		allowed                         bool
+	}{
+		{"update", "configmaps", "tether-system", "pool-shop", true},
+		{"create", "configmaps", "tether-system", "", true},
+		{"delete", "configmaps", "tether-system", "pool-shop", false},
+		{"update", "configmaps", "kube-system", "coredns", false},
+		{"get", "secrets", "tether-system", "", false},
+		{"watch", "endpointslices", "", "", true},
+		{"update", "endpointslices", "default", "x", false},
+		{"watch", "services", "", "", true},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: "system:node:edge-1", Groups: []string{"system:nodes", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Resource: c.resource,
+				Group: groupOf(c.resource), Namespace: c.namespace, Name: c.name},
+		}}
+		res, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status.Allowed != c.allowed {
+			t.Errorf("a node may %s %s %s/%s: %v, want %v (%s)", c.verb, c.resource, c.namespace, c.name, res.Status.Allowed, c.allowed, res.Status.Reason)
+		}
+	}
+}
+
 func groupOf(resource string) string {
+	if resource == "endpointslices" {
+		return "discovery.k8s.io"
+	}
 	if resource == "leases" {
 		return "coordination.k8s.io"
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/selfca"
 	"github.com/tether-edge/tether/internal/config"
@@ -50,6 +51,10 @@ type Config struct {
 	// EnableUpdateTrigger runs the update-trigger controller
 	// (gateway/topology) for edges that still run YurtHub.
 	EnableUpdateTrigger bool `json:"enable-update-trigger"`
+	// DelegatedHeartbeatTaint runs the delegated-heartbeat taint controller
+	// (gateway/pooltaint); DelegatedHeartbeatTaintRenewals is its threshold.
+	DelegatedHeartbeatTaint         bool `json:"delegated-heartbeat-taint"`
+	DelegatedHeartbeatTaintRenewals int  `json:"delegated-heartbeat-taint-renewals"`
 
 	MaxStreamsPerEdge int             `json:"max-streams-per-edge"`
 	IdleTimeout       metav1.Duration `json:"idle-timeout"`
@@ -94,6 +99,9 @@ func DefaultConfig() Config {
 		ShutdownGrace:     metav1.Duration{Duration: 10 * time.Second},
 		LogLevel:          "info",
 		LogFormat:         "text",
+
+		DelegatedHeartbeatTaint:         true,
+		DelegatedHeartbeatTaintRenewals: pooltaint.DefaultThreshold,
 	}
 }
 
@@ -181,6 +189,9 @@ func (c *Config) Validate() error {
 		if _, _, err := dns.ParseConfigMapRef(c.HostsConfigMap); err != nil {
 			bad("--hosts-configmap: %w", err)
 		}
+	}
+	if c.DelegatedHeartbeatTaintRenewals < 1 {
+		bad("--delegated-heartbeat-taint-renewals %d: want at least 1", c.DelegatedHeartbeatTaintRenewals)
 	}
 	if c.MaxStreamsPerEdge < 1 {
 		bad("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)

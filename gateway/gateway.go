@@ -1,6 +1,7 @@
 // Package gateway is tether-gateway: it wires the node watcher, the edge
-// registry, the QUIC tunnel server, the transparent proxy and the admin
-// HTTP server into one process. See README.md for the data flow.
+// registry, the QUIC tunnel server (with the delegated-heartbeat handler),
+// the transparent proxy, the cloud-side controllers and the admin HTTP
+// server into one process. See README.md for the data flow.
 //
 // New binds every listener, so that a port in use or a bad certificate
 // fails before anything runs; Run runs the parts in an errgroup until its
@@ -33,7 +34,9 @@ import (
 
 	"github.com/tether-edge/tether/gateway/dnat"
 	"github.com/tether-edge/tether/gateway/dns"
+	"github.com/tether-edge/tether/gateway/heartbeat"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/proxy"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/topology"
@@ -68,6 +71,8 @@ type Gateway struct {
 	hosts *dns.HostsWriter // nil without --hosts-configmap
 
 	updateTrigger *topology.Controller // nil without --enable-update-trigger
+	heartbeats    *heartbeat.Handler
+	poolTaint     *pooltaint.Controller // nil with --delegated-heartbeat-taint=false
 
 	running  atomic.Bool // Run has started the parts
 	synced   atomic.Bool // the node informer has synced
@@ -138,6 +143,28 @@ func New(cfg Config) (_ *Gateway, err error) {
 		g.updateTrigger = topology.New(client, topology.Options{Logger: log.With("part", "update-trigger")})
 	}
 
+	// Delegated heartbeats are always served: only a pool's leader may
+	// send them, and only for its pool's members.
+	g.heartbeats, err = heartbeat.New(heartbeat.Options{
+		Client:     client,
+		Nodes:      watcherPools{g.watcher},
+		Logger:     log.With("part", "delegated-heartbeats"),
+		Registerer: g.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.DelegatedHeartbeatTaint {
+		g.poolTaint, err = pooltaint.New(client, pooltaint.Options{
+			Threshold:  cfg.DelegatedHeartbeatTaintRenewals,
+			Logger:     log.With("part", "delegated-heartbeat-taint"),
+			Registerer: g.metrics,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
 	g.registry = registry.New(registry.Options{MaxStreams: cfg.MaxStreamsPerEdge, Logger: log})
 	if err := g.metrics.Register(g.registry); err != nil {
 		return nil, fmt.Errorf("register registry metrics: %w", err)
@@ -150,6 +177,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		ShutdownGrace:     cfg.ShutdownGrace.Duration,
 		Logger:            log,
 		Registerer:        g.metrics,
+		Heartbeats:        g.heartbeats,
 	})
 	if err != nil {
 		return nil, err
@@ -272,6 +300,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.updateTrigger != nil {
 		eg.Go(func() error { return g.updateTrigger.Run(ectx) })
 	}
+	if g.poolTaint != nil {
+		eg.Go(func() error { return g.poolTaint.Run(ectx) })
+	}
 	eg.Go(func() error { return g.watcher.Run(ectx) })
 	eg.Go(func() error {
 		if err := g.watcher.WaitSynced(ectx); err == nil {
@@ -369,6 +400,21 @@ func (g *Gateway) DNSAddr() net.Addr {
 		return nil
 	}
 	return g.dnsPC.LocalAddr()
+}
+
+// watcherPools answers the heartbeat handler's questions about pools from
+// the node watcher's snapshot, so that a heartbeat costs no Node GET.
+type watcherPools struct{ w *nodewatch.Watcher }
+
+var _ heartbeat.NodePools = watcherPools{}
+
+func (p watcherPools) NodePool(_ context.Context, node string) (string, bool, error) {
+	snap := p.w.Snapshot()
+	if snap.Version == 0 {
+		return "", false, errors.New("node informer not synced yet")
+	}
+	n, ok := snap.Lookup(node)
+	return n.Pool, ok, nil
 }
 
 // kubeClient builds a client from a kubeconfig file, or from the in-cluster

@@ -52,6 +52,7 @@ func TestValidate(t *testing.T) {
 		{"empty selector", func(c *Config) { c.EdgeSelector = "" }, "every node an edge node"},
 		{"bad zone", func(c *Config) { c.DNSZones = []string{"under_score.example"} }, `--dns-zone "under_score.example"`},
 		{"no streams", func(c *Config) { c.MaxStreamsPerEdge = 0 }, "--max-streams-per-edge 0"},
+		{"no taint renewals", func(c *Config) { c.DelegatedHeartbeatTaintRenewals = 0 }, "--delegated-heartbeat-taint-renewals 0"},
 		{"no idle", func(c *Config) { c.IdleTimeout = metav1.Duration{} }, "--idle-timeout 0s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,29 +96,10 @@ func TestRun(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	ca := testenv.MustCA(t, "tether edges")
-	caFile, err := ca.WriteFile(dir, "client-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := ca.ServerCert("gateway", "gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, err := srv.WriteFiles(dir, "gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Kubeconfig = cp.AdminKubeconfig
-	cfg.ClientCA, cfg.TLSCert, cfg.TLSKey = caFile, certFile, keyFile
-	cfg.TunnelListen, cfg.ProxyPort, cfg.AdminListen = "127.0.0.1:0", 0, "127.0.0.1:0"
-	cfg.DNSListen, cfg.NetRules = "127.0.0.1:0", "none" // the host's netfilter is not the test's; e2e programs rules in namespaces
+	cfg, ca := testConfig(t, cp.AdminKubeconfig)
+	cfg.DNSListen = "127.0.0.1:0"
 	cfg.DNSZones = []string{"tether.internal"}
 	cfg.Replica = "gw-test"
-	cfg.ShutdownGrace = metav1.Duration{Duration: time.Second}
-	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	g, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -207,6 +189,37 @@ func TestRun(t *testing.T) {
 	if code, ok := edge.WaitClosed(5 * time.Second); !ok || code != tunnel.CloseShutdown {
 		t.Fatalf("edge closed with %v (by gateway: %v), want CloseShutdown", code, ok)
 	}
+}
+
+// testConfig is a gateway configuration for tests with kubeconfig: ca
+// signs the serving certificate (for the name "gateway") and verifies the
+// edges' certificates; the listeners are on loopback ports of the
+// kernel's choice; no DNS, no netrules (the host's netfilter is not the
+// test's; e2e programs rules in namespaces); logs go to the test's.
+func testConfig(t *testing.T, kubeconfig string) (Config, *testenv.CA) {
+	t.Helper()
+	dir := t.TempDir()
+	ca := testenv.MustCA(t, "tether edges")
+	caFile, err := ca.WriteFile(dir, "client-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ca.ServerCert("gateway", "gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, err := srv.WriteFiles(dir, "gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Kubeconfig = kubeconfig
+	cfg.ClientCA, cfg.TLSCert, cfg.TLSKey = caFile, certFile, keyFile
+	cfg.TunnelListen, cfg.ProxyPort, cfg.AdminListen = "127.0.0.1:0", 0, "127.0.0.1:0"
+	cfg.DNSListen, cfg.NetRules = "", "none"
+	cfg.ShutdownGrace = metav1.Duration{Duration: time.Second}
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return cfg, ca
 }
 
 func TestNewFailsCleanly(t *testing.T) {

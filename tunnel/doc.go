@@ -37,4 +37,30 @@
 //
 // A whole request is at most MaxRequestLen bytes; a reader never reads
 // more than that before deciding, so a peer cannot make it buffer more.
+//
+// # Delegated heartbeats
+//
+// The edge opens a stream of its own for one thing only: as its pool's
+// leader, it asks the gateway to write the Lease renewal of a pool member
+// that lost the cloud (DelegateRequest). The gateway checks it, writes the
+// Lease and answers with a Reply: OK, or a refusal whose Code says why
+// (NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, BadLease,
+// Unavailable, BadRequest). The edge closes its side after the request;
+// the gateway closes the stream after the reply. An edge may have at most
+// MaxStreamsToGateway such streams open toward one gateway at once.
+//
+// Delegate request, version 1: the same fixed part, kind 0x02:
+//
+//	+---------+------+------------+--------------------------------------+
+//	| version | kind | length (2) | body: length bytes                   |
+//	| 0x01    | 0x02 |            |                                      |
+//	+---------+------+------------+--------------------------------------+
+//	body := node-length(1) node(node-length) lease(the rest)
+//	node: the delegated node's name (a DNS-1123 subdomain)
+//	lease: its coordination.k8s.io/v1 Lease as JSON, 1 to MaxLeaseLen bytes
+//
+// A delegate request is at most MaxDelegateRequestLen bytes (64 KiB and
+// the fixed part). Each side reads only the kind it expects on the
+// streams it accepts: a connect request on a stream the edge opened, or a
+// delegate request on one the gateway opened, is a bad header.
 package tunnel

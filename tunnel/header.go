@@ -14,8 +14,13 @@ const Version = 1
 // MaxRequestLen bounds a request header, fixed part included.
 const MaxRequestLen = 512
 
+// Request kinds (the second byte of a request).
 const (
-	kindConnect    = 1
+	kindConnect  = 1 // the gateway asks the edge to dial (Request)
+	kindDelegate = 2 // the edge asks the gateway to write a Lease (DelegateRequest)
+)
+
+const (
 	fieldClient    = 1
 	requestFixed   = 4 // version, kind, length
 	replyFixed     = 3 // version, code, length
@@ -77,19 +82,9 @@ func WriteRequest(w io.Writer, r Request) error {
 // ReadRequest reads one request. It reads exactly the request's bytes and
 // never more than MaxRequestLen.
 func ReadRequest(rd io.Reader) (Request, error) {
-	var fixed [requestFixed]byte
-	if _, err := io.ReadFull(rd, fixed[:]); err != nil {
-		return Request{}, fmt.Errorf("read request header: %w", err)
-	}
-	if fixed[0] != Version {
-		return Request{}, &VersionError{Got: fixed[0]}
-	}
-	if fixed[1] != kindConnect {
-		return Request{}, fmt.Errorf("%w: unknown kind %d", ErrBadHeader, fixed[1])
-	}
-	n := int(binary.BigEndian.Uint16(fixed[2:]))
-	if n > MaxRequestLen-requestFixed {
-		return Request{}, fmt.Errorf("%w: length %d over the limit of %d", ErrBadHeader, n, MaxRequestLen)
+	n, err := readFixed(rd, kindConnect, MaxRequestLen)
+	if err != nil {
+		return Request{}, err
 	}
 	var buf [MaxRequestLen]byte
 	body := buf[:n]
@@ -97,6 +92,27 @@ func ReadRequest(rd io.Reader) (Request, error) {
 		return Request{}, fmt.Errorf("read request body: %w", err)
 	}
 	return parseRequestBody(body)
+}
+
+// readFixed reads the fixed part of a request of the given kind and
+// returns the length of its body, which it checks against limit, the
+// bound of the whole request.
+func readFixed(rd io.Reader, kind byte, limit int) (int, error) {
+	var fixed [requestFixed]byte
+	if _, err := io.ReadFull(rd, fixed[:]); err != nil {
+		return 0, fmt.Errorf("read request header: %w", err)
+	}
+	if fixed[0] != Version {
+		return 0, &VersionError{Got: fixed[0]}
+	}
+	if fixed[1] != kind {
+		return 0, fmt.Errorf("%w: kind %d where kind %d belongs", ErrBadHeader, fixed[1], kind)
+	}
+	n := int(binary.BigEndian.Uint16(fixed[2:]))
+	if n > limit-requestFixed {
+		return 0, fmt.Errorf("%w: length %d over the limit of %d", ErrBadHeader, n, limit)
+	}
+	return n, nil
 }
 
 func parseRequestBody(body []byte) (Request, error) {
@@ -141,11 +157,12 @@ func (e *VersionError) Error() string {
 
 func (e *VersionError) Is(target error) bool { return target == ErrBadHeader }
 
-// Code is the edge's answer to a Request.
+// Code is the answer to a request: OK or the reason of a refusal.
 type Code uint8
 
+// Codes of a reply to a Request (a connect stream).
 const (
-	OK         Code = 0 // dialled; bytes follow
+	OK         Code = 0 // dialled; bytes follow (a delegate stream: Lease written)
 	NotAllowed Code = 1 // destination outside the edge's allow list
 	DialFailed Code = 2 // the edge could not connect (refused, unreachable)
 	Timeout    Code = 3 // the edge's dial timed out
@@ -153,7 +170,20 @@ const (
 	BadRequest Code = 5 // the request header was malformed or of another version
 )
 
-var codeNames = [...]string{"ok", "not_allowed", "dial_failed", "timeout", "overloaded", "bad_request"}
+// Codes of the gateway's reply to a DelegateRequest, besides OK and
+// BadRequest.
+const (
+	NotLeader     Code = 6  // the sender does not hold its pool's election record
+	LeaderExpired Code = 7  // the sender's election record has expired
+	NotInPool     Code = 8  // the sender or the delegated node has no pool
+	OtherPool     Code = 9  // the delegated node is in another pool than the sender
+	UnknownNode   Code = 10 // the sender or the delegated node has no Node object
+	BadLease      Code = 11 // not a Lease kube-node-lease/<node> with a renewTime
+	Unavailable   Code = 12 // the gateway could not read or write the API objects; another replica may
+)
+
+var codeNames = [...]string{"ok", "not_allowed", "dial_failed", "timeout", "overloaded", "bad_request",
+	"not_leader", "leader_expired", "not_in_pool", "other_pool", "unknown_node", "bad_lease", "unavailable"}
 
 // String is the code's metric label ("not_allowed", ...).
 func (c Code) String() string {
@@ -163,10 +193,18 @@ func (c Code) String() string {
 	return fmt.Sprintf("code_%d", uint8(c))
 }
 
-// Codes lists every known code, for pre-creating metric series.
+// Codes lists the codes of a reply to a Request, for pre-creating metric
+// series.
 func Codes() []Code { return []Code{OK, NotAllowed, DialFailed, Timeout, Overloaded, BadRequest} }
 
-// Reply is the edge's answer to a Request.
+// DelegateCodes lists the codes of a reply to a DelegateRequest, for
+// pre-creating metric series.
+func DelegateCodes() []Code {
+	return []Code{OK, BadRequest, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, BadLease, Unavailable}
+}
+
+// Reply is the edge's answer to a Request, and the gateway's to a
+// DelegateRequest.
 type Reply struct {
 	Code    Code
 	Message string // human-readable detail; at most 255 bytes on the wire
@@ -206,7 +244,9 @@ func ReadReply(rd io.Reader) (Reply, error) {
 	return r, nil
 }
 
-// RefusedError is a refusal from the edge.
+// RefusedError is a refusal read by ReadReply: from the edge on a connect
+// stream, from the gateway on a delegate stream (edgetunnel turns the
+// latter into an error of its own).
 type RefusedError struct {
 	Code    Code
 	Message string

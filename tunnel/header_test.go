@@ -109,7 +109,7 @@ func TestReadRequestSkipsUnknownFields(t *testing.T) {
 }
 
 func TestReplyRoundTrip(t *testing.T) {
-	for _, c := range Codes() {
+	for _, c := range append(Codes(), DelegateCodes()...) {
 		var buf bytes.Buffer
 		in := Reply{Code: c, Message: "because " + c.String()}
 		if err := WriteReply(&buf, in); err != nil {
@@ -133,10 +133,25 @@ func TestCodeString(t *testing.T) {
 	if NotAllowed.String() != "not_allowed" || Code(77).String() != "code_77" {
 		t.Errorf("names: %q %q", NotAllowed, Code(77))
 	}
+	if NotLeader.String() != "not_leader" || Unavailable.String() != "unavailable" {
+		t.Errorf("names: %q %q", NotLeader, Unavailable)
+	}
+	seen := map[string]bool{}
+	for _, c := range append(Codes(), DelegateCodes()...) {
+		if n := c.String(); strings.HasPrefix(n, "code_") {
+			t.Errorf("code %d has no name", uint8(c))
+		} else {
+			seen[n] = true
+		}
+	}
+	if len(seen) != len(codeNames) {
+		t.Errorf("Codes and DelegateCodes name %d codes, %d are defined", len(seen), len(codeNames))
+	}
 }
 
-// FuzzReadRequest: any bytes give a request or an error, never a panic, and
-// a request that parses re-encodes to one that parses the same.
+// FuzzReadRequest: any bytes give a request of either kind or an error,
+// never a panic; no bytes parse as both kinds; a request that parses
+// re-encodes to one that parses the same, without reading past its end.
 func FuzzReadRequest(f *testing.F) {
 	for _, r := range []Request{
 		{Dest: netip.MustParseAddrPort("10.0.0.7:10250"), Client: "10.0.0.1:1234"},
@@ -146,18 +161,43 @@ func FuzzReadRequest(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{1, 1, 0xff, 0xff})
+	for _, r := range []DelegateRequest{
+		{Node: "edge-2", Lease: []byte(`{"metadata":{"name":"edge-2","namespace":"kube-node-lease"}}`)},
+		{Node: "a", Lease: []byte{'{'}},
+	} {
+		b, _ := AppendDelegateRequest(nil, r)
+		f.Add(b)
+	}
+	f.Add([]byte{1, 2, 0xff, 0xff, 1, 'a'})
+	f.Add([]byte{1, 2, 0, 3, 5, 'a', 'b'})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		r, err := ReadRequest(bytes.NewReader(in))
-		if err != nil {
-			return
-		}
-		b, err := AppendRequest(nil, r)
-		if err != nil {
-			t.Fatalf("re-encode %+v: %v", r, err)
-		}
-		r2, err := ReadRequest(bytes.NewReader(b))
-		if err != nil || r2 != r {
-			t.Fatalf("re-decode: %+v, %v; want %+v", r2, err, r)
+		r, errC := ReadRequest(bytes.NewReader(in))
+		d, errD := ReadDelegateRequest(bytes.NewReader(in))
+		switch {
+		case errC == nil && errD == nil:
+			t.Fatalf("%q parses as both %+v and %+v", in, r, d)
+		case errC == nil:
+			b, err := AppendRequest(nil, r)
+			if err != nil {
+				t.Fatalf("re-encode %+v: %v", r, err)
+			}
+			r2, err := ReadRequest(bytes.NewReader(b))
+			if err != nil || r2 != r {
+				t.Fatalf("re-decode: %+v, %v; want %+v", r2, err, r)
+			}
+		case errD == nil:
+			if len(d.Lease) > MaxLeaseLen {
+				t.Fatalf("Lease of %d bytes accepted", len(d.Lease))
+			}
+			b, err := AppendDelegateRequest(nil, d)
+			if err != nil {
+				t.Fatalf("re-encode %+v: %v", d, err)
+			}
+			rd := bytes.NewReader(append(b, "after"...))
+			d2, err := ReadDelegateRequest(rd)
+			if err != nil || d2.Node != d.Node || !bytes.Equal(d2.Lease, d.Lease) || rd.Len() != len("after") {
+				t.Fatalf("re-decode: %+v, %v, %d bytes left; want %+v", d2, err, rd.Len(), d)
+			}
 		}
 	})
 }

@@ -48,6 +48,9 @@ type Options struct {
 	HeaderTimeout time.Duration
 	// DialTimeout bounds the dial of a destination. Default 5 s.
 	DialTimeout time.Duration
+	// HeartbeatTimeout bounds one attempt of DelegateHeartbeat on one
+	// gateway replica (open a stream, send, read the reply). Default 5 s.
+	HeartbeatTimeout time.Duration
 	// StreamIdle ends a relay without a byte either way for this long.
 	// Default 4 h, the kubelet's own streaming idle timeout.
 	StreamIdle time.Duration
@@ -73,6 +76,7 @@ func (o Options) withDefaults() Options {
 	o.MaxStreams = cmpOr(o.MaxStreams, int(o.Limits.MaxStreams))
 	o.HeaderTimeout = cmpOr(o.HeaderTimeout, 5*time.Second)
 	o.DialTimeout = cmpOr(o.DialTimeout, 5*time.Second)
+	o.HeartbeatTimeout = cmpOr(o.HeartbeatTimeout, 5*time.Second)
 	o.StreamIdle = cmpOr(o.StreamIdle, 4*time.Hour)
 	o.ResolveInterval = cmpOr(o.ResolveInterval, 30*time.Second)
 	o.BackoffInitial = cmpOr(o.BackoffInitial, 200*time.Millisecond)
@@ -103,8 +107,9 @@ func cmpOr[T int | int64 | time.Duration](v, def T) T {
 	return v
 }
 
-// Client keeps the tunnel to every gateway replica and serves the streams
-// they open.
+// Client keeps the tunnel to every gateway replica, serves the streams
+// they open, and opens streams of its own for delegated heartbeats
+// (DelegateHeartbeat).
 type Client struct {
 	opts     Options
 	targets  []Target

@@ -1,7 +1,9 @@
 // Package edgetunnel is the edge half of the tunnel: it keeps one QUIC
 // connection to every gateway replica, accepts the streams the gateways
 // open, checks each requested destination against the node's allow list,
-// dials it and relays bytes (the wire protocol is package tunnel's).
+// dials it and relays bytes (the wire protocol is package tunnel's). As
+// its pool's leader it also opens streams of its own on them to pass on
+// pool members' Lease renewals (Client.DelegateHeartbeat).
 //
 // Lifetimes: Client.Run re-resolves the --gateway entries and runs one
 // supervisor per resolved replica address; a supervisor dials, serves the

@@ -1,6 +1,8 @@
 package edgetunnel
 
 import (
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-edge/tether/tunnel"
@@ -10,8 +12,9 @@ import (
 // series are read from the replicas when scraped (collector), so that a
 // replica's series go away with it.
 type metrics struct {
-	byCode map[tunnel.Code]prometheus.Counter
-	other  *prometheus.CounterVec
+	byCode     map[tunnel.Code]prometheus.Counter
+	other      *prometheus.CounterVec
+	heartbeats *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
@@ -25,14 +28,44 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	if err := reg.Register(streams); err != nil {
 		return nil, err
 	}
+	heartbeats := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tether", Subsystem: "edge_tunnel", Name: "delegated_heartbeats_total",
+		Help: "Delegated heartbeats sent to a gateway replica (one per attempt), by result: ok, the gateway's refusal code (not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable, bad_request), or error (the stream failed).",
+	}, []string{"result"})
+	if err := reg.Register(heartbeats); err != nil {
+		return nil, err
+	}
 	if err := reg.Register(&collector{c: c}); err != nil {
 		return nil, err
 	}
-	m := &metrics{byCode: make(map[tunnel.Code]prometheus.Counter), other: streams}
+	m := &metrics{byCode: make(map[tunnel.Code]prometheus.Counter), other: streams, heartbeats: heartbeats}
 	for _, code := range tunnel.Codes() {
 		m.byCode[code] = streams.WithLabelValues(code.String())
 	}
+	for _, code := range tunnel.DelegateCodes() {
+		heartbeats.WithLabelValues(code.String())
+	}
+	heartbeats.WithLabelValues(resultError)
 	return m, nil
+}
+
+// resultError is the heartbeat result of an attempt whose stream failed.
+const resultError = "error"
+
+// heartbeat counts the result of one DelegateHeartbeat attempt.
+func (m *metrics) heartbeat(err error) {
+	if m == nil {
+		return
+	}
+	var re *DelegateRefusedError
+	switch {
+	case err == nil:
+		m.heartbeats.WithLabelValues(tunnel.OK.String()).Inc()
+	case errors.As(err, &re):
+		m.heartbeats.WithLabelValues(re.Code.String()).Inc()
+	default:
+		m.heartbeats.WithLabelValues(resultError).Inc()
+	}
 }
 
 func (m *metrics) result(code tunnel.Code) {

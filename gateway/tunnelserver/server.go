@@ -28,9 +28,14 @@
 // flood): at most refusalLogBurst per refusalLogWindow, the rest counted
 // only, with the number left out reported on the next line.
 //
-// Edges may not open streams toward the gateway (MaxIncomingStreams is
-// negative): every stream is opened by the gateway, one per proxied TCP
-// connection.
+// The gateway opens one stream per proxied TCP connection. An edge may
+// open streams of one kind only, delegated heartbeats, and only when
+// Options.Heartbeats is set: at most tunnel.MaxStreamsToGateway at once
+// (QUIC's MaxIncomingStreams; without a handler it is negative and the
+// edge may open none). Each must bring its tunnel.DelegateRequest within
+// edgeRequestTimeout; a malformed one is answered with tunnel.BadRequest.
+// The handler is told the sender from the connection's verified
+// certificate, never from the request, and its tunnel.Reply is sent back.
 //
 // Shutdown, when Serve's context ends: stop accepting, let the open streams
 // finish for up to Options.ShutdownGrace, then close every connection with
@@ -47,6 +52,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -93,7 +99,25 @@ type Options struct {
 	// RecheckInterval is how often the certificates of live tunnels are
 	// verified again (see the package doc); 0 means DefaultRecheckInterval.
 	RecheckInterval time.Duration
+	// Heartbeats, if set, answers the delegate-heartbeat streams edges
+	// open; without it edges may open no stream.
+	Heartbeats Heartbeats
 }
+
+// Heartbeats answers delegated heartbeats (package gateway/heartbeat).
+type Heartbeats interface {
+	// Delegate answers req from sender, the node named by the edge's
+	// verified client certificate: OK once the Lease is written, or a
+	// refusal. ctx ends when the stream's time is up or the tunnel closes.
+	Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply
+}
+
+// Bounds of a stream an edge opens: its request must arrive within
+// edgeRequestTimeout, and the handler's answer within edgeHandleTimeout.
+const (
+	edgeRequestTimeout = 5 * time.Second
+	edgeHandleTimeout  = 10 * time.Second
+)
 
 // Server accepts edge tunnels into a registry.
 type Server struct {
@@ -109,6 +133,9 @@ type Server struct {
 	clientCAs func() *x509.CertPool
 	recheck   time.Duration
 	evictions *prometheus.CounterVec
+
+	heartbeats  Heartbeats
+	edgeStreams *prometheus.CounterVec
 
 	wg     sync.WaitGroup // connection handlers
 	mu     sync.Mutex
@@ -129,6 +156,14 @@ const (
 )
 
 var results = []string{resultRegistered, resultNotANode, resultNoCertificate, resultUnknownCA, resultExpired, resultBadCertificate}
+
+// Results of the streams edges open, counted by
+// tether_gateway_tunnel_edge_streams_total.
+const (
+	streamServed     = "served"      // the request was handed to the handler, its reply sent
+	streamBadRequest = "bad_request" // malformed, of another kind or version, or not sent in time
+	streamAborted    = "aborted"     // the stream or the tunnel ended before the request
+)
 
 // Listen binds the UDP address (such as ":10262") and starts accepting QUIC
 // handshakes; Serve hands the connections to the registry.
@@ -153,7 +188,10 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	// while they drain.
 	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
 	cfg := tunnel.QUICConfig(opts.Limits)
-	cfg.MaxIncomingStreams = -1 // the gateway opens every stream
+	cfg.MaxIncomingStreams = -1 // the gateway opens every stream...
+	if opts.Heartbeats != nil {
+		cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway // ...but delegated heartbeats
+	}
 	s := &Server{
 		reg:   reg,
 		tr:    tr,
@@ -171,6 +209,11 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_connections_total",
 			Help: "Tunnel connections by result: registered; refused during the TLS handshake: no_certificate, unknown_ca, expired, bad_certificate; refused after it: not_a_node (verified certificate that names no node).",
+		}, []string{"result"}),
+		heartbeats: opts.Heartbeats,
+		edgeStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_tunnel_edge_streams_total",
+			Help: "Streams edges opened toward the gateway (delegated heartbeats), by result: served (handed to the heartbeat handler, whose metrics say more), bad_request (malformed, another kind, or not sent within 5s), aborted (ended before its request).",
 		}, []string{"result"}),
 	}
 	if s.grace <= 0 {
@@ -191,13 +234,16 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	for _, r := range []string{resultExpired, resultUnknownCA, resultBadCertificate} {
 		s.evictions.WithLabelValues(r)
 	}
+	for _, r := range []string{streamServed, streamBadRequest, streamAborted} {
+		s.edgeStreams.WithLabelValues(r)
+	}
 	s.ln, err = tr.Listen(s.tlsConfig(opts.GetCertificate, clientCAs), cfg)
 	if err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("tunnel listener %s: %w", addr, err)
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.conns, s.evictions} {
+		for _, c := range []prometheus.Collector{s.conns, s.evictions, s.edgeStreams} {
 			if err := opts.Registerer.Register(c); err != nil {
 				s.ln.Close()
 				tr.Close()
@@ -269,6 +315,9 @@ func (s *Server) handle(conn *quic.Conn) {
 	log := s.log.With("node", e.Node(), "remote", remote)
 	cert := conn.ConnectionState().TLS.PeerCertificates[0] // Register found it
 	log.Info("edge connected", "cert_serial", cert.SerialNumber.Text(16), "cert_not_after", cert.NotAfter)
+	if s.heartbeats != nil {
+		s.serveEdgeStreams(conn, e.Node(), remote, log)
+	}
 	<-conn.Context().Done()
 	s.reg.Unregister(e)
 	log.Info("edge disconnected", "reason", context.Cause(conn.Context()))
@@ -311,4 +360,56 @@ func (s *Server) untrack(conn *quic.Conn) {
 	s.mu.Lock()
 	delete(s.live, conn)
 	s.mu.Unlock()
+}
+
+// serveEdgeStreams serves the streams the edge of node opens until its
+// connection ends, and returns once each of them is done.
+func (s *Server) serveEdgeStreams(conn *quic.Conn, node, remote string, log *slog.Logger) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		qs, err := conn.AcceptStream(conn.Context())
+		if err != nil {
+			return
+		}
+		wg.Go(func() { s.serveEdgeStream(conn.Context(), qs, node, remote, log) })
+	}
+}
+
+// serveEdgeStream reads one delegate-heartbeat request, hands it to the
+// handler with the sender's node name and writes the handler's reply.
+func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, remote string, log *slog.Logger) {
+	qs.SetReadDeadline(time.Now().Add(edgeRequestTimeout))
+	req, err := tunnel.ReadDelegateRequest(qs)
+	if err != nil {
+		if !errors.Is(err, tunnel.ErrBadHeader) && !errors.Is(err, os.ErrDeadlineExceeded) {
+			s.edgeStreams.WithLabelValues(streamAborted).Inc()
+			log.Debug("edge stream ended before its request", "err", err)
+			qs.CancelRead(0)
+			qs.CancelWrite(0)
+			return
+		}
+		s.edgeStreams.WithLabelValues(streamBadRequest).Inc()
+		s.refused("edge stream refused: bad request", "node", node, "remote", remote, "err", err)
+		s.reply(qs, tunnel.Reply{Code: tunnel.BadRequest, Message: err.Error()}, log)
+		return
+	}
+	s.edgeStreams.WithLabelValues(streamServed).Inc()
+	hctx, cancel := context.WithTimeout(ctx, edgeHandleTimeout)
+	rep := s.heartbeats.Delegate(hctx, node, req)
+	cancel()
+	s.reply(qs, rep, log)
+}
+
+// reply writes rep and ends the stream: FIN after the reply, and nothing
+// more is read.
+func (s *Server) reply(qs *quic.Stream, rep tunnel.Reply, log *slog.Logger) {
+	qs.SetWriteDeadline(time.Now().Add(edgeRequestTimeout))
+	if err := tunnel.WriteReply(qs, rep); err != nil {
+		log.Debug("write reply to edge stream", "err", err)
+		qs.CancelWrite(0)
+	} else {
+		qs.Close()
+	}
+	qs.CancelRead(0)
 }

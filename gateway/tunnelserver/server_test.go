@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -117,7 +118,8 @@ func TestAcceptsNodeCertificate(t *testing.T) {
 		t.Fatalf("registered counter %v, want 1", got)
 	}
 
-	// The edge may not open streams toward the gateway.
+	// Without a heartbeat handler, the edge may not open streams toward
+	// the gateway.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if _, err := edge.Conn().OpenStreamSync(ctx); err == nil {
@@ -233,5 +235,196 @@ func TestShutdownGraceExpires(t *testing.T) {
 	f.done <- nil
 	if code, ok := edge.WaitClosed(5 * time.Second); !ok || code != tunnel.CloseShutdown {
 		t.Fatalf("close code %v (closed by gateway: %v), want CloseShutdown", code, ok)
+	}
+}
+
+// recordingHeartbeats answers every delegated heartbeat with reply and
+// records what it was given.
+type recordingHeartbeats struct {
+	reply tunnel.Reply
+	calls chan heartbeatCall
+	block chan struct{} // if set, Delegate waits for it to close
+}
+
+type heartbeatCall struct {
+	sender string
+	req    tunnel.DelegateRequest
+}
+
+func (r *recordingHeartbeats) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
+	r.calls <- heartbeatCall{sender, req}
+	if r.block != nil {
+		select {
+		case <-r.block:
+		case <-ctx.Done():
+		}
+	}
+	return r.reply
+}
+
+// delegate opens a stream on the edge's connection, writes raw and reads
+// the gateway's reply.
+func delegate(t *testing.T, edge *edgetest.Edge, raw []byte) (tunnel.Reply, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := edge.Conn().OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatalf("open stream toward the gateway: %v", err)
+	}
+	if _, err := s.Write(raw); err != nil {
+		t.Fatalf("write request: %v", err)
+	}
+	s.Close()
+	s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	return tunnel.ReadReply(s)
+}
+
+func (f *fixture) edgeStreams(result string) float64 {
+	f.t.Helper()
+	v, err := metrictest.Value(f.srv.edgeStreams, "tether_gateway_tunnel_edge_streams_total", "result="+result)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return v
+}
+
+// An edge's delegate-heartbeat stream reaches the handler with the node
+// name of the edge's certificate, whatever the request says, and the
+// handler's reply reaches the edge.
+func TestDelegateHeartbeatStream(t *testing.T) {
+	hb := &recordingHeartbeats{calls: make(chan heartbeatCall, 4), reply: tunnel.Reply{Code: tunnel.NotLeader, Message: "pool p is led by edge-9"}}
+	f := startWith(t, func(o *Options) { o.Heartbeats = hb })
+	edge := f.node("edge-1")
+
+	lease := []byte(`{"metadata":{"name":"edge-2","namespace":"kube-node-lease"}}`)
+	raw, err := tunnel.AppendDelegateRequest(nil, tunnel.DelegateRequest{Node: "edge-2", Lease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := delegate(t, edge, raw)
+	var re *tunnel.RefusedError
+	if !errors.As(err, &re) || rep != hb.reply {
+		t.Fatalf("reply %+v, %v; want %+v", rep, err, hb.reply)
+	}
+	call := <-hb.calls
+	if call.sender != "edge-1" || call.req.Node != "edge-2" || string(call.req.Lease) != string(lease) {
+		t.Fatalf("handler got %+v", call)
+	}
+
+	hb.reply = tunnel.Reply{Code: tunnel.OK}
+	if rep, err := delegate(t, edge, raw); err != nil || rep.Code != tunnel.OK {
+		t.Fatalf("reply %+v, %v; want OK", rep, err)
+	}
+	<-hb.calls
+	if got := f.edgeStreams(streamServed); got != 2 {
+		t.Errorf("served count %v, want 2", got)
+	}
+}
+
+// A malformed request, or a connect request from the edge, is answered
+// BadRequest and never reaches the handler.
+func TestDelegateHeartbeatBadRequest(t *testing.T) {
+	hb := &recordingHeartbeats{calls: make(chan heartbeatCall, 4)}
+	f := startWith(t, func(o *Options) { o.Heartbeats = hb })
+	edge := f.node("edge-1")
+	connect, err := tunnel.AppendRequest(nil, tunnel.Request{Dest: netip.MustParseAddrPort("10.0.0.1:10250")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, raw := range map[string][]byte{
+		"connect request": connect,
+		"version 9":       {9, 2, 0, 3, 1, 'a', '{'},
+		"bad node name":   {1, 2, 0, 4, 2, 'A', '_', '{'},
+		"no lease":        {1, 2, 0, 2, 1, 'a'},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rep, err := delegate(t, edge, raw)
+			if rep.Code != tunnel.BadRequest || err == nil {
+				t.Fatalf("reply %+v, %v; want bad_request", rep, err)
+			}
+		})
+	}
+	// A request cut short by the edge's FIN ends the stream unanswered.
+	for name, raw := range map[string][]byte{
+		"short, then FIN":           {1, 2, 0, 40, 1, 'a'},
+		"64K announced, 2 bytes in": {1, 2, 0xff, 0xff, 1, 'a'},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if rep, err := delegate(t, edge, raw); err == nil {
+				t.Fatalf("reply %+v to a truncated request", rep)
+			}
+		})
+	}
+	select {
+	case c := <-hb.calls:
+		t.Fatalf("a bad request reached the handler: %+v", c)
+	default:
+	}
+	if bad, aborted := f.edgeStreams(streamBadRequest), f.edgeStreams(streamAborted); bad != 4 || aborted != 2 {
+		t.Errorf("bad_request count %v, aborted %v; want 4 and 2", bad, aborted)
+	}
+}
+
+// A request that never comes is answered BadRequest after the header
+// timeout.
+func TestDelegateHeartbeatSilentStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the 5 s header timeout")
+	}
+	hb := &recordingHeartbeats{calls: make(chan heartbeatCall, 1)}
+	f := startWith(t, func(o *Options) { o.Heartbeats = hb })
+	edge := f.node("edge-1")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := edge.Conn().OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Write([]byte{1, 2, 0, 9}) // and nothing more
+	s.SetReadDeadline(time.Now().Add(edgeRequestTimeout + 5*time.Second))
+	if rep, err := tunnel.ReadReply(s); rep.Code != tunnel.BadRequest || err == nil {
+		t.Fatalf("reply %+v, %v; want bad_request", rep, err)
+	}
+}
+
+// An edge may have tunnel.MaxStreamsToGateway streams open toward the
+// gateway at once; the next waits for one of them to end.
+func TestDelegateHeartbeatStreamLimit(t *testing.T) {
+	hb := &recordingHeartbeats{calls: make(chan heartbeatCall, 64), block: make(chan struct{}), reply: tunnel.Reply{Code: tunnel.OK}}
+	f := startWith(t, func(o *Options) { o.Heartbeats = hb })
+	edge := f.node("edge-1")
+	raw, _ := tunnel.AppendDelegateRequest(nil, tunnel.DelegateRequest{Node: "edge-2", Lease: []byte("{}")})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var open []*quic.Stream
+	for range tunnel.MaxStreamsToGateway {
+		s, err := edge.Conn().OpenStreamSync(ctx)
+		if err != nil {
+			t.Fatalf("stream %d: %v", len(open)+1, err)
+		}
+		s.Write(raw)
+		s.Close()
+		open = append(open, s)
+	}
+	for range tunnel.MaxStreamsToGateway {
+		<-hb.calls
+	}
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := edge.Conn().OpenStreamSync(short); err == nil {
+		t.Fatalf("stream %d opened while %d were busy", tunnel.MaxStreamsToGateway+1, tunnel.MaxStreamsToGateway)
+	}
+	close(hb.block)
+	for _, s := range open {
+		s.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if rep, err := tunnel.ReadReply(s); err != nil || rep.Code != tunnel.OK {
+			t.Fatalf("reply %+v, %v", rep, err)
+		}
+		s.CancelRead(0)
+	}
+	// With the streams done, the edge may open more.
+	if rep, err := delegate(t, edge, raw); err != nil || rep.Code != tunnel.OK {
+		t.Fatalf("after the busy streams: %+v, %v", rep, err)
 	}
 }

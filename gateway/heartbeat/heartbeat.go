@@ -1,0 +1,295 @@
+// Package heartbeat writes the Lease renewals a pool's leader sends
+// through its tunnel on behalf of pool members that lost the cloud
+// (delegated heartbeats). No node identity may write another node's Lease;
+// the gateway does, with its own credentials, after checking that the
+// sender may ask:
+//
+//  1. the Lease is a Lease kube-node-lease/<delegated node> (an empty
+//     namespace stands for kube-node-lease) with a spec.renewTime (else
+//     tunnel.BadLease);
+//  2. the sender, named by its verified client certificate and never by
+//     the request, and the delegated node both have a Node (UnknownNode)
+//     with a pool label (NotInPool), the same one (OtherPool);
+//  3. the sender holds that pool's election record,
+//     tether-system/pool-<pool> as poolstore.ReadElection reads it
+//     (NotLeader), and it has not expired: renewTime +
+//     leaseDurationSeconds is after now (LeaderExpired). The record is a
+//     ConfigMap, not a Lease: NodeRestriction lets a node identity write
+//     no Lease outside kube-node-lease (see poolstore).
+//
+// Then the delegated node's Lease is read and updated (created if
+// missing; retried on conflict): spec.renewTime, and holderIdentity and
+// leaseDurationSeconds when the sent Lease has them, come from the sent
+// Lease, and the annotation openyurt.io/delegate-heartbeat is "true". The
+// rest of the object is the cluster's: nothing else the edge sent is
+// written. A renewal no newer than the Lease's own is answered OK without
+// a write, so that a request retried on another replica, or overtaken by
+// the node's own renewal, never moves renewTime back.
+//
+// Every answer is counted in tether_gateway_delegated_heartbeats_total by
+// result (ok or the refusal's code) and every refusal is logged with the
+// node, the sender and the reason. Nothing is written on a refusal.
+package heartbeat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// NodePools tells the pool of a node.
+type NodePools interface {
+	// NodePool returns the value of the node's poolstore.PoolLabel ("" when
+	// it has none); found is false when there is no such Node.
+	NodePool(ctx context.Context, node string) (pool string, found bool, err error)
+}
+
+// APINodes reads Nodes from the apiserver, one GET each.
+type APINodes struct{ Client kubernetes.Interface }
+
+var _ NodePools = APINodes{}
+
+// NodePool implements NodePools.
+func (a APINodes) NodePool(ctx context.Context, node string) (string, bool, error) {
+	n, err := a.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("get node %s: %w", node, err)
+	}
+	return n.Labels[poolstore.PoolLabel], true, nil
+}
+
+// Options configure New.
+type Options struct {
+	// Client writes the node Leases and reads the election records with
+	// the gateway's identity. Required.
+	Client kubernetes.Interface
+	// Nodes tells the nodes' pools; nil means APINodes{Client}.
+	Nodes NodePools
+	// Clock decides whether an election record has expired; nil means the
+	// real clock.
+	Clock clock.PassiveClock
+	// Logger receives refusals (warn) and writes (debug); nil discards.
+	Logger *slog.Logger
+	// Registerer, if set, gets tether_gateway_delegated_heartbeats_total.
+	Registerer prometheus.Registerer
+}
+
+// Handler answers delegated heartbeats; it implements the tunnel server's
+// Heartbeats.
+type Handler struct {
+	client  kubernetes.Interface
+	nodes   NodePools
+	clock   clock.PassiveClock
+	log     *slog.Logger
+	results *prometheus.CounterVec
+}
+
+// New returns a Handler.
+func New(o Options) (*Handler, error) {
+	if o.Client == nil {
+		return nil, errors.New("delegated heartbeats: no Kubernetes client")
+	}
+	h := &Handler{client: o.Client, nodes: o.Nodes, clock: o.Clock, log: o.Logger,
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_delegated_heartbeats_total",
+			Help: "Delegated heartbeats (node Lease renewals a pool leader sent for a member) by result: ok (written), or the refusal: not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable (apiserver error).",
+		}, []string{"result"}),
+	}
+	if h.nodes == nil {
+		h.nodes = APINodes{Client: o.Client}
+	}
+	if h.clock == nil {
+		h.clock = clock.RealClock{}
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	for _, c := range tunnel.DelegateCodes() {
+		h.results.WithLabelValues(c.String())
+	}
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(h.results); err != nil {
+			return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
+		}
+	}
+	return h, nil
+}
+
+// refusal is why a delegated heartbeat was not written.
+type refusal struct {
+	code tunnel.Code
+	msg  string
+}
+
+func (r *refusal) Error() string { return r.code.String() + ": " + r.msg }
+
+func refuse(code tunnel.Code, format string, args ...any) *refusal {
+	return &refusal{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// Delegate checks req from sender and writes its Lease (see the package
+// doc).
+func (h *Handler) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
+	pool, written, err := h.delegate(ctx, sender, req)
+	var r *refusal
+	if err != nil && !errors.As(err, &r) {
+		r = refuse(tunnel.Unavailable, "%v", err)
+	}
+	if r != nil {
+		h.results.WithLabelValues(r.code.String()).Inc()
+		h.log.Warn("delegated heartbeat refused", "node", req.Node, "sender", sender, "pool", pool, "reason", r.code.String(), "err", r.msg)
+		return tunnel.Reply{Code: r.code, Message: r.msg}
+	}
+	h.results.WithLabelValues(tunnel.OK.String()).Inc()
+	h.log.Debug("delegated heartbeat", "node", req.Node, "sender", sender, "pool", pool, "written", written)
+	return tunnel.Reply{Code: tunnel.OK}
+}
+
+// delegate returns the pool (once known) and whether the Lease was
+// written; the error is a *refusal, or an apiserver error.
+func (h *Handler) delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) (pool string, written bool, _ error) {
+	sent, err := parseLease(req)
+	if err != nil {
+		return "", false, err
+	}
+	if pool, err = h.poolOf(ctx, sender, "sender"); err != nil {
+		return "", false, err
+	}
+	nodePool, err := h.poolOf(ctx, req.Node, "delegated node")
+	if err != nil {
+		return pool, false, err
+	}
+	if nodePool != pool {
+		return pool, false, refuse(tunnel.OtherPool, "node %s is in pool %q, sender %s in pool %q", req.Node, nodePool, sender, pool)
+	}
+	if err := h.checkLeader(ctx, sender, pool); err != nil {
+		return pool, false, err
+	}
+	written, err = h.write(ctx, sent)
+	return pool, written, err
+}
+
+// parseLease decodes the sent Lease and checks that it is the delegated
+// node's.
+func parseLease(req tunnel.DelegateRequest) (*coordinationv1.Lease, error) {
+	var l coordinationv1.Lease
+	if err := json.Unmarshal(req.Lease, &l); err != nil {
+		return nil, refuse(tunnel.BadLease, "not a Lease: %v", err)
+	}
+	if (l.APIVersion != "" && l.APIVersion != coordinationv1.SchemeGroupVersion.String()) || (l.Kind != "" && l.Kind != "Lease") {
+		return nil, refuse(tunnel.BadLease, "a %s %s, not a Lease", l.APIVersion, l.Kind)
+	}
+	if (l.Namespace != "" && l.Namespace != corev1.NamespaceNodeLease) || l.Name != req.Node {
+		return nil, refuse(tunnel.BadLease, "Lease %s/%s is not %s/%s", l.Namespace, l.Name, corev1.NamespaceNodeLease, req.Node)
+	}
+	l.Namespace = corev1.NamespaceNodeLease
+	if l.Spec.RenewTime == nil {
+		return nil, refuse(tunnel.BadLease, "Lease %s/%s has no spec.renewTime", l.Namespace, l.Name)
+	}
+	return &l, nil
+}
+
+// poolOf returns node's pool, or a refusal if it has none.
+func (h *Handler) poolOf(ctx context.Context, node, role string) (string, error) {
+	pool, found, err := h.nodes.NodePool(ctx, node)
+	switch {
+	case err != nil:
+		return "", refuse(tunnel.Unavailable, "pool of %s %s: %v", role, node, err)
+	case !found:
+		return "", refuse(tunnel.UnknownNode, "%s %s has no Node", role, node)
+	case pool == "":
+		return "", refuse(tunnel.NotInPool, "%s %s has no %s label", role, node, poolstore.PoolLabel)
+	}
+	return pool, nil
+}
+
+// checkLeader refuses unless sender holds pool's election record,
+// unexpired.
+func (h *Handler) checkLeader(ctx context.Context, sender, pool string) error {
+	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName(pool)
+	el, err := poolstore.ReadElection(ctx, h.client, pool)
+	if apierrors.IsNotFound(err) {
+		return refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)
+	}
+	if err != nil {
+		return refuse(tunnel.Unavailable, "read election record %s: %v", ref, err)
+	}
+	if el.Holder != sender {
+		return refuse(tunnel.NotLeader, "pool %s is led by %s, not %s (election record %s)", pool, el.Holder, sender, ref)
+	}
+	if now := h.clock.Now(); !now.Before(el.Expires) {
+		return refuse(tunnel.LeaderExpired, "election record %s expired at %s (now %s)", ref,
+			el.Expires.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// write updates (or creates) the delegated node's Lease from sent and
+// reports whether it wrote: a Lease already renewed at or after sent's
+// renewTime is left alone.
+func (h *Handler) write(ctx context.Context, sent *coordinationv1.Lease) (bool, error) {
+	leases := h.client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	written := false
+	retriable := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+	err := retry.OnError(retry.DefaultRetry, retriable, func() error {
+		cur, err := leases.Get(ctx, sent.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: corev1.NamespaceNodeLease}}
+			apply(l, sent)
+			if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			written = true
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.Spec.RenewTime != nil && !cur.Spec.RenewTime.Before(sent.Spec.RenewTime) {
+			return nil
+		}
+		apply(cur, sent)
+		if _, err := leases.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		written = true
+		return nil
+	})
+	if err != nil {
+		return false, refuse(tunnel.Unavailable, "write Lease %s/%s: %v", corev1.NamespaceNodeLease, sent.Name, err)
+	}
+	return written, nil
+}
+
+// apply copies what a delegated heartbeat may change from sent into l.
+func apply(l, sent *coordinationv1.Lease) {
+	l.Spec.RenewTime = sent.Spec.RenewTime.DeepCopy()
+	if sent.Spec.HolderIdentity != nil {
+		l.Spec.HolderIdentity = new(*sent.Spec.HolderIdentity)
+	}
+	if sent.Spec.LeaseDurationSeconds != nil {
+		l.Spec.LeaseDurationSeconds = new(*sent.Spec.LeaseDurationSeconds)
+	}
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[poolstore.DelegateHeartbeatAnnotation] = "true"
+}

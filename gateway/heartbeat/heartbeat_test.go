@@ -1,0 +1,288 @@
+package heartbeat
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	testclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// cluster is a real apiserver with the gateway's RBAC applied, nodes in
+// pools, and a Handler that acts with the gateway's identity.
+type cluster struct {
+	t      *testing.T
+	ctx    context.Context
+	admin  kubernetes.Interface
+	h      *Handler
+	clock  *testclock.FakePassiveClock
+	result *prometheus.CounterVec
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../../packaging/kubernetes/gateway-rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := cp.CA.ClientCert("tether-gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := kubernetes.NewForConfig(cp.RESTConfig(kp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for node, pool := range map[string]string{
+		"leader": "pool-a", "member": "pool-a", "member-2": "pool-a",
+		"other": "pool-b", "other-leader": "pool-b", "loner": "",
+	} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{}}}
+		if pool != "" {
+			n.Labels[poolstore.PoolLabel] = pool
+		}
+		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &cluster{t: t, ctx: ctx, admin: cp.Client, clock: testclock.NewFakePassiveClock(time.Now())}
+	c.h, err = New(Options{Client: gw, Clock: c.clock, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.result = c.h.results
+	// pool-a is led by "leader", with the pool's real election; pool-b has
+	// no leader.
+	c.elect("pool-a", "leader")
+	return c
+}
+
+// elect runs poolstore's election for pool with node as the only
+// candidate and waits until the record names it.
+func (c *cluster) elect(pool, node string) {
+	c.t.Helper()
+	e, err := poolstore.NewElector(poolstore.ElectionOptions{Client: c.admin, Pool: pool, Node: node})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(c.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.Run(ctx, func(ctx context.Context) { <-ctx.Done() })
+	}()
+	c.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	poll(c.t, node+" leads "+pool, func() bool {
+		el, err := poolstore.ReadElection(c.ctx, c.admin, pool)
+		return err == nil && el.Holder == node
+	})
+}
+
+// poll waits up to ten seconds for cond.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
+// leaseJSON is a node Lease as a kubelet writes it.
+func leaseJSON(t *testing.T, ns, name string, renew time.Time) []byte {
+	t.Helper()
+	l := coordinationv1.Lease{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "coordination.k8s.io/v1", Kind: "Lease"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, ResourceVersion: "1", UID: "uid-from-the-edge"},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       ptr.To(name),
+			LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime:            ptr.To(metav1.NewMicroTime(renew)),
+		},
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (c *cluster) lease(node string) (*coordinationv1.Lease, error) {
+	return c.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(c.ctx, node, metav1.GetOptions{})
+}
+
+func (c *cluster) count(code tunnel.Code) float64 {
+	c.t.Helper()
+	v, err := metrictest.Value(c.result, "tether_gateway_delegated_heartbeats_total", "result="+code.String())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return v
+}
+
+// micro is t as a Lease holds it.
+func micro(t time.Time) time.Time { return t.Truncate(time.Microsecond) }
+
+// TestDelegate: the pool's leader has its members' Leases written, created
+// or updated, with the annotation and the renewal time it sent.
+func TestDelegate(t *testing.T) {
+	c := newCluster(t)
+	renew := micro(time.Now())
+
+	// No Lease yet: created.
+	rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: "member", Lease: leaseJSON(t, corev1.NamespaceNodeLease, "member", renew)})
+	if rep.Code != tunnel.OK {
+		t.Fatalf("reply %+v, want OK", rep)
+	}
+	l, err := c.lease("member")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) ||
+		ptr.Deref(l.Spec.HolderIdentity, "") != "member" || ptr.Deref(l.Spec.LeaseDurationSeconds, 0) != 40 {
+		t.Fatalf("Lease after the delegated heartbeat: %+v", l)
+	}
+	if l.UID == "uid-from-the-edge" {
+		t.Error("the Lease's metadata came from the edge")
+	}
+
+	// The node's own Lease, with labels and owner of its own: updated;
+	// what the edge did not send is kept. An empty namespace in the sent
+	// Lease stands for kube-node-lease.
+	own := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "member-2", Namespace: corev1.NamespaceNodeLease, Labels: map[string]string{"kept": "yes"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("member-2"), LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime: ptr.To(metav1.NewMicroTime(renew.Add(-10 * time.Second)))},
+	}
+	if _, err := c.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(c.ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: "member-2", Lease: leaseJSON(t, "", "member-2", renew)}); rep.Code != tunnel.OK {
+		t.Fatalf("reply %+v, want OK", rep)
+	}
+	l, err = c.lease("member-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) || l.Labels["kept"] != "yes" {
+		t.Fatalf("Lease after the delegated heartbeat: %+v", l)
+	}
+
+	// An older renewal (a retry, or overtaken by the node's own) is
+	// answered OK and moves nothing back.
+	rv := l.ResourceVersion
+	if rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: "member-2", Lease: leaseJSON(t, corev1.NamespaceNodeLease, "member-2", renew.Add(-time.Second))}); rep.Code != tunnel.OK {
+		t.Fatalf("older renewal: reply %+v, want OK", rep)
+	}
+	if l, err := c.lease("member-2"); err != nil || l.ResourceVersion != rv {
+		t.Fatalf("older renewal was written: %v %+v", err, l)
+	}
+	if got := c.count(tunnel.OK); got != 3 {
+		t.Errorf("ok count %v, want 3", got)
+	}
+}
+
+// TestRefusals: whatever is refused leaves the Leases as they were, and is
+// counted by its reason.
+func TestRefusals(t *testing.T) {
+	c := newCluster(t)
+	renew := micro(time.Now())
+	// member's own Lease, which no refusal may touch.
+	own := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "member", Namespace: corev1.NamespaceNodeLease},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("member"), RenewTime: ptr.To(metav1.NewMicroTime(renew.Add(-time.Minute)))},
+	}
+	own, err := c.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(c.ctx, own, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := func(node string) []byte { return leaseJSON(t, corev1.NamespaceNodeLease, node, renew) }
+	for _, tc := range []struct {
+		name         string
+		sender, node string
+		lease        []byte
+		clock        time.Duration // how far the gateway's clock is ahead
+		want         tunnel.Code
+	}{
+		{"sender does not lead", "member-2", "member", lease("member"), 0, tunnel.NotLeader},
+		{"the delegated node leads, not the sender", "member", "leader", lease("leader"), 0, tunnel.NotLeader},
+		{"sender's election record expired", "leader", "member", lease("member"), time.Hour, tunnel.LeaderExpired},
+		{"nodes in different pools", "leader", "other", lease("other"), 0, tunnel.OtherPool},
+		{"delegated node without a pool", "leader", "loner", lease("loner"), 0, tunnel.NotInPool},
+		{"sender without a pool", "loner", "member", lease("member"), 0, tunnel.NotInPool},
+		{"delegated node unknown", "leader", "ghost", lease("ghost"), 0, tunnel.UnknownNode},
+		{"sender unknown", "ghost", "member", lease("member"), 0, tunnel.UnknownNode},
+		{"pool without a leader", "other-leader", "other", lease("other"), 0, tunnel.NotLeader},
+		{"Lease of another node", "leader", "member", lease("member-2"), 0, tunnel.BadLease},
+		{"Lease in another namespace", "leader", "member", leaseJSON(t, "default", "member", renew), 0, tunnel.BadLease},
+		{"not JSON", "leader", "member", []byte("renew me"), 0, tunnel.BadLease},
+		{"not a Lease", "leader", "member", []byte(`{"apiVersion":"v1","kind":"Secret","metadata":{"name":"member","namespace":"kube-node-lease"}}`), 0, tunnel.BadLease},
+		{"no renewTime", "leader", "member", []byte(`{"metadata":{"name":"member","namespace":"kube-node-lease"},"spec":{}}`), 0, tunnel.BadLease},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.clock.SetTime(time.Now().Add(tc.clock))
+			before := c.count(tc.want)
+			rep := c.h.Delegate(c.ctx, tc.sender, tunnel.DelegateRequest{Node: tc.node, Lease: tc.lease})
+			if rep.Code != tc.want || rep.Message == "" {
+				t.Fatalf("reply %+v, want %v with a message", rep, tc.want)
+			}
+			if got := c.count(tc.want); got != before+1 {
+				t.Errorf("%v count %v, want %v", tc.want, got, before+1)
+			}
+			if l, err := c.lease("member"); err != nil || l.ResourceVersion != own.ResourceVersion {
+				t.Errorf("member's Lease changed: %v %+v", err, l)
+			}
+			for _, n := range []string{"leader", "member-2", "other", "loner", "ghost"} {
+				if _, err := c.lease(n); !apierrors.IsNotFound(err) {
+					t.Errorf("Lease of %s: %v, want none written", n, err)
+				}
+			}
+		})
+	}
+	c.clock.SetTime(time.Now())
+	if rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: "member", Lease: lease("member")}); rep.Code != tunnel.OK {
+		t.Fatalf("after the refusals, the leader's heartbeat: %+v, want OK", rep)
+	}
+}
+
+// An apiserver error is Unavailable (another replica may do better), and
+// nothing is written.
+func TestUnavailable(t *testing.T) {
+	c := newCluster(t)
+	h, err := New(Options{Client: c.admin, Nodes: failingNodes{}, Clock: c.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: "member", Lease: leaseJSON(t, corev1.NamespaceNodeLease, "member", time.Now())})
+	if rep.Code != tunnel.Unavailable {
+		t.Fatalf("reply %+v, want unavailable", rep)
+	}
+	if _, err := c.lease("member"); !apierrors.IsNotFound(err) {
+		t.Fatalf("Lease of member: %v, want none written", err)
+	}
+}
+
+type failingNodes struct{}
+
+func (failingNodes) NodePool(context.Context, string) (string, bool, error) {
+	return "", false, fmt.Errorf("node informer not synced yet")
+}
