@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -53,9 +54,21 @@ type Config struct {
 
 	APIServerListen string `json:"apiserver-listen,omitempty"`
 	AdminListen     string `json:"admin-listen,omitempty"`
-	Pool            string `json:"pool,omitempty"`
-	PoolListen      string `json:"pool-listen,omitempty"`
 	DataDir         string `json:"data-dir,omitempty"`
+
+	// Pool is this node's pool; by default its apps.openyurt.io/nodepool
+	// label. PoolListen is the pool listener (empty: no pool). PoolCA
+	// verifies the peers' node certificates (default: the apiserver CA).
+	Pool       string `json:"pool,omitempty"`
+	PoolListen string `json:"pool-listen,omitempty"`
+	PoolCA     string `json:"pool-ca,omitempty"`
+	// PoolResources are the pool-scope resources the leader shares:
+	// resource.group/version, or resource/version for the core group.
+	PoolResources []string `json:"pool-resources,omitempty"`
+	// The pool election's timings (client-go leaderelection).
+	PoolLeaseDuration metav1.Duration `json:"pool-lease-duration"`
+	PoolRenewDeadline metav1.Duration `json:"pool-renew-deadline"`
+	PoolRetryPeriod   metav1.Duration `json:"pool-retry-period"`
 
 	// CacheComponents are the node components (first word of the
 	// User-Agent) whose reads are cached and served offline.
@@ -97,6 +110,11 @@ func DefaultConfig() Config {
 		AdminListen:     DefaultAdminListen,
 		PoolListen:      DefaultPoolListen,
 		DataDir:         DefaultDataDir,
+
+		PoolResources:     []string{"endpointslices.discovery.k8s.io/v1", "endpoints/v1", "services/v1"},
+		PoolLeaseDuration: metav1.Duration{Duration: 15 * time.Second},
+		PoolRenewDeadline: metav1.Duration{Duration: 10 * time.Second},
+		PoolRetryPeriod:   metav1.Duration{Duration: 2 * time.Second},
 
 		CacheComponents:     slices.Clone(apiproxy.DefaultComponents),
 		TopologyComponents:  slices.Clone(apiproxy.DefaultTopologyComponents),
@@ -162,6 +180,24 @@ func (c Config) validateProxy() []error {
 	}
 	if c.UnhealthyThreshold < 1 || c.HealthyThreshold < 1 {
 		errs = append(errs, errors.New("--unhealthy-threshold and --healthy-threshold must be at least 1"))
+	}
+	if c.PoolListen != "" {
+		errs = append(errs, c.validatePool()...)
+	}
+	return errs
+}
+
+// validatePool checks the node pool's settings.
+func (c Config) validatePool() []error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.PoolListen); err != nil {
+		errs = append(errs, fmt.Errorf("--pool-listen: %w", err))
+	}
+	if _, err := parseResources(c.PoolResources); err != nil {
+		errs = append(errs, err)
+	}
+	if l, d, r := c.PoolLeaseDuration.Duration, c.PoolRenewDeadline.Duration, c.PoolRetryPeriod.Duration; r <= 0 || d <= r || l <= d {
+		errs = append(errs, fmt.Errorf("pool election: want --pool-lease-duration (%v) > --pool-renew-deadline (%v) > --pool-retry-period (%v) > 0", l, d, r))
 	}
 	return errs
 }

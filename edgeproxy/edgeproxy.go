@@ -1,8 +1,8 @@
 // Package edgeproxy is tether-edge: it keeps the QUIC tunnel from this
 // edge node to the gateway replicas (package edgetunnel), runs the
 // kube-apiserver proxy for the node's components (packages apiproxy,
-// cache and upstream) and serves the admin endpoints. The node pool will
-// join it here.
+// cache and upstream), takes part in its node pool (package poolstore)
+// and serves the admin endpoints.
 package edgeproxy
 
 import (
@@ -28,6 +28,7 @@ import (
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/poolstore"
 )
 
 // Run runs tether-edge until ctx ends: the tunnel when --gateway is
@@ -44,9 +45,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if b, err := json.Marshal(cfg); err == nil {
 		log.Debug("effective configuration", "config", string(b))
 	}
-	if cfg.Pool != "" {
-		log.Warn("--pool is not used yet: this build has the tunnel and the apiserver proxy")
-	}
 	reg := admin.NewRegistry()
 	node := cfg.NodeName
 
@@ -60,10 +58,13 @@ func Run(ctx context.Context, cfg Config) error {
 	var ap *apiserverProxy
 	if cfg.proxyConfigured() {
 		var err error
-		if ap, err = newAPIServerProxy(cfg, node, reg, log); err != nil {
+		if ap, err = newAPIServerProxy(cfg, node, tun, reg, log); err != nil {
 			return err
 		}
 		defer ap.store.Close()
+		if ap.pool != nil {
+			defer ap.pool.ln.Close()
+		}
 		if node == "" {
 			node = ap.node
 		}
@@ -92,12 +93,32 @@ func Run(ctx context.Context, cfg Config) error {
 		readies = append(readies, tun.Ready)
 	}
 	if ap != nil {
-		g.Go(func() error { return ap.upstreams.Run(ctx) })
+		// The pool reaches the cloud through the proxy: on shutdown the
+		// proxy and its health checks stay until the pool has released
+		// its leadership, so that another node takes over at once.
+		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopServing()
+		poolDone := make(chan struct{})
+		g.Go(func() error {
+			<-ctx.Done()
+			<-poolDone
+			stopServing()
+			return nil
+		})
+		g.Go(func() error { return ap.upstreams.Run(serveCtx) })
 		g.Go(func() error { return ap.proxy.Run(ctx) })
-		g.Go(func() error { return ap.proxy.Serve(ctx, ap.ln) })
+		g.Go(func() error { return ap.proxy.Serve(serveCtx, ap.ln) })
 		if ap.topology != nil {
 			ap.topology.Start(ctx)
 			defer ap.topology.Shutdown()
+		}
+		if ap.pool != nil {
+			g.Go(func() error {
+				defer close(poolDone)
+				return ap.pool.Run(ctx, ap.ln.Addr())
+			})
+		} else {
+			close(poolDone)
 		}
 		readies = append(readies, ap.proxy.Ready)
 	}
@@ -118,6 +139,9 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 				if ap != nil {
 					st.APIServer = &APIServerStatus{Status: ap.proxy.Status(), Servers: ap.upstreams.Status()}
+					if ap.pool != nil {
+						st.Pool = ap.pool.Status()
+					}
 				}
 				return st
 			},
@@ -176,12 +200,13 @@ type apiserverProxy struct {
 	ln        net.Listener
 	node      string
 	topology  *filter.Filter // nil when off
+	pool      *poolRunner    // nil when off
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
 // proxy; node is the node name known so far ("" to take the one in the
 // apiserver credentials).
-func newAPIServerProxy(cfg Config, node string, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
+func newAPIServerProxy(cfg Config, node string, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
 	acc, err := loadAPIServerAccess(cfg, log)
 	if err != nil {
 		return nil, err
@@ -234,15 +259,27 @@ func newAPIServerProxy(cfg Config, node string, reg *prometheus.Registry, log *s
 	if topo != nil {
 		opts.Topology, opts.TopologyComponents = topo, cfg.TopologyComponents
 	}
+	pool, err := newPoolRunner(cfg, node, acc, tun, ups.Healthy, reg, log)
+	if err != nil {
+		ln.Close()
+		store.Close()
+		return nil, err
+	}
+	if pool != nil {
+		opts.Pool = pool
+	}
 	px, err := apiproxy.New(opts)
 	if err != nil {
+		if pool != nil {
+			pool.ln.Close()
+		}
 		ln.Close()
 		store.Close()
 		return nil, err
 	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(),
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo, pool: pool}, nil
 }
 
 // newTopologyFilter builds the service topology filter (nil when
@@ -272,6 +309,7 @@ type Status struct {
 	Version   string                     `json:"version"`
 	Gateways  []edgetunnel.GatewayStatus `json:"gateways"`
 	APIServer *APIServerStatus           `json:"apiserver,omitempty"`
+	Pool      *poolstore.Status          `json:"pool,omitempty"`
 }
 
 // APIServerStatus is the apiserver proxy's part of /status.

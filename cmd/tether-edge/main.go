@@ -59,8 +59,13 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.IntVar(&cfg.UnhealthyThreshold, "unhealthy-threshold", cfg.UnhealthyThreshold, "an apiserver is unhealthy after `n` failed probes in a row (then node components are served from the cache)")
 	fs.IntVar(&cfg.HealthyThreshold, "healthy-threshold", cfg.HealthyThreshold, "an unhealthy apiserver is healthy again after `n` good probes in a row")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (a gateway connected; an apiserver healthy, or the cache able to serve) and /status (JSON); empty disables them")
-	fs.StringVar(&cfg.Pool, "pool", cfg.Pool, "`name` of this node's pool (default: its apps.openyurt.io/nodepool label; not in this build yet)")
-	fs.StringVar(&cfg.PoolListen, "pool-listen", cfg.PoolListen, "listen `address` of the pool listener on the node LAN (not in this build yet)")
+	fs.StringVar(&cfg.Pool, "pool", cfg.Pool, "`name` of this node's pool (default: its apps.openyurt.io/nodepool label; peers judge membership by the label)")
+	fs.StringVar(&cfg.PoolListen, "pool-listen", cfg.PoolListen, "listen `address` of the pool listener on the node LAN (HTTP/2, mutual TLS with node certificates; only nodes of the same pool are served); empty disables the pool")
+	fs.StringVar(&cfg.PoolCA, "pool-ca", cfg.PoolCA, "PEM `file` with the CA certificate(s) of the nodes' client certificates, which the pool's peers present to each other (default: the apiserver CA); read again when it changes")
+	fs.Var(config.NewStringList(&cfg.PoolResources), "pool-resources", "the pool-scope `resources` (comma-separated resource.group/version, resource/version for the core group) that the pool leader watches in the cloud and the members serve from their replica")
+	fs.DurationVar(&cfg.PoolLeaseDuration.Duration, "pool-lease-duration", cfg.PoolLeaseDuration.Duration, "pool election: a leader that has not renewed for this `duration` is replaced")
+	fs.DurationVar(&cfg.PoolRenewDeadline.Duration, "pool-renew-deadline", cfg.PoolRenewDeadline.Duration, "pool election: a leader that cannot renew within this `duration` steps down")
+	fs.DurationVar(&cfg.PoolRetryPeriod.Duration, "pool-retry-period", cfg.PoolRetryPeriod.Duration, "pool election: candidates and the leader try every `duration`")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory`: the apiserver proxy's cache and queued status writes live in apiserver-cache.db there")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log `level`: debug, info, warn or error (debug also logs every refused stream)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log `format`: text or json")
@@ -79,5 +84,11 @@ http://127.0.0.1:10261): it relays them to the cloud with the node's
 credentials and caches what they read, and while the cloud is unreachable
 it answers reads from the cache, keeps watches open, renews the node's
 Lease locally and queues pod and node status writes until the cloud is back.
+
+In a node pool (the apps.openyurt.io/nodepool label), one elected node
+watches the pool-scope resources (EndpointSlices, Endpoints, Services) in
+the cloud and the others replicate them over the pool listener (:10269),
+so the thin uplink carries them once; a node that lost the cloud has its
+Lease renewed through the leader and the gateway.
 
 `

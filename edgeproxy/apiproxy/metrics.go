@@ -14,6 +14,7 @@ const (
 	servedQueued   = "queued"   // offline, kept for replay (status writes)
 	servedRefused  = "refused"  // offline, refused with 503
 	servedError    = "error"    // a bad request, or the cache failed
+	// servedPool (pool.go): from the node pool's replica.
 )
 
 type metrics struct {
@@ -24,6 +25,7 @@ type metrics struct {
 	replayed      *prometheus.CounterVec
 	watchesOpen   *prometheus.GaugeVec
 	cacheFailures prometheus.Counter
+	delegated     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
@@ -33,7 +35,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		[]string{"direction"})
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Requests of node components, by component (User-Agent), verb and how they were served: upstream, cache, local (the node's Lease offline), queued (status writes offline), refused (503 offline) or error."},
+			Help: "Requests of node components, by component (User-Agent), verb and how they were served: upstream, pool (the node pool's replica), cache, local (the node's Lease offline), queued (status writes offline), refused (503 offline) or error."},
 			[]string{"component", "verb", "served"}),
 		hits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_hits_total",
 			Help: "Reads answered from the cache (offline, or after the cloud failed to answer), by component."},
@@ -51,13 +53,16 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 			[]string{"mode"}),
 		cacheFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_update_failures_total",
 			Help: "Responses that passed through but could not be cached (undecodable, or the store failed)."}),
+		delegated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_delegated_total",
+			Help: "Renewals of the node's Lease made while the cloud was unreachable and sent to the pool leader, by result: ok, failed, or dropped (one was still in flight)."},
+			[]string{"result"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
 		Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen)
-	for _, c := range []prometheus.Collector{m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, queue} {
+	for _, c := range []prometheus.Collector{m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, queue} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -186,7 +186,15 @@ func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp 
 		}
 	}
 	if healthy {
-		resp, err := p.rt.RoundTrip(p.upstreamRequest(r, body, p.cached[comp], req.GVR.GroupVersion()))
+		up := p.upstreamRequest(r, body, p.cached[comp], req.GVR.GroupVersion())
+		if lease {
+			// Renewed by the node itself: no longer delegated.
+			if b := withoutDelegateAnnotation(r.Header.Get("Content-Type"), body); b != nil {
+				up = p.upstreamRequest(r, b, p.cached[comp], req.GVR.GroupVersion())
+				up.Header.Set("Content-Type", "application/json")
+			}
+		}
+		resp, err := p.rt.RoundTrip(up)
 		if err == nil {
 			defer resp.Body.Close()
 			if b := p.relay(w, resp, p.cached[comp] && resp.StatusCode < 300); b != nil {
@@ -201,6 +209,9 @@ func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp 
 		p.log.Debug("apiserver did not answer a write; answering it locally", "component", comp, "path", r.URL.Path, "err", err)
 	}
 	if lease {
+		if j, err := bodyJSON(r.Header.Get("Content-Type"), body); err == nil {
+			p.delegate(j)
+		}
 		return p.answerLease(w, r, req, comp, body)
 	}
 	return p.queueStatus(w, r, req, comp, body)

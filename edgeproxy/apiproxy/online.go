@@ -17,11 +17,12 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/cache"
 )
 
-// forwardRead relays a get or list to the cloud and caches the answer.
-// When the cloud does not answer at all it is served from the cache.
-func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+// forwardRead relays a get or list to the cloud (or, viaPool, to the node
+// pool's replica) and caches the answer. When that does not answer at all
+// it is served from the cache.
+func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, comp string, viaPool bool) string {
 	scope, scopeErr := req.scope(r)
-	resp, err := p.rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+	resp, err := p.readTrip(r, req, viaPool)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return servedError
@@ -61,6 +62,15 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 }
 
 var hashSeed = maphash.MakeSeed()
+
+// readTrip sends a cacheable read to the cloud, or viaPool to the node
+// pool's replica.
+func (p *Proxy) readTrip(r *http.Request, req request, viaPool bool) (*http.Response, error) {
+	if viaPool {
+		return p.pool.Transport().RoundTrip(poolRequest(r))
+	}
+	return p.rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+}
 
 // relay copies an upstream response to the client. With capture set and
 // a JSON or protobuf body, it returns a copy of the body once it was
@@ -140,10 +150,10 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 // event. If the cloud goes away mid-watch, the client's watch is held
 // open without events (see hold) instead of being broken; if the cloud
 // does not answer at all, the watch is served offline.
-func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string, viaPool bool) string {
 	start := p.clock.Now()
 	scope, scopeErr := req.scope(r)
-	resp, err := p.rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+	resp, err := p.readTrip(r, req, viaPool)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return servedError

@@ -58,6 +58,10 @@ type Options struct {
 	// TopologyComponents get, list and watch (package filter).
 	Topology           Topology
 	TopologyComponents []string
+	// Pool, when set, answers list and watch of pool-scope resources from
+	// the node pool's replica, and takes the node's Lease renewals to the
+	// pool leader while the cloud is unreachable.
+	Pool Pool
 	// HeldWatchRecheck is how often a watch held open after its
 	// upstream broke looks whether the cloud answers again though the
 	// health checks never failed (default 30 s).
@@ -116,6 +120,9 @@ type Proxy struct {
 	topoComps map[string]bool
 	topoObjs  topoObjects
 
+	pool       Pool
+	delegating chan struct{} // one delegated heartbeat in flight
+
 	// lastGet holds, per component and path, a hash of the last get
 	// answer cached (cleared whenever an object is answered locally).
 	lastGet sync.Map
@@ -128,7 +135,8 @@ func New(o Options) (*Proxy, error) {
 	}
 	p := &Proxy{up: o.Upstream, store: o.Store, node: o.NodeName, cached: map[string]bool{},
 		recheck: o.HeldWatchRecheck, jitter: o.ReleaseJitter, clock: o.Clock, log: o.Logger,
-		replayCh: make(chan struct{}, 1), qEmpty: make(chan struct{})}
+		replayCh: make(chan struct{}, 1), qEmpty: make(chan struct{}),
+		pool: o.Pool, delegating: make(chan struct{}, 1)}
 	if p.recheck <= 0 {
 		p.recheck = 30 * time.Second
 	}
@@ -152,6 +160,10 @@ func New(o Options) (*Proxy, error) {
 		// The filter's own informers read through the proxy, so that
 		// their Services and Nodes are served from the cache offline.
 		p.cached[TopologyUserAgent] = true
+	}
+	if o.Pool != nil {
+		// The pool's Node informer reads through the proxy too.
+		p.cached[PoolUserAgent] = true
 	}
 	p.qlen = o.Store.QueueLen()
 	if p.qlen == 0 {
@@ -221,11 +233,18 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 	healthy := p.up.Healthy()
 	filtered := p.filtered(req, r, comp)
 	cached := (p.cached[comp] || filtered) && req.cacheable(r)
-	if filtered && healthy && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
+	pool := cached && p.fromPool(req, r, comp, healthy)
+	if filtered && (healthy || pool) && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
 		topologyNotSynced(w)
 		return servedRefused
 	}
 	switch {
+	case pool && req.Verb == verbWatch:
+		p.forwardWatch(w, r, req, comp, true)
+		return servedPool
+	case pool:
+		p.forwardRead(w, r, req, comp, true)
+		return servedPool
 	case isUpgrade(r):
 		if !healthy {
 			unreachable(w, "%s %s cannot be relayed offline", r.Method, r.URL.Path)
@@ -237,12 +256,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 		if !healthy {
 			return p.serveWatch(w, r, req, comp, p.clock.Now(), true)
 		}
-		return p.forwardWatch(w, r, req, comp)
+		return p.forwardWatch(w, r, req, comp, false)
 	case cached:
 		if !healthy {
 			return p.serveRead(w, r, req, comp)
 		}
-		return p.forwardRead(w, r, req, comp)
+		return p.forwardRead(w, r, req, comp, false)
 	case p.isNodeLease(req) || isStatusWrite(req):
 		return p.write(w, r, req, comp, healthy)
 	case !healthy:
