@@ -180,10 +180,38 @@ func TestTetherctl(t *testing.T) {
 		}
 	})
 
+	// The edges here run without their apiserver proxy, so without a node
+	// pool: each site is a pool of one with no leader.
 	t.Run("pools", func(t *testing.T) {
-		_, errOut, err := ctlRun("pools")
-		if exitStatus(err) != 1 || !strings.Contains(errOut, "not available yet") {
-			t.Errorf("tetherctl pools: exit %d, stderr %q", exitStatus(err), errOut)
+		kp, err := w.ClusterCA.ClientCert("tether-gateway")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kubeconfig := w.CP.Kubeconfig(t, "tether-gateway", kp) // the gateway's identity and RBAC
+		out, errOut, err := ctlRun("pools", "--kubeconfig", kubeconfig)
+		if err != nil {
+			t.Fatalf("tetherctl pools: %v\n%s", err, errOut)
+		}
+		t.Logf("tetherctl pools:\n%s", out)
+		var rows []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			rows = append(rows, strings.Join(strings.Fields(l), " "))
+		}
+		want := []string{"POOL MEMBERS LEADER RENEWED LAST SYNC DELEGATED TAINTED", "site-a 1 none - - - -", "site-b 1 none - - - -"}
+		if !slices.Equal(rows, want) {
+			t.Errorf("tetherctl pools = %q, want %q", rows, want)
+		}
+
+		// On an edge node, from its admin endpoint on loopback.
+		e := w.Edges[0]
+		cmd := e.Host.Command(ctx, ctl, "pools", "--edge", "127.0.0.1")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("tetherctl pools --edge on %s: %v\n%s", e.Name, err, b)
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) != 2 || !strings.HasPrefix(lines[0], "NODE") || !strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), e.Name+" - off -") {
+			t.Errorf("tetherctl pools --edge 127.0.0.1 on %s: want its node with no pool:\n%s", e.Name, b)
 		}
 	})
 }

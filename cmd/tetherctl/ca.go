@@ -66,7 +66,7 @@ func ca(ctx context.Context, o options, stdout, stderr io.Writer) int {
 
 // fetchCA GETs gw's /ca.crt.
 func fetchCA(ctx context.Context, client *http.Client, gw string) ([]*x509.Certificate, error) {
-	body, err := get(ctx, client, gw, "/ca.crt")
+	body, err := get(ctx, client, gatewayAdmin, gw, "/ca.crt")
 	if herr, ok := errors.AsType[*httpError](err); ok {
 		// The gateway says why (a serving certificate from --tls-cert).
 		why := herr.body

@@ -2,7 +2,8 @@
 // `tetherctl status` prints the edges connected to one or more
 // tether-gateway replicas, read from their admin endpoint's /status;
 // `tetherctl ca` prints the CA bundle edges need when the gateways manage
-// their own certificates.
+// their own certificates; `tetherctl pools` prints the node pools, from the
+// cloud apiserver or from edges' /status.
 package main
 
 import (
@@ -33,12 +34,15 @@ type options struct {
 	output   string
 	timeout  time.Duration
 	dataDir  string
+	// pools
+	kubeconfig string
+	edges      []string
 }
 
 // Exit codes.
 const (
 	exitOK    = 0
-	exitError = 1 // a gateway failed to answer, or a command is not available
+	exitError = 1 // a gateway, edge or the apiserver failed to answer
 	exitUsage = 2
 )
 
@@ -47,9 +51,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Var(config.NewStringList(&o.gateways), "gateway", "admin `URL`s of tether-gateway replicas (comma-separated or repeated; host:port means http://host:port); default $TETHER_GATEWAY or "+DefaultGateway)
-	fs.StringVar(&o.output, "o", "table", "output `format`: table or json")
-	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on a gateway that has not answered within this `duration`")
+	fs.StringVar(&o.output, "o", "table", "output `format`: table, json, or wide (pools: more columns)")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on a gateway, edge or apiserver request that has not been answered within this `duration`")
 	fs.StringVar(&o.dataDir, "data-dir", "", "ca: read the CA from this gateway data `directory` (its --data-dir) instead of asking the gateways")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "pools: the cloud apiserver's kubeconfig `file`; default $KUBECONFIG, then ~/.kube/config")
+	fs.Var(config.NewStringList(&o.edges), "edge", "pools: read the admin /status of these tether-edge `URL`s instead of the cloud (comma-separated or repeated; "+
+		"host:port means http://host:port, the port defaults to 10267: --edge 127.0.0.1 on an edge node)")
 	fs.Usage = func() { usage(fs) }
 
 	// Flags may come before and after the command: parse, take the
@@ -70,8 +77,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tetherctl %s: unexpected arguments %q\n", cmd, fs.Args())
 		return exitUsage
 	}
-	if o.output != "table" && o.output != "json" {
-		fmt.Fprintf(stderr, "tetherctl: -o %q: want table or json\n", o.output)
+	if o.output != "table" && o.output != "json" && o.output != "wide" {
+		fmt.Fprintf(stderr, "tetherctl: -o %q: want table, json or wide\n", o.output)
+		return exitUsage
+	}
+	if cmd != "pools" && (o.output == "wide" || o.kubeconfig != "" || len(o.edges) > 0) {
+		fmt.Fprintf(stderr, "tetherctl %s: -o wide, --kubeconfig and --edge are for tetherctl pools\n", cmd)
+		return exitUsage
+	}
+	if o.kubeconfig != "" && len(o.edges) > 0 {
+		fmt.Fprintln(stderr, "tetherctl pools: give --kubeconfig (the cloud's view) or --edge (the edges'), not both")
 		return exitUsage
 	}
 	if len(o.gateways) == 0 {
@@ -87,10 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "ca":
 		return ca(ctx, o, stdout, stderr)
 	case "pools":
-		// The node pool (leader election, replication, delegated
-		// heartbeats) is not in this build: there is no pool state to show.
-		fmt.Fprintln(stderr, "tetherctl pools: not available yet: node pools (leader election, replication) are not in this build of Tether. `tetherctl status` shows each edge's pool label.")
-		return exitError
+		return pools(ctx, o, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tetherctl", version.Version)
 		return exitOK
@@ -120,7 +132,13 @@ Commands:
   ca        the CA bundle edges need as their --gateway-ca when the gateways
             issue their own serving certificates (no --tls-cert): each
             gateway's CA once, PEM. Fetch it over a path you trust
-  pools     node pools (not available yet)
+  pools     the node pools, from the cloud apiserver (--kubeconfig): for each
+            pool its members, the elected leader and its last renewal, the
+            leader's last sync, the members whose heartbeats are delegated
+            (openyurt.io/delegate-heartbeat) and those tainted
+            node.openyurt.io/unschedulable; -o wide adds the members' names.
+            With --edge, each edge's replica instead: role, leader, epoch,
+            revision, objects, last sync, fresh, replication lag, digest
   version   print tetherctl's version
 
 Flags:

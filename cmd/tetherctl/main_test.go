@@ -132,8 +132,12 @@ func TestUsage(t *testing.T) {
 		code int
 		out  string
 	}{
-		{[]string{"pools"}, exitError, "not available yet"},
-		{[]string{"status", "-o", "yaml"}, exitUsage, `want table or json`},
+		{[]string{"status", "-o", "yaml"}, exitUsage, `want table, json or wide`},
+		{[]string{"status", "-o", "wide"}, exitUsage, "are for tetherctl pools"},
+		{[]string{"status", "--edge", "127.0.0.1"}, exitUsage, "are for tetherctl pools"},
+		{[]string{"ca", "--kubeconfig", "x"}, exitUsage, "are for tetherctl pools"},
+		{[]string{"pools", "--kubeconfig", "x", "--edge", "127.0.0.1"}, exitUsage, "not both"},
+		{[]string{"pools", "shop"}, exitUsage, "unexpected arguments"},
 		{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 		{[]string{}, exitUsage, "Usage: tetherctl"},
 		{[]string{"status", "extra"}, exitUsage, "unexpected arguments"},

@@ -55,13 +55,7 @@ func status(ctx context.Context, o options, stdout, stderr io.Writer) int {
 		if ok == nil {
 			ok = []gatewayStatus{}
 		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(ok); err != nil {
-			fmt.Fprintln(stderr, "tetherctl:", err)
-			return exitError
-		}
-		return code
+		return cmp.Or(writeJSON(stdout, stderr, ok), code)
 	}
 	if len(ok) > 0 {
 		writeTable(stdout, ok, time.Now())
@@ -78,11 +72,21 @@ func normalizeGateway(gw string) string {
 	return gw
 }
 
+// adminKind is a kind of admin endpoint: what errors call it and what they
+// suggest checking when it is unreachable.
+type adminKind struct{ name, hint string }
+
+var (
+	gatewayAdmin = adminKind{"gateway", "is tether-gateway running, and is its --admin-listen address reachable from here? Name another with --gateway"}
+	edgeAdmin    = adminKind{"edge", "is tether-edge running, and is its --admin-listen address reachable from here? " +
+		"It listens on " + defaultEdgeAdmin + " by default: run tetherctl on the edge node, or through an SSH tunnel"}
+)
+
 // fetchStatus GETs gw's /status. Its errors say which gateway failed and
 // what to check.
 func fetchStatus(ctx context.Context, client *http.Client, gw string) (gateway.Status, error) {
 	var st gateway.Status
-	body, err := get(ctx, client, gw, "/status")
+	body, err := get(ctx, client, gatewayAdmin, gw, "/status")
 	if herr, ok := errors.AsType[*httpError](err); ok {
 		return st, fmt.Errorf("%w (is this the admin address of a tether-gateway?)", herr)
 	} else if err != nil {
@@ -97,39 +101,39 @@ func fetchStatus(ctx context.Context, client *http.Client, gw string) (gateway.S
 	return st, nil
 }
 
-// get GETs path on gw's admin endpoint and returns the body of a 200
-// answer. Its errors say which gateway failed and what to check; another
-// answer is an *httpError.
-func get(ctx context.Context, client *http.Client, gw, path string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gw+path, nil)
+// get GETs path on the admin endpoint at base and returns the body of a
+// 200 answer. Its errors say which gateway or edge failed and what to
+// check; another answer is an *httpError.
+func get(ctx context.Context, client *http.Client, kind adminKind, base, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
-		return nil, fmt.Errorf("gateway %s: %w", gw, err)
+		return nil, fmt.Errorf("%s %s: %w", kind.name, base, err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		hint := "is tether-gateway running, and is its --admin-listen address reachable from here? Name another with --gateway"
+		hint := kind.hint
 		var nerr net.Error
 		if errors.As(err, &nerr) && nerr.Timeout() {
 			hint = "no answer within --timeout; is a firewall dropping the traffic?"
 		}
-		return nil, fmt.Errorf("gateway %s unreachable: %v (%s)", gw, unwrapURLError(err), hint)
+		return nil, fmt.Errorf("%s %s unreachable: %v (%s)", kind.name, base, unwrapURLError(err), hint)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, fmt.Errorf("gateway %s: read %s: %w", gw, path, err)
+		return nil, fmt.Errorf("%s %s: read %s: %w", kind.name, base, path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, &httpError{gw: gw, path: path, status: resp.Status, body: strings.TrimSpace(string(body))}
+		return nil, &httpError{kind: kind.name, url: base, path: path, status: resp.Status, body: strings.TrimSpace(string(body))}
 	}
 	return body, nil
 }
 
 // httpError is an admin endpoint's answer other than 200.
-type httpError struct{ gw, path, status, body string }
+type httpError struct{ kind, url, path, status, body string }
 
 func (e *httpError) Error() string {
-	return fmt.Sprintf("gateway %s: GET %s: %s", e.gw, e.path, e.status)
+	return fmt.Sprintf("%s %s: GET %s: %s", e.kind, e.url, e.path, e.status)
 }
 
 // unwrapURLError drops net/http's `Get "url":` prefix, which repeats what
@@ -218,9 +222,11 @@ func formatSince(t, now time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
-	age := now.Sub(t).Round(time.Second)
-	if age < 0 {
-		age = 0
-	}
-	return fmt.Sprintf("%s (%s)", t.UTC().Format(time.RFC3339), age)
+	return fmt.Sprintf("%s (%s)", t.UTC().Format(time.RFC3339), age(t, now))
+}
+
+// age is how long before now t was, to the second (0 for a time in the
+// future: clocks differ).
+func age(t, now time.Time) time.Duration {
+	return max(now.Sub(t).Round(time.Second), 0)
 }
