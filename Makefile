@@ -65,6 +65,15 @@ BENCH_TUNNEL_FLAGS ?=
 bench-tunnel: build testbins
 	$(GO) run ./e2e/tunnelbench --bin-dir $(BIN) $(BENCH_TUNNEL_FLAGS)
 
+# bench-pool measures the node pool (10 edges, 1,000 EndpointSlices changed):
+# uplink bytes with and without it, replication lag and RSS per node, in
+# namespaces on this machine, and prints a table; it needs root and takes a
+# few minutes. BENCH_POOL_FLAGS: see --help.
+.PHONY: bench-pool
+BENCH_POOL_FLAGS ?=
+bench-pool: build testbins
+	$(GO) run ./e2e/poolbench --bin-dir $(BIN) $(BENCH_POOL_FLAGS)
+
 lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...

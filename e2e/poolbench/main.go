@@ -1,0 +1,196 @@
+// Command poolbench is `make bench-pool`: the node pool benchmark. It
+// builds the e2e world once (a real kube-apiserver and etcd in a cloud
+// network, one edge site "shop" behind NAT with --edges nodes labelled
+// apps.openyurt.io/nodepool=shop) and creates --changes EndpointSlices in
+// namespace bench. Then, in each run, it measures two phases with fresh
+// tether-edge processes (apiserver proxy only, default settings, a fresh
+// data directory each):
+//
+//   - no-pool: --pool-listen "", every node's proxy relays its kube-proxy's
+//     watch to the cloud;
+//   - pool: the default, one elected node watches EndpointSlices,
+//     Endpoints and Services in the cloud and the others replicate its
+//     store over the pool listener and serve their kube-proxy from it.
+//
+// On every node a kube-proxy-like client-go informer (in this process,
+// dialling from the node's namespace, kube-proxy's User-Agent and content
+// types) watches EndpointSlices of all namespaces through the node's
+// proxy. Once they are synced, the bench reads the site router's uplink
+// counters (wan0: rx is cloud → site), waits --idle with no change, then
+// changes every EndpointSlice once (one endpoint address each) and waits
+// until every informer has seen every change. It reports the uplink
+// bytes of the change window and of the idle window, the ratio with/without
+// the pool, the replication lag (a follower's informer receiving a change
+// minus the leader's informer receiving it), the time from the cloud
+// update returning to the informers, and the RSS of every tether-edge.
+//
+// It prints tables and how the pool fares against the issue's targets; it
+// asserts nothing. Timings on a shared machine vary with its load, which
+// it prints at start and end.
+//
+// It needs root (network namespaces) and uses only addresses inside the
+// namespaces it creates and loopback; everything is removed at the end,
+// also on Ctrl-C.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+type options struct {
+	binDir  string
+	runs    int
+	changes int
+	edges   int
+	workers int
+	idle    time.Duration
+	settle  time.Duration
+	timeout time.Duration
+	verbose bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-edge, as make build leaves it in bin; empty builds it from this tree into a temporary directory")
+	flag.IntVar(&o.runs, "runs", 1, "measure both phases this many `times` (they alternate which goes first); the targets are judged on the median ratio, the lag of all runs together and the largest RSS")
+	flag.IntVar(&o.changes, "changes", 1000, "`n` EndpointSlices (5 endpoints each) in namespace bench; each phase changes every one once")
+	flag.IntVar(&o.edges, "edges", 10, "`n` edge nodes in the pool")
+	flag.IntVar(&o.workers, "workers", 4, "concurrent `writers` of the changes (the admin client allows 100 requests/s)")
+	flag.DurationVar(&o.idle, "idle", 10*time.Second, "measure the uplink with no changes for this `duration` in each phase (health checks, election renewals)")
+	flag.DurationVar(&o.settle, "settle", 5*time.Second, "wait this `duration` after the informers synced before measuring")
+	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "give up after this `duration` (world setup included)")
+	flag.BoolVar(&o.verbose, "verbose", false, "log the world's setup and each phase's steps")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: poolbench [flags]\n\nBenchmarks the Tether node pool: uplink bytes with and without it, replication lag, RSS per node, in network namespaces on this machine (needs root).\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if o.runs < 1 || o.runs > maxRounds/2 || o.changes < 1 || o.changes > maxSlices || o.edges < 2 || o.edges > 200 || o.workers < 1 || o.idle <= 0 || o.settle < 0 {
+		fmt.Fprintf(os.Stderr, "poolbench: --runs must be 1..%d, --changes 1..%d, --edges 2..200, --workers and --idle positive\n", maxRounds/2, maxSlices)
+		os.Exit(2)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "poolbench: needs root (it creates network namespaces)")
+		os.Exit(2)
+	}
+
+	level := slog.LevelWarn
+	if o.verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	s := &testenv.Session{Log: log}
+	err := s.Run(func() error { return run(ctx, s, o) })
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (--timeout %v)", err, o.timeout)
+		}
+		fmt.Fprintf(os.Stderr, "poolbench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, s *testenv.Session, o options) error {
+	printHeader(o)
+	setup := time.Now()
+	bins, err := binaries(s, o.binDir)
+	if err != nil {
+		return err
+	}
+	logf := func(string, ...any) {}
+	if o.verbose {
+		logf = func(format string, args ...any) { s.Log.Info(fmt.Sprintf(format, args...)) }
+	}
+	hosts := make([]string, o.edges)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("edge-%d", i+1)
+	}
+	note("building the world: control plane, site %s with %d nodes in pool %s", siteName, o.edges, siteName)
+	testenv.Binaries(s)
+	w := world.New(s, bins, world.Options{Sites: []testenv.SiteSpec{
+		{Name: siteName, Hosts: hosts, LAN: netip.MustParsePrefix("192.168.9.0/24")},
+	}}, logf)
+	w.ApplyEdgeRBAC(s)
+	note("creating %d EndpointSlices in namespace %s", o.changes, benchNS)
+	if err := createSlices(ctx, w.CP.Client, o.changes); err != nil {
+		return err
+	}
+	site := w.Topo.Sites[0]
+	counters, err := newEdgeCounters(ctx, site.Router(), w.Edges)
+	if err != nil {
+		return err
+	}
+	note("world ready in %v", time.Since(setup).Round(time.Second))
+
+	b := &bench{o: o, s: s, w: w, bins: bins, uplink: uplink{site.Router()}, perEdge: counters, logf: logf}
+	var res []phaseResult
+	round := 0
+	for r := 1; r <= o.runs; r++ {
+		order := []bool{false, true} // pool off, then on
+		if r%2 == 0 {
+			order = []bool{true, false}
+		}
+		for _, pool := range order {
+			round++
+			start := time.Now()
+			pr, err := b.phase(ctx, r, round, pool)
+			if err != nil {
+				return fmt.Errorf("run %d, %s: %w", r, phaseName(pool), err)
+			}
+			note("run %d %s done in %v", r, pr.phase, time.Since(start).Round(time.Second))
+			res = append(res, pr)
+		}
+	}
+	printTable(o, res)
+	printTargets(res)
+	printNotes(res)
+	fmt.Printf("\nload average at end: %s\n", loadAvg())
+	return nil
+}
+
+const (
+	siteName = "shop"
+	benchNS  = "bench"
+)
+
+func note(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "poolbench: "+format+"\n", args...)
+}
+
+// binaries returns the programs under test: tether-edge in dir, or a
+// fresh build of this tree, so that a bench never measures stale
+// binaries by accident.
+func binaries(s *testenv.Session, dir string) (world.Binaries, error) {
+	if dir != "" {
+		b := world.Binaries{Edge: filepath.Join(dir, "tether-edge")}
+		if _, err := os.Stat(b.Edge); err != nil {
+			return world.Binaries{}, fmt.Errorf("--bin-dir: %w", err)
+		}
+		return b, nil
+	}
+	tmp, err := os.MkdirTemp("", "tether-bench-bin-")
+	if err != nil {
+		return world.Binaries{}, err
+	}
+	s.Cleanup(func() { os.RemoveAll(tmp) })
+	note("building tether-gateway, tether-edge and tetherctl")
+	return world.BuildBinaries(tmp)
+}

@@ -1,0 +1,273 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Targets of the issue.
+const (
+	targetRatio = 1.2 / 10
+	targetLag   = 100 * time.Millisecond
+	targetRSS   = 64 << 20
+)
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func printHeader(o options) {
+	var eff []string
+	flag.VisitAll(func(f *flag.Flag) {
+		eff = append(eff, fmt.Sprintf("--%s=%s", f.Name, f.Value))
+	})
+	fmt.Printf("poolbench: Tether node pool, %d edges, %d EndpointSlices changed once per phase\n", o.edges, o.changes)
+	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
+	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
+	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), loadAvg(), runtime.Version())
+	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
+}
+
+// pct is the p-th percentile of sorted d (nearest rank).
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	i := int(float64(len(d))*p/100+0.5) - 1
+	return d[min(max(i, 0), len(d)-1)]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }
+
+func kB(n float64) string { return fmt.Sprintf("%.1f", n/1e3) }
+
+func mB(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
+
+// ratio is the pool phase's bytes down over the no-pool phase's of the
+// same run, or -1.
+func ratio(res []phaseResult, r phaseResult) float64 {
+	for _, o := range res {
+		if o.run == r.run && !o.pool && o.change.down > 0 {
+			return float64(r.change.down) / float64(o.change.down)
+		}
+	}
+	return -1
+}
+
+func (r phaseResult) memStats() (maxRSS, meanRSS, maxHWM int64) {
+	for _, m := range r.mem {
+		maxRSS = max(maxRSS, m.rss)
+		maxHWM = max(maxHWM, m.hwm)
+		meanRSS += m.rss
+	}
+	if len(r.mem) > 0 {
+		meanRSS /= int64(len(r.mem))
+	}
+	return
+}
+
+func printTable(o options, res []phaseResult) {
+	fmt.Printf("Uplink of site %s (wan0 of its router, link-layer bytes; down = cloud → site), while %d EndpointSlices changed once:\n\n", siteName, o.changes)
+	fmt.Printf("%-8s %3s %12s %10s %7s %10s %10s %10s %10s %9s %9s %9s %9s\n",
+		"phase", "run", "down kB", "up kB", "ratio", "lag p50", "lag p99", "RSS max", "RSS mean", "writes s", "took s", "idle dn", "idle up")
+	fmt.Printf("%-8s %3s %12s %10s %7s %10s %10s %10s %10s %9s %9s %9s %9s\n",
+		"", "", "", "", "", "ms", "ms", "MiB", "MiB", "", "", "kB", "kB")
+	for _, r := range res {
+		rt, lag50, lag99 := "-", "-", "-"
+		if r.pool {
+			if v := ratio(res, r); v >= 0 {
+				rt = fmt.Sprintf("%.3f", v)
+			}
+			lag50, lag99 = ms(pct(r.lag, 50)), ms(pct(r.lag, 99))
+		}
+		maxRSS, meanRSS, _ := r.memStats()
+		fmt.Printf("%-8s %3d %12s %10s %7s %10s %10s %10s %10s %9.1f %9.1f %9s %9s\n",
+			r.phase, r.run, kB(float64(r.change.down)), kB(float64(r.change.up)), rt, lag50, lag99,
+			mB(maxRSS), mB(meanRSS), r.writes.Seconds(), r.took.Seconds(), kB(float64(r.idle.down)), kB(float64(r.idle.up)))
+	}
+	fmt.Printf("\nratio: the pool's bytes down over the no-pool phase's of the same run. lag: a follower's informer receiving a\n" +
+		"change minus the leader's informer receiving it. writes: the first update sent to the last returned (the admin\n" +
+		"client allows 100 requests/s); took: to the last change received by the last informer. idle: the uplink over --idle\n" +
+		"with no change (health checks every 2 s per node, election renewals). RSS: VmRSS of each tether-edge after the changes.\n")
+
+	fmt.Printf("\nDetails:\n\n")
+	fmt.Printf("%-8s %3s %9s %9s %9s %9s %9s %9s %9s %12s %12s %10s\n",
+		"phase", "run", "lag max", "upd→ldr", "upd→ldr", "upd→all", "upd→all", "upd→all", "HWM max", "proxy down", "LAN repl.", "kube-proxy")
+	fmt.Printf("%-8s %3s %9s %9s %9s %9s %9s %9s %9s %12s %12s %10s\n",
+		"", "", "ms", "p50 ms", "p99 ms", "p50 ms", "p99 ms", "max ms", "MiB", "kB", "kB", "served")
+	for _, r := range res {
+		lagMax, l50, l99 := "-", "-", "-"
+		if r.pool {
+			lagMax = ms(pct(r.lag, 100))
+			l50, l99 = ms(pct(r.toLeader, 50)), ms(pct(r.toLeader, 99))
+		}
+		_, _, hwm := r.memStats()
+		fmt.Printf("%-8s %3d %9s %9s %9s %9s %9s %9s %9s %12s %12s %10s\n",
+			r.phase, r.run, lagMax, l50, l99, ms(pct(r.toAll, 50)), ms(pct(r.toAll, 99)), ms(pct(r.toAll, 100)),
+			mB(hwm), kB(r.proxyDown), kB(r.replicated), served(r.served))
+	}
+	fmt.Printf("\nupd→ldr: the update call returning in this process to the leader's informer receiving the change; upd→all: to\n" +
+		"every informer. HWM: VmHWM, the peak RSS. proxy down: response bodies the nodes' apiserver proxies relayed from\n" +
+		"the cloud (tether_edge_apiserver_bytes_total, all nodes; the pool leader's watches go through its proxy too).\n" +
+		"LAN repl.: bytes the followers received from the leader (tether_edge_pool_bytes_received_total). kube-proxy served:\n" +
+		"the watchers' requests by how the proxies served them, whole phase (pool = from the replica).\n")
+}
+
+func served(m map[string]float64) string {
+	var parts []string
+	for _, k := range []string{"pool", "upstream"} {
+		if v := m[k]; v > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, v))
+		}
+	}
+	for k, v := range m {
+		if k != "pool" && k != "upstream" && v > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func printTargets(res []phaseResult) {
+	var ratios []float64
+	var lag []time.Duration
+	var with, without []int64
+	var peak, rss int64
+	peakAt := ""
+	for _, r := range res {
+		if r.pool {
+			if v := ratio(res, r); v >= 0 {
+				ratios = append(ratios, v)
+			}
+			lag = append(lag, r.lag...)
+			with = append(with, r.change.down)
+		} else {
+			without = append(without, r.change.down)
+		}
+		for name, m := range r.mem {
+			if m.hwm > peak {
+				peak, peakAt = m.hwm, fmt.Sprintf("%s, %s run %d", name, r.phase, r.run)
+			}
+			rss = max(rss, m.rss)
+		}
+	}
+	slices.Sort(lag)
+	met := func(ok bool) string {
+		if ok {
+			return "met   "
+		}
+		return "MISSED"
+	}
+	fmt.Printf("\nTargets:\n")
+	if len(ratios) > 0 {
+		v := medianF(ratios)
+		fmt.Printf("  %s bytes down with the pool at most %.2f of without: %.3f (median of %d runs; %s kB with, %s kB without)\n",
+			met(v <= targetRatio), targetRatio, v, len(ratios), kB(medianI(with)), kB(medianI(without)))
+	}
+	if len(lag) > 0 {
+		p99 := pct(lag, 99)
+		fmt.Printf("  %s replication lag p99 at most %v: p99 %s ms, p50 %s ms, max %s ms (%d follower receipts)\n",
+			met(p99 <= targetLag), targetLag, ms(p99), ms(pct(lag, 50)), ms(pct(lag, 100)), len(lag))
+	}
+	fmt.Printf("  %s RSS at most %d MiB per node: peak (VmHWM) %s MiB (%s); largest VmRSS after the changes %s MiB\n",
+		met(peak <= targetRSS), targetRSS>>20, mB(peak), peakAt, mB(rss))
+}
+
+// printNotes prints, per phase, which nodes' traffic the uplink carried
+// and the leader's memory next to the followers'.
+func printNotes(res []phaseResult) {
+	fmt.Printf("\nUplink bytes by node (IP bytes the site router forwarded to each node), while the slices changed | with no change:\n")
+	for _, r := range res {
+		fmt.Printf("  %-8s run %d: %s | %s\n", r.phase, r.run, byNode(r, r.perEdge), byNode(r, r.idlePerEdge))
+		var anon, file, heap, goSys []int64
+		for _, m := range r.mem {
+			anon, file = append(anon, m.anon), append(file, m.file)
+			heap, goSys = append(heap, m.heap), append(goSys, m.goSys)
+		}
+		fmt.Printf("  %-8s run %d: RSS median: anonymous %s MiB, files %s MiB; Go heap in use %s MiB, Go runtime total %s MiB\n", "", r.run,
+			mB(int64(medianI(anon))), mB(int64(medianI(file))), mB(int64(medianI(heap))), mB(int64(medianI(goSys))))
+		var peaks []string
+		for _, p := range r.peaks {
+			peaks = append(peaks, fmt.Sprintf("%s %s", p.stage, mB(p.hwm)))
+		}
+		fmt.Printf("  %-8s run %d: largest peak RSS (VmHWM) so far, by stage: %s MiB\n", "", r.run, strings.Join(peaks, ", "))
+		if !r.pool {
+			continue
+		}
+		var f []int64
+		for name, m := range r.mem {
+			if name != r.leader {
+				f = append(f, m.rss)
+			}
+		}
+		lm := r.mem[r.leader]
+		fmt.Printf("  %-8s run %d: RSS leader %s MiB (anonymous %s, files %s, Go heap in use %s; peak %s; pid %d), followers median %s MiB\n", "", r.run,
+			mB(lm.rss), mB(lm.anon), mB(lm.file), mB(lm.heap), mB(lm.hwm), r.leaderPID, mB(int64(medianI(f))))
+		if r.leaderAfter != r.leader {
+			fmt.Printf("  %-8s run %d: note: the leader changed from %s to %q during the phase\n", "", r.run, r.leader, r.leaderAfter)
+		}
+		if r.served["upstream"] > 0 {
+			fmt.Printf("  %-8s run %d: note: %.0f kube-proxy requests went to the cloud, not the replica\n", "", r.run, r.served["upstream"])
+		}
+	}
+}
+
+// byNode sums up bytes down by node: the leader's and the others'.
+func byNode(r phaseResult, t map[string]traffic) string {
+	var others []int64
+	var out string
+	for name, v := range t {
+		if r.pool && name == r.leader {
+			out = fmt.Sprintf("leader %s down %s up %s kB; ", name, kB(float64(v.down)), kB(float64(v.up)))
+			continue
+		}
+		others = append(others, v.down)
+	}
+	if len(others) == 0 {
+		return out
+	}
+	slices.Sort(others)
+	var sum int64
+	for _, v := range others {
+		sum += v
+	}
+	what := "each node"
+	if r.pool {
+		what = "each follower"
+	}
+	return out + fmt.Sprintf("%s down min %s mean %s max %s kB", what, kB(float64(others[0])), kB(float64(sum)/float64(len(others))), kB(float64(others[len(others)-1])))
+}
+
+func medianF(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func medianI(v []int64) float64 {
+	f := make([]float64, len(v))
+	for i, x := range v {
+		f[i] = float64(x)
+	}
+	if len(f) == 0 {
+		return 0
+	}
+	return medianF(f)
+}
