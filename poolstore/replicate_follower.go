@@ -252,7 +252,7 @@ func (f *Follower) apply(r *frameReader) error {
 		switch fr.Type {
 		case frameSnapshot:
 			snap = &Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources,
-				Objects: make([]Change, 0, min(fr.Count, 1<<16))}
+				Objects: make([]Change, 0, min(max(fr.Count, 0), 1<<16))}
 			want = fr.Count
 		case frameObjects:
 			if snap == nil || len(snap.Objects)+len(fr.Items) > want {

@@ -318,20 +318,9 @@ func (s *Store) Apply(resource, typ string, obj json.RawMessage) error {
 
 // Load replaces the replica with a leader's snapshot (follower).
 func (s *Store) Load(snap Snapshot) error {
-	resources := make(map[string]*resource, len(snap.Resources))
-	for r, rv := range snap.Resources {
-		resources[r] = &resource{rv: rv, objs: map[string]*Object{}}
-	}
-	for _, c := range snap.Objects {
-		res := resources[c.Resource]
-		if res == nil {
-			return fmt.Errorf("snapshot: object %s/%s of resource %s it does not list", c.Namespace, c.Name, c.Resource)
-		}
-		o, err := decodeObject(c.Object)
-		if err != nil {
-			return fmt.Errorf("snapshot: %w", err)
-		}
-		res.objs[objKey(o.Namespace, o.Name)] = o
+	resources, err := decodeSnapshot(snap)
+	if err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -352,15 +341,9 @@ func (s *Store) ApplyChanges(epoch string, cs []Change) error {
 	if len(cs) == 0 {
 		return nil
 	}
-	objs := make([]*Object, len(cs))
-	for i, c := range cs {
-		if c.Type == Added || c.Type == Modified {
-			o, err := decodeObject(c.Object)
-			if err != nil {
-				return fmt.Errorf("change %d: %w", c.Rev, err)
-			}
-			objs[i] = o
-		}
+	objs, err := decodeChanges(cs)
+	if err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -381,6 +364,55 @@ func (s *Store) ApplyChanges(epoch string, cs []Change) error {
 	}
 	s.notify()
 	return nil
+}
+
+// decodeChanges checks replicated changes and decodes the objects of
+// Added and Modified ones; nothing of a bad batch is applied.
+func decodeChanges(cs []Change) ([]*Object, error) {
+	objs := make([]*Object, len(cs))
+	for i, c := range cs {
+		switch c.Type {
+		case Added, Modified:
+			o, err := decodeObject(c.Object)
+			if err != nil {
+				return nil, fmt.Errorf("change %d: %w", c.Rev, err)
+			}
+			if o.Namespace != c.Namespace || o.Name != c.Name {
+				return nil, fmt.Errorf("change %d: object %s/%s under key %s/%s", c.Rev, o.Namespace, o.Name, c.Namespace, c.Name)
+			}
+			objs[i] = o
+		case Deleted, Bookmark:
+		default:
+			return nil, fmt.Errorf("change %d: unknown type %q", c.Rev, c.Type)
+		}
+		if c.Resource == "" {
+			return nil, fmt.Errorf("change %d: no resource", c.Rev)
+		}
+	}
+	return objs, nil
+}
+
+// decodeSnapshot checks a snapshot and builds the resources it holds.
+func decodeSnapshot(snap Snapshot) (map[string]*resource, error) {
+	resources := make(map[string]*resource, len(snap.Resources))
+	for r, rv := range snap.Resources {
+		resources[r] = &resource{rv: rv, objs: map[string]*Object{}}
+	}
+	for _, c := range snap.Objects {
+		res := resources[c.Resource]
+		if res == nil {
+			return nil, fmt.Errorf("snapshot: object %s/%s of resource %s it does not list", c.Namespace, c.Name, c.Resource)
+		}
+		o, err := decodeObject(c.Object)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: %w", err)
+		}
+		if o.RV > res.rv {
+			return nil, fmt.Errorf("snapshot: object %s/%s newer than its resource", o.Namespace, o.Name)
+		}
+		res.objs[objKey(o.Namespace, o.Name)] = o
+	}
+	return resources, nil
 }
 
 // Snapshot returns the whole replica.
