@@ -27,44 +27,53 @@ type apiserverAccess struct {
 // proxyConfigured reports whether the apiserver proxy has a way to the
 // cloud.
 func (c Config) proxyConfigured() bool {
-	return c.Kubeconfig != "" || len(c.ServerAddr) > 0
+	return c.Kubeconfig != "" || len(c.ServerAddr) > 0 || c.BootstrapKubeconfig != ""
 }
 
 // loadAPIServerAccess reads --kubeconfig, or --server-addr with --cert,
 // --key and --server-ca. --server-addr given with --kubeconfig replaces
 // the kubeconfig's server; --server-ca replaces its CA. A client
-// certificate in files is read again when the files change.
-func loadAPIServerAccess(c Config, log *slog.Logger) (*apiserverAccess, error) {
+// certificate in files is read again when the files change. With
+// --bootstrap-kubeconfig (nc not nil), the bootstrap kubeconfig gives the
+// server and CA and nc the client certificate.
+func loadAPIServerAccess(c Config, nc *nodeCert, log *slog.Logger) (*apiserverAccess, error) {
 	a := &apiserverAccess{servers: c.ServerAddr, tls: &tls.Config{MinVersion: tls.VersionTLS12}}
 	certFile, keyFile := c.Cert, c.Key
 	var certPEM, keyPEM, caPEM []byte
-	if c.Kubeconfig != "" {
-		rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	kubeconfig, flag := c.Kubeconfig, "--kubeconfig"
+	if nc != nil {
+		kubeconfig, flag = c.BootstrapKubeconfig, "--bootstrap-kubeconfig"
+	}
+	if kubeconfig != "" {
+		rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("--kubeconfig: %w", err)
+			return nil, fmt.Errorf("%s: %w", flag, err)
 		}
 		if len(a.servers) == 0 {
 			a.servers = []string{rc.Host}
 		}
 		a.tls.ServerName = rc.ServerName
 		a.tls.InsecureSkipVerify = rc.Insecure
-		if rc.CertFile != "" || len(rc.CertData) > 0 {
-			certFile, keyFile = rc.CertFile, rc.KeyFile
-			certPEM, keyPEM = rc.CertData, rc.KeyData
-		}
 		caPEM = rc.CAData
 		if len(caPEM) == 0 && rc.CAFile != "" {
 			if caPEM, err = os.ReadFile(rc.CAFile); err != nil {
-				return nil, fmt.Errorf("--kubeconfig: certificate-authority: %w", err)
+				return nil, fmt.Errorf("%s: certificate-authority: %w", flag, err)
 			}
 		}
-		a.token = rc.BearerToken
-		if a.token == "" && rc.BearerTokenFile != "" {
-			b, err := os.ReadFile(rc.BearerTokenFile)
-			if err != nil {
-				return nil, fmt.Errorf("--kubeconfig: token file: %w", err)
+		// The bootstrap kubeconfig's credentials are for the CSR API only.
+		if nc == nil {
+			if rc.CertFile != "" || len(rc.CertData) > 0 {
+				certFile, keyFile = rc.CertFile, rc.KeyFile
+				certPEM, keyPEM = rc.CertData, rc.KeyData
 			}
-			a.token = strings.TrimSpace(string(b))
+			a.token = rc.BearerToken
+			if a.token == "" && rc.BearerTokenFile != "" {
+				b, err := os.ReadFile(rc.BearerTokenFile)
+				if err != nil {
+					return nil, fmt.Errorf("--kubeconfig: token file: %w", err)
+				}
+				a.token = strings.TrimSpace(string(b))
+			}
 		}
 	}
 	if c.ServerCA != "" {
@@ -81,6 +90,9 @@ func loadAPIServerAccess(c Config, log *slog.Logger) (*apiserverAccess, error) {
 		a.tls.RootCAs = pool
 	}
 	switch {
+	case nc != nil:
+		a.tls.GetClientCertificate = nc.GetClientCertificate
+		a.node = nc.NodeName()
 	case len(certPEM) > 0:
 		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {

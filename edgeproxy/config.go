@@ -37,6 +37,12 @@ type Config struct {
 	// may be one file (the kubelet's kubelet-client-current.pem).
 	Cert string `json:"cert,omitempty"`
 	Key  string `json:"key,omitempty"`
+	// BootstrapKubeconfig, instead of Cert and Key, has tether-edge obtain
+	// the node's client certificate through the CSR API with the
+	// credentials in this kubeconfig (a bootstrap token), keep it in
+	// DataDir/pki and renew it; NodeName is then required. The apiserver
+	// proxy reaches this kubeconfig's server unless ServerAddr is given.
+	BootstrapKubeconfig string `json:"bootstrap-kubeconfig,omitempty"`
 	// Gateway lists the gateway replicas: host:port entries and/or DNS
 	// names that resolve to every replica (port 10262 if none is given).
 	Gateway []string `json:"gateway,omitempty"`
@@ -131,13 +137,16 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	if len(c.Gateway) == 0 && !c.proxyConfigured() {
-		errs = append(errs, errors.New("nothing to do: give --gateway (the tether-gateway replicas to keep the tunnel to) and/or a way to the cloud kube-apiserver for the apiserver proxy (--kubeconfig, or --server-addr with --cert and --key)"))
+		errs = append(errs, errors.New("nothing to do: give --gateway (the tether-gateway replicas to keep the tunnel to) and/or a way to the cloud kube-apiserver for the apiserver proxy (--kubeconfig, or --server-addr with --cert and --key, or --bootstrap-kubeconfig)"))
+	}
+	if c.BootstrapKubeconfig != "" {
+		errs = append(errs, c.validateBootstrap()...)
 	}
 	if len(c.Gateway) > 0 {
 		if _, err := edgetunnel.ParseTargets(c.Gateway); err != nil {
 			errs = append(errs, fmt.Errorf("--gateway: %w", err))
 		}
-		if c.Cert == "" || c.Key == "" {
+		if c.BootstrapKubeconfig == "" && (c.Cert == "" || c.Key == "") {
 			errs = append(errs, errors.New("--gateway needs the node's client certificate: give --cert and --key (the kubelet's /var/lib/kubelet/pki/kubelet-client-current.pem holds both; give it to both)"))
 		}
 	}
@@ -161,7 +170,7 @@ func (c Config) Validate() error {
 // validateProxy checks the settings of the apiserver proxy.
 func (c Config) validateProxy() []error {
 	var errs []error
-	if c.Kubeconfig == "" && (c.Cert == "" || c.Key == "") {
+	if c.Kubeconfig == "" && c.BootstrapKubeconfig == "" && (c.Cert == "" || c.Key == "") {
 		errs = append(errs, errors.New("--server-addr needs the node's client certificate: give --cert and --key (or a --kubeconfig)"))
 	}
 	for _, s := range c.ServerAddr {
@@ -183,6 +192,25 @@ func (c Config) validateProxy() []error {
 	}
 	if c.PoolListen != "" {
 		errs = append(errs, c.validatePool()...)
+	}
+	return errs
+}
+
+// validateBootstrap checks the settings that go with
+// --bootstrap-kubeconfig.
+func (c Config) validateBootstrap() []error {
+	var errs []error
+	if c.Cert != "" || c.Key != "" {
+		errs = append(errs, errors.New("--bootstrap-kubeconfig and --cert/--key are mutually exclusive: with --bootstrap-kubeconfig tether-edge obtains the node's client certificate itself (kept in --data-dir); drop --cert and --key, or drop --bootstrap-kubeconfig to use the certificate in those files"))
+	}
+	if c.Kubeconfig != "" {
+		errs = append(errs, errors.New("--bootstrap-kubeconfig and --kubeconfig are mutually exclusive: with --bootstrap-kubeconfig the apiserver proxy reaches the bootstrap kubeconfig's server (or --server-addr, verified with --server-ca) with the certificate it obtained"))
+	}
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("--bootstrap-kubeconfig needs --node-name: the certificate is requested for system:node:<node-name>"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir is empty: the certificate obtained with --bootstrap-kubeconfig is kept there"))
 	}
 	return errs
 }

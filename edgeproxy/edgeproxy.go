@@ -7,6 +7,7 @@ package edgeproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -48,18 +49,35 @@ func Run(ctx context.Context, cfg Config) error {
 	reg := admin.NewRegistry()
 	node := cfg.NodeName
 
+	var nc *nodeCert // nil: the client certificate is in files
+	if cfg.BootstrapKubeconfig != "" {
+		var err error
+		if nc, err = startNodeCert(ctx, cfg, reg, log.With("node", node)); err != nil {
+			return err
+		}
+		defer nc.stop()
+		if !nc.wait(ctx) {
+			log.Info("tether-edge stopped before its client certificate was issued")
+			return nil
+		}
+	}
 	var tun *edgetunnel.Client
 	if len(cfg.Gateway) > 0 {
 		var err error
-		if tun, node, err = newTunnel(cfg, reg, log); err != nil {
+		if tun, node, err = newTunnel(cfg, nc, reg, log); err != nil {
 			return err
 		}
 	}
 	var ap *apiserverProxy
 	if cfg.proxyConfigured() {
 		var err error
-		if ap, err = newAPIServerProxy(cfg, node, tun, reg, log); err != nil {
+		if ap, err = newAPIServerProxy(cfg, node, nc, tun, reg, log); err != nil {
 			return err
+		}
+		if nc != nil {
+			// New requests to the apiservers go over new connections, with
+			// the new certificate; watches keep their connections.
+			nc.onRenew(ap.upstreams.Rotate)
 		}
 		defer ap.store.Close()
 		if ap.pool != nil {
@@ -155,15 +173,22 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // newTunnel builds the tunnel client and returns the node name it goes
-// by.
-func newTunnel(cfg Config, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, string, error) {
-	certs, err := edgetunnel.LoadCertFiles(cfg.Cert, cfg.Key, log)
-	if err != nil {
-		return nil, "", err
-	}
-	certNode, err := certs.NodeName()
-	if err != nil {
-		return nil, "", fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
+// by. Its client certificate is nc's, or in --cert and --key when nc is
+// nil.
+func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, string, error) {
+	var getCert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
+	var certNode string
+	if nc != nil {
+		getCert, certNode = nc.GetClientCertificate, nc.NodeName()
+	} else {
+		certs, err := edgetunnel.LoadCertFiles(cfg.Cert, cfg.Key, log)
+		if err != nil {
+			return nil, "", err
+		}
+		if certNode, err = certs.NodeName(); err != nil {
+			return nil, "", fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
+		}
+		getCert = certs.GetClientCertificate
 	}
 	node := certNode
 	if cfg.NodeName != "" && cfg.NodeName != certNode {
@@ -183,7 +208,7 @@ func newTunnel(cfg Config, reg *prometheus.Registry, log *slog.Logger) (*edgetun
 		Gateways:    cfg.Gateway,
 		ServerName:  cfg.GatewayServerName,
 		RootCAs:     roots,
-		Certificate: certs.GetClientCertificate,
+		Certificate: getCert,
 		AllowPorts:  cfg.AllowPorts,
 		MaxStreams:  cfg.MaxStreams,
 		Logger:      log.With("node", node),
@@ -206,8 +231,8 @@ type apiserverProxy struct {
 // newAPIServerProxy opens the cache and the listener and builds the
 // proxy; node is the node name known so far ("" to take the one in the
 // apiserver credentials).
-func newAPIServerProxy(cfg Config, node string, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
-	acc, err := loadAPIServerAccess(cfg, log)
+func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
+	acc, err := loadAPIServerAccess(cfg, nc, log)
 	if err != nil {
 		return nil, err
 	}

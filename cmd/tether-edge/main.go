@@ -45,9 +45,10 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.StringVar(&cfg.GatewayServerName, "gateway-server-name", cfg.GatewayServerName, "`name` the gateways' certificates must hold (default: the host part of each --gateway entry)")
 	fs.StringVar(&cfg.Cert, "cert", cfg.Cert, "PEM `file` with this node's client certificate (CN=system:node:<name>, O=system:nodes), such as the kubelet's /var/lib/kubelet/pki/kubelet-client-current.pem; read again when it changes, for new connections")
 	fs.StringVar(&cfg.Key, "key", cfg.Key, "PEM `file` with the private key of --cert; may be the same file as --cert")
+	fs.StringVar(&cfg.BootstrapKubeconfig, "bootstrap-kubeconfig", cfg.BootstrapKubeconfig, "kubeconfig `file` with bootstrap credentials (a short-lived bootstrap token): instead of --cert/--key, tether-edge generates its own key and obtains the node's client certificate through the CSR API (CN=system:node:<--node-name>, O=system:nodes, signer kubernetes.io/kube-apiserver-client-kubelet, which kube-controller-manager approves and signs as for a kubelet), keeps it in <--data-dir>/pki/tether-edge-client-current.pem and renews it, with the current certificate, at 70-90% of its life. A valid certificate already there is used without a new request. Needs --node-name; enables the apiserver proxy, toward this kubeconfig's server unless --server-addr is given. Excludes --cert, --key and --kubeconfig")
 	fs.Var(&cfg.AllowPorts, "allow-ports", "the only `ports` (comma-separated) of this node, on its own addresses and loopback, that cloud clients may reach through the tunnel")
 	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "at most `n` connections relayed at once; more are refused as overloaded")
-	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "`name` of this node (default: the one in the client certificate); the gateway always knows the edge by its certificate; the apiserver proxy renews this node's Lease while the cloud is unreachable")
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "`name` of this node (default: the one in the client certificate; required with --bootstrap-kubeconfig); the gateway always knows the edge by its certificate; the apiserver proxy renews this node's Lease while the cloud is unreachable")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "kubeconfig `file` the apiserver proxy reaches the cloud kube-apiserver with (such as the kubelet's own, with the node's client certificate); enables the proxy")
 	fs.Var(config.NewStringList(&cfg.ServerAddr), "server-addr", "the cloud kube-apiservers, `https://host:port,...`, in priority order (the first healthy one serves), reached with --cert/--key and verified with --server-ca; enables the apiserver proxy. With --kubeconfig it replaces the kubeconfig's server")
 	fs.StringVar(&cfg.ServerCA, "server-ca", cfg.ServerCA, "PEM `file` with the CA certificate(s) that verify the cloud kube-apiservers (default: the kubeconfig's certificate-authority, else the system's roots)")
@@ -66,7 +67,7 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.DurationVar(&cfg.PoolLeaseDuration.Duration, "pool-lease-duration", cfg.PoolLeaseDuration.Duration, "pool election: a leader that has not renewed for this `duration` is replaced")
 	fs.DurationVar(&cfg.PoolRenewDeadline.Duration, "pool-renew-deadline", cfg.PoolRenewDeadline.Duration, "pool election: a leader that cannot renew within this `duration` steps down")
 	fs.DurationVar(&cfg.PoolRetryPeriod.Duration, "pool-retry-period", cfg.PoolRetryPeriod.Duration, "pool election: candidates and the leader try every `duration`")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory`: the apiserver proxy's cache and queued status writes live in apiserver-cache.db there")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory`: the apiserver proxy's cache and queued status writes live in apiserver-cache.db there, the node pool's replica beside it, and with --bootstrap-kubeconfig the node's client certificate and key in pki/ (mode 0700)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log `level`: debug, info, warn or error (debug also logs every refused stream)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log `format`: text or json")
 }
@@ -78,8 +79,8 @@ certificate) and serves the connections the gateways open for cloud clients
 (kube-apiserver, metrics-server, Prometheus) by dialling this node's own
 ports, if --allow-ports allows them. TLS stays end to end.
 
-With --kubeconfig or --server-addr it is also the kube-apiserver of the
-node's components (point kubelet, kube-proxy and coredns at
+With --kubeconfig, --server-addr or --bootstrap-kubeconfig it is also the
+kube-apiserver of the node's components (point kubelet, kube-proxy and coredns at
 http://127.0.0.1:10261): it relays them to the cloud with the node's
 credentials and caches what they read, and while the cloud is unreachable
 it answers reads from the cache, keeps watches open, renews the node's

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,6 +55,7 @@ type Options struct {
 // Upstreams is the set of servers with their health.
 type Upstreams struct {
 	servers []*server
+	pools   *pools            // the connection pools, replaced by Rotate
 	rt      http.RoundTripper // HTTP/2
 	upgrade http.RoundTripper // HTTP/1.1
 	health  HealthOptions
@@ -117,7 +119,8 @@ func New(o Options) (*Upstreams, error) {
 		u.servers = append(u.servers, &server{url: pu, name: pu.Host, path: u.health.Path, kick: make(chan struct{}, 1),
 			h: hysteresis{failureThreshold: u.health.FailureThreshold, successThreshold: u.health.SuccessThreshold}})
 	}
-	u.rt, u.upgrade = newTransports(o)
+	u.pools = newPools(o)
+	u.rt, u.upgrade = &u.pools.h2, &u.pools.h1
 	if o.BearerToken != "" {
 		u.rt = &bearer{token: o.BearerToken, rt: u.rt}
 		u.upgrade = &bearer{token: o.BearerToken, rt: u.upgrade}
@@ -128,10 +131,56 @@ func New(o Options) (*Upstreams, error) {
 	return u, nil
 }
 
+// Rotate makes new requests use new connections, whose handshakes present
+// the client certificate of the moment; requests in flight (watches,
+// exec sessions) finish on the connections they use, which are closed once
+// idle. Call it when the client certificate was renewed: kube-apiserver
+// authenticates each request by the certificate of its connection, so a
+// connection made with the previous one would be refused once that
+// expires.
+func (u *Upstreams) Rotate() { u.pools.rotate() }
+
+// pools are the HTTP/2 and HTTP/1.1 transports of the moment. h2 and h1
+// are what requests go through: each request takes the transport that is
+// current when it starts.
+type pools struct {
+	o      Options
+	h2, h1 rotating
+}
+
+func newPools(o Options) *pools {
+	p := &pools{o: o}
+	h2, h1 := newTransports(o)
+	p.h2.cur.Store(h2)
+	p.h1.cur.Store(h1)
+	return p
+}
+
+// rotate puts new transports in place. The old ones' idle connections
+// close now, their busy ones when their requests are done and they have
+// been idle for IdleConnTimeout.
+func (p *pools) rotate() {
+	h2, h1 := newTransports(p.o)
+	p.h2.cur.Swap(h2).CloseIdleConnections()
+	p.h1.cur.Swap(h1).CloseIdleConnections()
+}
+
+// rotating is an http.RoundTripper over the transport of the moment.
+type rotating struct {
+	cur atomic.Pointer[http.Transport]
+}
+
+func (r *rotating) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.cur.Load().RoundTrip(req)
+}
+
+// CloseIdleConnections is for http.Client.CloseIdleConnections.
+func (r *rotating) CloseIdleConnections() { r.cur.Load().CloseIdleConnections() }
+
 // newTransports returns an HTTP/2 transport whose connections are pinged
 // after PingAfter of silence and closed when a ping goes unanswered for
 // PingTimeout, and an HTTP/1.1 transport for upgrades.
-func newTransports(o Options) (h2, h1 http.RoundTripper) {
+func newTransports(o Options) (h2, h1 *http.Transport) {
 	dial := o.DialContext
 	if dial == nil {
 		dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext

@@ -1,9 +1,12 @@
 package upstream
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -11,6 +14,8 @@ import (
 	"time"
 
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 func TestHysteresis(t *testing.T) {
@@ -168,4 +173,83 @@ func TestUpstreamsHealth(t *testing.T) {
 	}
 	status.Store(200)
 	waitFor(true)
+}
+
+// TestRotate: after Rotate, new requests go over a new connection with the
+// client certificate of the moment, while a request in flight (a watch)
+// goes on over the old one.
+func TestRotate(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/readyz":
+		case "/who":
+			fmt.Fprint(w, r.TLS.PeerCertificates[0].Subject.CommonName)
+		case "/watch":
+			for i := 0; r.Context().Err() == nil; i++ {
+				fmt.Fprintf(w, "event %d\n", i)
+				w.(http.Flusher).Flush()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert}
+	srv.StartTLS()
+	defer srv.Close()
+
+	ca := testenv.MustCA(t, "upstream-test")
+	var cert atomic.Pointer[tls.Certificate]
+	use := func(cn string) {
+		kp, err := ca.ClientCert(cn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert.Store(&kp.TLS)
+	}
+	use("first")
+	u, err := New(Options{
+		Servers: []string{srv.URL},
+		TLS: &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert.Load(), nil }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: u.Transport()}
+	get := func(path string) *http.Response {
+		t.Helper()
+		resp, err := client.Get(srv.URL + path)
+		if err != nil || resp.ProtoMajor != 2 {
+			t.Fatalf("GET %s: %v, %v", path, resp, err)
+		}
+		return resp
+	}
+	who := func() string {
+		t.Helper()
+		resp := get("/who")
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	watch := get("/watch")
+	defer watch.Body.Close()
+	events := bufio.NewScanner(watch.Body)
+	events.Scan()
+	if got := who(); got != "first" {
+		t.Fatalf("before Rotate: %q", got)
+	}
+
+	use("second")
+	if got := who(); got != "first" {
+		t.Errorf("without Rotate, requests share the connection made with the first certificate; got %q", got)
+	}
+	u.Rotate()
+	if got := who(); got != "second" {
+		t.Errorf("after Rotate: %q, want the second certificate", got)
+	}
+	for range 5 {
+		if !events.Scan() {
+			t.Fatalf("the watch ended at the rotation: %v", events.Err())
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,6 +25,14 @@ const (
 	// its Lease nor its status has been renewed for the grace period, and
 	// taints it node.kubernetes.io/unreachable.
 	NodeLifecycleController = "node-lifecycle-controller"
+	// CSRApprovingController approves node client CSRs (signer
+	// kubernetes.io/kube-apiserver-client-kubelet) whose requester may
+	// create certificatesigningrequests/nodeclient (a bootstrap identity)
+	// or, for its own node, certificatesigningrequests/selfnodeclient.
+	CSRApprovingController = "certificatesigningrequest-approving-controller"
+	// CSRSigningController signs approved CSRs of the kubernetes.io
+	// signers; see ControllerManagerOptions.SignWithCA.
+	CSRSigningController = "certificatesigningrequest-signing-controller"
 )
 
 // ControllerManagerOptions configures StartControllerManager. The zero
@@ -44,6 +53,15 @@ type ControllerManagerOptions struct {
 	// NodeStartupGracePeriod replaces NodeMonitorGracePeriod for a node
 	// that never posted a Ready condition. Default NodeMonitorGracePeriod.
 	NodeStartupGracePeriod time.Duration
+	// SignWithCA gives the CSR signing controller the control plane's CA
+	// (the apiserver's client CA) as its cluster signing CA, so that the
+	// client certificates it signs authenticate with the apiserver.
+	// Without it the controller signs nothing.
+	SignWithCA bool
+	// ClusterSigningDuration is the life of the certificates it signs
+	// (--cluster-signing-duration; default one year). Those shorter than
+	// 8 h end that long after signing; all start 5 minutes before it.
+	ClusterSigningDuration time.Duration
 	// ExtraArgs are appended to the flags (a flag given twice takes its
 	// last value).
 	ExtraArgs []string
@@ -149,7 +167,34 @@ func (cp *ControlPlane) controllerManagerArgs(t T, opts ControllerManagerOptions
 		"--node-startup-grace-period=" + opts.NodeStartupGracePeriod.String(),
 		"--profiling=false",
 	}
+	if opts.SignWithCA {
+		signing, err := cp.writeSigningCA()
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, signing...)
+	}
+	if opts.ClusterSigningDuration > 0 {
+		args = append(args, "--cluster-signing-duration="+opts.ClusterSigningDuration.String())
+	}
 	return append(args, opts.ExtraArgs...), nil
+}
+
+// writeSigningCA writes the control plane's CA key (mode 0600) beside its
+// certificate and returns the flags that make it the cluster signing CA.
+func (cp *ControlPlane) writeSigningCA() ([]string, error) {
+	keyPEM, err := MarshalKeyPEM(cp.CA.Key)
+	if err != nil {
+		return nil, err
+	}
+	keyFile := filepath.Join(cp.Dir, "pki", "ca.key")
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return nil, fmt.Errorf("write signing CA key: %w", err)
+	}
+	return []string{
+		"--cluster-signing-cert-file=" + filepath.Join(cp.Dir, "pki", "ca.crt"),
+		"--cluster-signing-key-file=" + keyFile,
+	}, nil
 }
 
 // controllersHealthy asks /healthz?verbose, which lists one check per

@@ -1,0 +1,255 @@
+package edgeproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/certificate"
+	"k8s.io/client-go/util/keyutil"
+
+	"github.com/tether-edge/tether/internal/version"
+)
+
+// The node client certificate that tether-edge obtains through the CSR API
+// (--bootstrap-kubeconfig), as the kubelet does with its own: the same
+// signer, subject and usages, so kube-controller-manager's csrapproving
+// controller approves it with the RBAC a kubeadm cluster has.
+const (
+	// CertDir is where, under --data-dir, the certificate and its key are
+	// kept: CertPairPrefix-<time>.pem files (mode 0600) and the symlink
+	// CertPairPrefix-current.pem to the one in use, replaced by rename.
+	CertDir        = "pki"
+	CertPairPrefix = "tether-edge-client"
+	// ClientSignerName is the signer the CSRs name, the kubelets' own:
+	// kube-controller-manager signs with its cluster signing CA (the
+	// apiservers' client CA) only node identities under it (exactly
+	// O=system:nodes, no SANs), and csrapproving approves a request for
+	// system:node:<name> from a bootstrap identity allowed to create
+	// certificatesigningrequests/nodeclient, or from that node itself
+	// (certificatesigningrequests/selfnodeclient).
+	// kubernetes.io/kube-apiserver-client
+	// is for other client identities: csrapproving does not know it, so
+	// every request and renewal would wait for an operator's approval.
+	ClientSignerName = certificatesv1.KubeAPIServerClientKubeletSignerName
+)
+
+// CertPath is the file of the certificate in use, under dataDir.
+func CertPath(dataDir string) string {
+	return filepath.Join(dataDir, CertDir, CertPairPrefix+"-current.pem")
+}
+
+// nodeCert is the node's client certificate from the CSR API, renewed by
+// client-go's certificate manager (k8s.io/client-go/util/certificate), the
+// kubelet's own: a new ECDSA P-256 key and a CSR at a random point between
+// 70 % and 90 % of the certificate's life, with the current certificate as
+// the credentials (the bootstrap kubeconfig's only when there is none
+// valid). Each new handshake presents the certificate of the moment;
+// connections up keep going (see onRenew).
+type nodeCert struct {
+	node string
+	m    certificate.Manager
+	log  *slog.Logger
+
+	cur   atomic.Pointer[tls.Certificate]
+	ready chan struct{} // closed once cur is set
+
+	mu      sync.Mutex
+	renewed []func() // called after each new certificate
+}
+
+// startNodeCert starts the certificate manager for cfg.NodeName and
+// returns at once; wait blocks until there is a certificate. A valid
+// certificate for that node already in --data-dir is used without a
+// request. The manager stops when ctx ends, or with stop.
+func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*nodeCert, error) {
+	if _, err := clientcmd.BuildConfigFromFlags("", cfg.BootstrapKubeconfig); err != nil {
+		return nil, fmt.Errorf("--bootstrap-kubeconfig: %w", err)
+	}
+	dir := filepath.Join(cfg.DataDir, CertDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("node client certificate: %w", err)
+	}
+	store, err := certificate.NewFileStore(CertPairPrefix, dir, dir, "", "")
+	if err != nil {
+		return nil, fmt.Errorf("node client certificate store %s: %w", dir, err)
+	}
+	c := &nodeCert{node: cfg.NodeName, log: log.With("cert", CertPath(cfg.DataDir)), ready: make(chan struct{})}
+	cn := "system:node:" + cfg.NodeName
+	failures := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tether_edge_client_certificate_renew_failures_total",
+		Help: "Failed attempts to obtain the node's client certificate through the CSR API.",
+	})
+	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_edge_client_certificate_expiry_timestamp_seconds",
+		Help: "When the node's client certificate obtained through the CSR API expires (Unix time); 0 before the first.",
+	}, func() float64 {
+		if cert := c.cur.Load(); cert != nil {
+			return float64(cert.Leaf.NotAfter.Unix())
+		}
+		return 0
+	})
+	if reg != nil {
+		for _, m := range []prometheus.Collector{failures, expiry} {
+			if err := reg.Register(m); err != nil {
+				return nil, err
+			}
+		}
+	}
+	c.m, err = certificate.NewManager(&certificate.Config{
+		ClientsetFn: func(current *tls.Certificate) (kubernetes.Interface, error) {
+			if current != nil && (current.Leaf == nil || current.Leaf.Subject.CommonName != cn) {
+				current = nil // another node's: no approver would renew it for this one
+			}
+			return csrClient(cfg.BootstrapKubeconfig, current)
+		},
+		Template: &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}},
+		// What csrapproving recognises as a node client certificate for
+		// an ECDSA key: exactly these two usages.
+		Usages:                  []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
+		SignerName:              ClientSignerName,
+		CertificateStore:        &notifyingStore{Store: store, c: c},
+		CertificateRenewFailure: failures,
+		Name:                    "tether-edge client certificate",
+		Ctx:                     &ctx,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node client certificate: %w", err)
+	}
+	// The manager takes a valid certificate of the store as its own; one
+	// for another node (--node-name changed) is replaced at once, and not
+	// used meanwhile.
+	if cert := c.m.Current(); cert != nil && cert.Leaf != nil && cert.Leaf.Subject.CommonName == cn {
+		c.set(cert, false)
+	} else {
+		c.log.Info("requesting this node's client certificate through the CSR API; an approver (kube-controller-manager's csrapproving, or an operator: kubectl certificate approve) must approve it",
+			"subject", "CN="+cn+",O=system:nodes", "signer", ClientSignerName)
+	}
+	c.m.Start()
+	return c, nil
+}
+
+// wait blocks until there is a certificate (true) or ctx ends.
+func (c *nodeCert) wait(ctx context.Context) bool {
+	select {
+	case <-c.ready:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// stop stops the renewals.
+func (c *nodeCert) stop() { c.m.Stop() }
+
+// GetClientCertificate is for tls.Config.GetClientCertificate: the
+// certificate of the moment, even expired (the peer says why it refuses
+// it; the manager is renewing it meanwhile).
+func (c *nodeCert) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if cert := c.cur.Load(); cert != nil {
+		return cert, nil
+	}
+	return nil, errors.New("no client certificate yet: the CSR is not approved and signed")
+}
+
+// NodeName is the node the certificate is for.
+func (c *nodeCert) NodeName() string { return c.node }
+
+// onRenew has f called after each new certificate, once new handshakes
+// present it.
+func (c *nodeCert) onRenew(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.renewed = append(c.renewed, f)
+}
+
+// set makes cert the one new handshakes present.
+func (c *nodeCert) set(cert *tls.Certificate, issued bool) {
+	first := c.cur.Swap(cert) == nil
+	if first {
+		close(c.ready)
+	}
+	msg := "node client certificate from --data-dir"
+	if issued {
+		msg = "node client certificate issued; new connections present it"
+	}
+	l := cert.Leaf
+	c.log.Info(msg, "subject", l.Subject.String(), "serial", l.SerialNumber.String(), "not_before", l.NotBefore, "not_after", l.NotAfter)
+	if first {
+		return
+	}
+	c.mu.Lock()
+	fs := append([]func(){}, c.renewed...)
+	c.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
+// notifyingStore is the file store, telling c of each new certificate
+// (before the manager itself knows it, which is why c keeps its own).
+type notifyingStore struct {
+	certificate.Store
+	c *nodeCert
+}
+
+func (s *notifyingStore) Update(certPEM, keyPEM []byte) (*tls.Certificate, error) {
+	cert, err := s.Store.Update(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	if cert.Leaf == nil {
+		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return nil, err
+		}
+	}
+	s.c.set(cert, true)
+	return cert, nil
+}
+
+// csrClient is the client that requests certificates: with the current
+// certificate while there is a valid one, else with the bootstrap
+// kubeconfig's credentials. The kubeconfig is read at each request, so
+// that a new bootstrap token in it is used without a restart; its server
+// and CA are used either way.
+func csrClient(bootstrapKubeconfig string, current *tls.Certificate) (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", bootstrapKubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--bootstrap-kubeconfig: %w", err)
+	}
+	if current != nil {
+		certPEM, keyPEM, err := encodePair(current)
+		if err != nil {
+			return nil, err
+		}
+		rc = rest.AnonymousClientConfig(rc)
+		rc.CertData, rc.KeyData = certPEM, keyPEM
+	}
+	rc.UserAgent = "tether-edge/" + version.Version
+	return kubernetes.NewForConfig(rc)
+}
+
+// encodePair is cert and its key as PEM.
+func encodePair(cert *tls.Certificate) (certPEM, keyPEM []byte, err error) {
+	for _, der := range cert.Certificate {
+		certPEM = append(certPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	if keyPEM, err = keyutil.MarshalPrivateKeyToPEM(cert.PrivateKey); err != nil {
+		return nil, nil, fmt.Errorf("node client key: %w", err)
+	}
+	return certPEM, keyPEM, nil
+}
