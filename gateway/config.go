@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
+	"github.com/caddyserver/certmagic"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -32,8 +34,21 @@ type Config struct {
 	ClientCA     string   `json:"client-ca"`
 	TLSCert      string   `json:"tls-cert"`
 	TLSKey       string   `json:"tls-key"`
-	DataDir      string   `json:"data-dir"`              // without TLSCert/TLSKey: the self-managed CA's directory (gateway/selfca)
+	DataDir      string   `json:"data-dir"`              // without TLSCert/TLSKey: the self-managed CA's directory (gateway/selfca), or the ACME storage
 	ServerNames  []string `json:"server-name,omitempty"` // without TLSCert/TLSKey: the self-managed serving certificate's names
+	// ACME mode (gateway/acme): the serving certificate comes from an
+	// ACME CA for ACMEDomains.
+	ACMEDomains    []string `json:"acme-domain,omitempty"`
+	ACMECA         string   `json:"acme-ca"`
+	ACMEEmail      string   `json:"acme-email,omitempty"`
+	ACMECARoot     string   `json:"acme-ca-root,omitempty"`
+	ACMEStorage    string   `json:"acme-storage"`
+	ACMEHTTPListen string   `json:"acme-http-listen"`
+	// ACMERenewCheckInterval and ACMERenewalWindowRatio tune renewal (0:
+	// certmagic's defaults); for tests with short-lived certificates.
+	ACMERenewCheckInterval time.Duration `json:"-"`
+	ACMERenewalWindowRatio float64       `json:"-"`
+
 	DNSListen    string   `json:"dns-listen"`
 	DNSZones     []string `json:"dns-zone,omitempty"`
 	AdminListen  string   `json:"admin-listen"`
@@ -75,6 +90,14 @@ const (
 	DefaultDNSListen    = ":53"
 	DefaultAdminListen  = ":10265"
 	DefaultDataDir      = "/var/lib/tether-gateway"
+	// DefaultACMEHTTPListen is where ACME's HTTP-01 challenges are
+	// answered in ACME mode: the ACME server dials TCP port 80 of the
+	// domain's address (README.md, "Ports").
+	DefaultACMEHTTPListen = ":80"
+	// ACMEStorageDir keeps the ACME state in --data-dir/acme.
+	ACMEStorageDir = "dir"
+	// ACMEStorageSecretPrefix starts --acme-storage secret:<namespace>/<name>.
+	ACMEStorageSecretPrefix = "secret:"
 )
 
 // DefaultConfig returns the configuration used when neither a file nor a
@@ -86,6 +109,9 @@ func DefaultConfig() Config {
 		DNSListen:         DefaultDNSListen,
 		AdminListen:       DefaultAdminListen,
 		DataDir:           DefaultDataDir,
+		ACMECA:            certmagic.LetsEncryptProductionCA,
+		ACMEStorage:       ACMEStorageDir,
+		ACMEHTTPListen:    DefaultACMEHTTPListen,
 		Mode:              string(nodewatch.ModeNodeIP),
 		NetRules:          netrules.KindAuto,
 		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
@@ -106,8 +132,37 @@ func DefaultConfig() Config {
 }
 
 // SelfManagedTLS reports whether the gateway issues its own serving
-// certificate: neither --tls-cert nor --tls-key is given.
-func (c *Config) SelfManagedTLS() bool { return c.TLSCert == "" && c.TLSKey == "" }
+// certificate: neither --tls-cert nor --tls-key nor --acme-domain is given.
+func (c *Config) SelfManagedTLS() bool {
+	return c.TLSCert == "" && c.TLSKey == "" && !c.ACME()
+}
+
+// ACME reports whether the serving certificate comes from an ACME CA
+// (--acme-domain).
+func (c *Config) ACME() bool { return len(c.ACMEDomains) > 0 }
+
+// ACMESecret returns the namespace and name of --acme-storage
+// secret:<namespace>/<name>; ok is false for dir.
+func (c *Config) ACMESecret() (namespace, name string, ok bool, err error) {
+	if c.ACMEStorage == ACMEStorageDir {
+		return "", "", false, nil
+	}
+	ref, found := strings.CutPrefix(c.ACMEStorage, ACMEStorageSecretPrefix)
+	if !found {
+		return "", "", false, fmt.Errorf("--acme-storage %q: want dir or secret:<namespace>/<name>", c.ACMEStorage)
+	}
+	namespace, name, found = strings.Cut(ref, "/")
+	if !found || namespace == "" || name == "" {
+		return "", "", false, fmt.Errorf("--acme-storage %q: want secret:<namespace>/<name>", c.ACMEStorage)
+	}
+	if msgs := validation.IsDNS1123Label(namespace); len(msgs) > 0 {
+		return "", "", false, fmt.Errorf("--acme-storage %q: namespace: %s", c.ACMEStorage, strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return "", "", false, fmt.Errorf("--acme-storage %q: Secret name: %s", c.ACMEStorage, strings.Join(msgs, "; "))
+	}
+	return namespace, name, true, nil
+}
 
 // Validate checks c and reports every problem at once.
 func (c *Config) Validate() error {
@@ -139,11 +194,14 @@ func (c *Config) Validate() error {
 		bad("--tls-key is required with --tls-cert: the key of the gateway's serving certificate (it may be the same file)")
 	case c.TLSCert == "" && c.TLSKey != "":
 		bad("--tls-cert is required with --tls-key: the gateway's serving certificate, which edges verify with their --gateway-ca")
+	case c.ACME() && (c.TLSCert != "" || c.TLSKey != ""):
+		bad("--acme-domain and --tls-cert/--tls-key exclude each other: the serving certificate comes either from an ACME CA or from the files")
 	case c.SelfManagedTLS():
 		if c.DataDir == "" {
 			bad("--data-dir is required without --tls-cert/--tls-key: the gateway's own CA lives there")
 		}
 	}
+	c.validateACME(bad)
 	for _, n := range c.ServerNames {
 		if why := selfca.ValidName(n); why != "" {
 			bad("--server-name %q: want a DNS name or an IP address: %s", n, why)
@@ -206,4 +264,40 @@ func (c *Config) Validate() error {
 		bad("--shutdown-grace %s: want 0 or a positive duration", c.ShutdownGrace.Duration)
 	}
 	return errors.Join(errs...)
+}
+
+// validateACME checks the --acme-* settings.
+func (c *Config) validateACME(bad func(string, ...any)) {
+	if !c.ACME() {
+		if c.ACMEEmail != "" || c.ACMECARoot != "" {
+			bad("--acme-email and --acme-ca-root need --acme-domain")
+		}
+		return
+	}
+	for _, d := range c.ACMEDomains {
+		name := strings.ToLower(strings.TrimSuffix(d, "."))
+		switch {
+		case strings.HasPrefix(name, "*."):
+			bad("--acme-domain %q: HTTP-01 cannot validate a wildcard name; give the names edges dial", d)
+		case net.ParseIP(name) != nil:
+			bad("--acme-domain %q: want a DNS name, not an address", d)
+		default:
+			if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 || !strings.Contains(name, ".") {
+				bad("--acme-domain %q: want a fully qualified DNS name: %s", d, strings.Join(msgs, "; "))
+			}
+		}
+	}
+	if u, err := url.Parse(c.ACMECA); err != nil || u.Scheme != "https" || u.Host == "" {
+		bad("--acme-ca %q: want the https:// URL of an ACME directory", c.ACMECA)
+	}
+	if _, _, ok, err := c.ACMESecret(); err != nil {
+		bad("%w", err)
+	} else if !ok && c.DataDir == "" {
+		bad("--data-dir is required with --acme-storage=dir: the ACME account and certificates live in <data-dir>/acme")
+	}
+	if c.ACMEHTTPListen == "" {
+		bad("--acme-http-listen is required with --acme-domain: the ACME server validates the domain over HTTP on port 80")
+	} else if _, port, err := net.SplitHostPort(c.ACMEHTTPListen); err != nil || port == "" {
+		bad("--acme-http-listen %q: want host:port or :port", c.ACMEHTTPListen)
+	}
 }

@@ -63,6 +63,7 @@ type Gateway struct {
 	proxy    *proxy.Proxy
 	proxyLn  net.Listener
 	adminLn  net.Listener // nil when --admin-listen is empty
+	acmeLn   net.Listener // ACME HTTP-01 challenges; nil unless ACME mode
 
 	dnat  *dnat.Reconciler // nil with --netrules=none
 	dns   *dns.Server      // nil when --dns-listen is empty
@@ -117,7 +118,21 @@ func New(cfg Config) (_ *Gateway, err error) {
 		}
 	}()
 
-	if g.certs, err = loadTLS(cfg, log); err != nil {
+	// The certificates are checked before the Kubernetes client is made,
+	// unless ACME keeps its state in a Secret.
+	var client kubernetes.Interface
+	if _, _, secret, _ := cfg.ACMESecret(); cfg.ACME() && secret {
+		if client, err = kubeClient(cfg.Kubeconfig); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.ACME() {
+		if g.acmeLn, err = net.Listen("tcp", cfg.ACMEHTTPListen); err != nil {
+			return nil, fmt.Errorf("ACME HTTP-01 challenge listener (--acme-http-listen): %w", err)
+		}
+		closers = append(closers, g.acmeLn.Close)
+	}
+	if g.certs, err = loadTLS(cfg, log, client, g.acmeLn); err != nil {
 		return nil, err
 	}
 	if err := g.metrics.Register(g.certs); err != nil {
@@ -125,14 +140,18 @@ func New(cfg Config) (_ *Gateway, err error) {
 	}
 	// With --tls-cert, after the serving key was rotated, the next restart
 	// cannot reset the connections of this process (they end by the idle
-	// timeout instead); later restarts can again.
-	resetKey, err := g.certs.resetKey()
+	// timeout instead); later restarts can again. In ACME mode the key is
+	// read from (or made once in) the ACME storage.
+	rctx, cancelReset := context.WithTimeout(context.Background(), 30*time.Second)
+	resetKey, err := g.certs.resetKey(rctx)
+	cancelReset()
 	if err != nil {
 		return nil, err
 	}
-	client, err := kubeClient(cfg.Kubeconfig)
-	if err != nil {
-		return nil, err
+	if client == nil {
+		if client, err = kubeClient(cfg.Kubeconfig); err != nil {
+			return nil, err
+		}
 	}
 	sel, err := labels.Parse(cfg.EdgeSelector)
 	if err != nil {
@@ -170,7 +189,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		return nil, fmt.Errorf("register registry metrics: %w", err)
 	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
-		GetCertificate:    g.certs.serving.GetCertificate,
+		GetCertificate:    g.certs.getCertificate,
 		StatelessResetKey: resetKey,
 		GetClientCAs:      g.certs.clientCAs.Pool,
 		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration},
@@ -237,6 +256,15 @@ func (g *Gateway) AdminAddr() net.Addr {
 	return g.adminLn.Addr()
 }
 
+// ACMEAddr is the bound ACME HTTP-01 challenge listener, nil unless in
+// ACME mode.
+func (g *Gateway) ACMEAddr() net.Addr {
+	if g.acmeLn == nil {
+		return nil
+	}
+	return g.acmeLn.Addr()
+}
+
 // Metrics is the Prometheus registry /metrics serves; more parts may
 // register with it before Run.
 func (g *Gateway) Metrics() *prometheus.Registry { return g.metrics }
@@ -297,6 +325,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.certs.ca != nil {
 		eg.Go(func() error { return g.certs.ca.Run(ectx) })
 	}
+	if g.certs.acme != nil {
+		eg.Go(func() error { return admin.ServeListener(ectx, g.acmeLn, g.certs.acme.HTTPHandler()) })
+		eg.Go(func() error { return g.certs.acme.Run(ectx) })
+	}
 	if g.updateTrigger != nil {
 		eg.Go(func() error { return g.updateTrigger.Run(ectx) })
 	}
@@ -343,6 +375,8 @@ func (g *Gateway) Ready() error {
 		return errors.New("node informer not synced")
 	case g.dnat != nil && !g.dnat.Ready():
 		return errors.New("DNAT rules not applied yet")
+	case g.certs.acme != nil:
+		return g.certs.acme.Ready()
 	}
 	return nil
 }

@@ -1,15 +1,23 @@
 package gateway
 
 import (
+	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 
+	"github.com/caddyserver/certmagic"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/tether-edge/tether/gateway/acme"
+	"github.com/tether-edge/tether/gateway/acmestore"
 	"github.com/tether-edge/tether/gateway/selfca"
 	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/tunnel"
@@ -25,18 +33,37 @@ import (
 //
 // The serving certificate's files are --tls-cert/--tls-key, or, without
 // them, those of the self-managed CA in --data-dir, which renews them
-// (selfca).
+// (selfca). In ACME mode (--acme-domain) there are no files: certmagic
+// obtains and renews the certificate and handshakes take it from its
+// cache (gateway/acme).
 type tlsSource struct {
-	serving   *certfile.KeyPair
+	serving   *certfile.KeyPair // nil in ACME mode
 	clientCAs *certfile.CAs
 	ca        *selfca.Authority // nil unless self-managed
+	acme      *acme.Manager     // nil unless ACME mode
+	acmeDesc  string            // ACME mode: the CA, for /ca.crt's answer
 }
 
 // loadTLS reads the serving certificate and --client-ca, setting up the
-// self-managed CA first if there are no --tls-cert/--tls-key; they must
-// load now.
-func loadTLS(cfg Config, log *slog.Logger) (*tlsSource, error) {
+// self-managed CA first if there are no --tls-cert/--tls-key, or the ACME
+// manager in ACME mode (acmeLn is its bound challenge listener); the files
+// must load now.
+func loadTLS(cfg Config, log *slog.Logger, client kubernetes.Interface, acmeLn net.Listener) (*tlsSource, error) {
 	s := &tlsSource{}
+	var err error
+	if s.clientCAs, err = certfile.LoadCAs(cfg.ClientCA, certfile.Options{Name: "--client-ca", Logger: log}); err != nil {
+		return nil, err
+	}
+	if cfg.ACME() {
+		if len(cfg.ServerNames) > 0 {
+			log.Warn("--server-name is ignored with --acme-domain: the certificate names the --acme-domain names", "server_name", cfg.ServerNames)
+		}
+		if s.acme, err = newACME(cfg, log, client, acmeLn); err != nil {
+			return nil, err
+		}
+		s.acmeDesc = cfg.ACMECA
+		return s, nil
+	}
 	certFile, keyFile, what := cfg.TLSCert, cfg.TLSKey, "--tls-cert/--tls-key"
 	if cfg.SelfManagedTLS() {
 		names := cfg.ServerNames
@@ -56,22 +83,90 @@ func loadTLS(cfg Config, log *slog.Logger) (*tlsSource, error) {
 		log.Info("self-managed TLS: the gateway's own CA issues its serving certificate; edges need the CA (`tetherctl ca`, or GET /ca.crt on the admin port) as their --gateway-ca",
 			"data_dir", cfg.DataDir, "names", names)
 	}
-	var err error
 	if s.serving, err = certfile.LoadKeyPair(certFile, keyFile, certfile.Options{Name: what, Logger: log}); err != nil {
-		return nil, err
-	}
-	if s.clientCAs, err = certfile.LoadCAs(cfg.ClientCA, certfile.Options{Name: "--client-ca", Logger: log}); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
+// newACME sets up ACME mode: the storage (--data-dir/acme, or a Secret)
+// and the certmagic manager, told about the challenge listener.
+func newACME(cfg Config, log *slog.Logger, client kubernetes.Interface, ln net.Listener) (*acme.Manager, error) {
+	var storage certmagic.Storage
+	ns, name, secret, err := cfg.ACMESecret()
+	if err != nil {
+		return nil, err
+	}
+	if secret {
+		if storage, err = acmestore.New(client, acmestore.Options{Namespace: ns, Name: name, Logger: log}); err != nil {
+			return nil, err
+		}
+	} else {
+		dir := filepath.Join(cfg.DataDir, "acme")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("ACME storage (--acme-storage=dir): %w (give --data-dir a directory the gateway may write)", err)
+		}
+		storage = &certmagic.FileStorage{Path: dir}
+	}
+	var roots *x509.CertPool
+	if cfg.ACMECARoot != "" {
+		pem, err := os.ReadFile(cfg.ACMECARoot)
+		if err != nil {
+			return nil, fmt.Errorf("--acme-ca-root: %w", err)
+		}
+		certs, err := certfile.ParseCertificates(pem)
+		if err != nil {
+			return nil, fmt.Errorf("--acme-ca-root %s: %w", cfg.ACMECARoot, err)
+		}
+		roots = x509.NewCertPool()
+		for _, c := range certs {
+			roots.AddCert(c)
+		}
+	}
+	host, _, _ := net.SplitHostPort(cfg.ACMEHTTPListen) // checked by Validate
+	m, err := acme.New(acme.Options{
+		Domains:            cfg.ACMEDomains,
+		CA:                 cfg.ACMECA,
+		Email:              cfg.ACMEEmail,
+		CARoots:            roots,
+		Storage:            storage,
+		HTTPHost:           host,
+		HTTPPort:           ln.Addr().(*net.TCPAddr).Port,
+		RenewCheckInterval: cfg.ACMERenewCheckInterval,
+		RenewalWindowRatio: cfg.ACMERenewalWindowRatio,
+		Logger:             log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("ACME mode: the serving certificate comes from an ACME CA; edges verify it with their --gateway-ca (default: the system roots)",
+		"domains", cfg.ACMEDomains, "ca", cfg.ACMECA, "storage", fmt.Sprint(storage), "http_listen", ln.Addr().String())
+	return m, nil
+}
+
+// getCertificate is the tunnel listener's tls.Config callback.
+func (s *tlsSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.acme != nil {
+		return s.acme.GetCertificate(hello)
+	}
+	return s.serving.GetCertificate(hello)
+}
+
 // resetKey is the QUIC stateless reset key: derived from the self-managed
-// CA's key, which outlives every serving certificate, or else from the
+// CA's key, which outlives every serving certificate; in ACME mode from a
+// key kept in the ACME storage for that purpose (acme.Manager.ResetKey),
+// since the serving key changes at every renewal; or else from the
 // serving key at start.
-func (s *tlsSource) resetKey() (*quic.StatelessResetKey, error) {
+func (s *tlsSource) resetKey(ctx context.Context) (*quic.StatelessResetKey, error) {
 	if s.ca != nil {
 		return tunnel.StatelessResetKey(s.ca.CAKey())
+	}
+	if s.acme != nil {
+		k, err := s.acme.ResetKey(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return tunnel.StatelessResetKey(k)
 	}
 	c, err := s.serving.Certificate()
 	if err != nil {
@@ -83,6 +178,10 @@ func (s *tlsSource) resetKey() (*quic.StatelessResetKey, error) {
 // serveCA is GET /ca.crt on the admin port: the CA edges need, in the
 // self-managed mode.
 func (s *tlsSource) serveCA(w http.ResponseWriter, r *http.Request) {
+	if s.acme != nil {
+		http.Error(w, "this gateway's serving certificate comes from the ACME CA "+s.acmeDesc+": edges need that CA's root (publicly trusted CAs are in the system roots, their default --gateway-ca)", http.StatusNotFound)
+		return
+	}
 	if s.ca == nil {
 		http.Error(w, "this gateway's serving certificate comes from --tls-cert: edges need the CA that issued it, which the gateway does not have", http.StatusNotFound)
 		return
@@ -92,7 +191,7 @@ func (s *tlsSource) serveCA(w http.ResponseWriter, r *http.Request) {
 }
 
 var descNotAfter = prometheus.NewDesc("tether_gateway_certificate_expiry_timestamp_seconds",
-	"When a certificate the gateway uses expires (Unix time): cert=serving (--tls-cert, what edges verify) or client-ca (the first of --client-ca's CAs to expire). Read from the files in use when scraped.",
+	"When a certificate the gateway uses expires (Unix time): cert=serving (--tls-cert, the self-managed or the ACME certificate: what edges verify; with several --acme-domain names the first to expire) or client-ca (the first of --client-ca's CAs to expire). Read from the files in use when scraped.",
 	[]string{"cert"}, nil)
 
 // Describe and Collect make tlsSource a Prometheus collector of its
@@ -101,8 +200,8 @@ var descNotAfter = prometheus.NewDesc("tether_gateway_certificate_expiry_timesta
 func (s *tlsSource) Describe(ch chan<- *prometheus.Desc) { ch <- descNotAfter }
 
 func (s *tlsSource) Collect(ch chan<- prometheus.Metric) {
-	if c, err := s.serving.Certificate(); err == nil && c.Leaf != nil {
-		ch <- prometheus.MustNewConstMetric(descNotAfter, prometheus.GaugeValue, float64(c.Leaf.NotAfter.Unix()), "serving")
+	if leaf := s.servingLeaf(); leaf != nil {
+		ch <- prometheus.MustNewConstMetric(descNotAfter, prometheus.GaugeValue, float64(leaf.NotAfter.Unix()), "serving")
 	}
 	var first *x509.Certificate
 	for _, c := range s.clientCAs.Certificates() {
@@ -113,4 +212,16 @@ func (s *tlsSource) Collect(ch chan<- prometheus.Metric) {
 	if first != nil {
 		ch <- prometheus.MustNewConstMetric(descNotAfter, prometheus.GaugeValue, float64(first.NotAfter.Unix()), "client-ca")
 	}
+}
+
+// servingLeaf is the serving certificate in use, nil while there is none
+// (ACME mode before the first issuance).
+func (s *tlsSource) servingLeaf() *x509.Certificate {
+	if s.acme != nil {
+		return s.acme.Leaf()
+	}
+	if c, err := s.serving.Certificate(); err == nil {
+		return c.Leaf
+	}
+	return nil
 }

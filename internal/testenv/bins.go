@@ -17,6 +17,8 @@ import (
 // by tools/build-testbins.sh.
 type Bins struct {
 	KubeAPIServer, KubeProxy, KubeControllerManager, Etcd string
+	// Pebble is the ACME test server (StartPebble).
+	Pebble string
 }
 
 var (
@@ -99,9 +101,10 @@ func parseBins(out []byte) (Bins, error) {
 		KubeProxy:             values["KUBE_PROXY"],
 		KubeControllerManager: values["KUBE_CONTROLLER_MANAGER"],
 		Etcd:                  values["ETCD"],
+		Pebble:                values["PEBBLE"],
 	}
 	var errs []error
-	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "ETCD"} {
+	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "ETCD", "PEBBLE"} {
 		if values[key] == "" {
 			errs = append(errs, fmt.Errorf("no %s= line", key))
 		}

@@ -7,7 +7,7 @@ import (
 
 func TestParseBins(t *testing.T) {
 	out := "KUBE_APISERVER=/c/kube/kube-apiserver\nKUBE_PROXY=/c/kube/kube-proxy\n" +
-		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nETCD=/c/etcd/etcd\n"
+		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n"
 	b, err := parseBins([]byte(out))
 	if err != nil {
 		t.Fatal(err)
@@ -17,6 +17,7 @@ func TestParseBins(t *testing.T) {
 		KubeProxy:             "/c/kube/kube-proxy",
 		KubeControllerManager: "/c/kube/kube-controller-manager",
 		Etcd:                  "/c/etcd/etcd",
+		Pebble:                "/c/pebble/pebble",
 	}
 	if b != want {
 		t.Errorf("parseBins = %+v, want %+v", b, want)
