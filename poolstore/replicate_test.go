@@ -146,7 +146,7 @@ func TestSlowFollowerStreamEnds(t *testing.T) {
 }
 
 func TestBatches(t *testing.T) {
-	many := make([]Change, 2500)
+	many := make([]Change, 2*frameMaxItems+frameMaxItems/2)
 	big := []Change{{Object: make(json.RawMessage, frameTargetBytes)}, {Object: make(json.RawMessage, 10)}, {Object: make(json.RawMessage, frameTargetBytes)}}
 	for _, tc := range []struct {
 		name  string
@@ -154,7 +154,7 @@ func TestBatches(t *testing.T) {
 		want  []int
 	}{
 		{"none", nil, nil},
-		{"by count", many, []int{frameMaxItems, frameMaxItems, 500}},
+		{"by count", many, []int{frameMaxItems, frameMaxItems, frameMaxItems / 2}},
 		{"by size, a big object alone", big, []int{1, 1, 1}},
 	} {
 		var got []int
