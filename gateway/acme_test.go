@@ -205,9 +205,17 @@ func TestACMESharedSecret(t *testing.T) {
 			User:               "tether-gateway",
 			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Resource: "secrets", Namespace: "tether-system", Name: c.name},
 		}}
-		res, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
+		// The authorizer sees new RBAC objects through its informers, a
+		// moment after they are stored: the allowed ones (first) are
+		// asked again for a while.
+		var res *authorizationv1.SubjectAccessReview
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if res, err = cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if res.Status.Allowed == c.allowed || !c.allowed || time.Now().After(deadline) {
+				break
+			}
 		}
 		if res.Status.Allowed != c.allowed {
 			t.Errorf("tether-gateway may %s secret %q: %v, want %v", c.verb, c.name, res.Status.Allowed, c.allowed)
