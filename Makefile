@@ -52,7 +52,7 @@ e2e: build
 fuzz:
 	@for f in $(FUZZ); do pkg=$${f%%:*}; name=$${f##*:}; \
 		echo "fuzz: $$name in $$pkg for $(FUZZ_TIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime 2s $$pkg || exit 1; \
+		GO=$(GO) tools/fuzz.sh $$pkg $$name $(FUZZ_TIME) || exit 1; \
 	done
 
 bench:
