@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -120,13 +121,37 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
 // Listen binds UDP and TCP on addr (host:port; port 0 picks one port free
 // for both), for Serve.
 func Listen(ctx context.Context, addr string) (net.PacketConn, net.Listener, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	// With port 0 the TCP listener takes the port the kernel gave UDP,
+	// which TCP may already use: try another one a few times.
+	attempts := 1
+	if port == "0" {
+		attempts = 8
+	}
+	var err error
+	for range attempts {
+		var pc net.PacketConn
+		var ln net.Listener
+		if pc, ln, err = listenBoth(ctx, addr, host, port == "0"); err == nil {
+			return pc, ln, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, nil, err
+}
+
+// listenBoth opens UDP on addr and TCP on the same port (the UDP socket's,
+// when samePort).
+func listenBoth(ctx context.Context, addr, host string, samePort bool) (net.PacketConn, net.Listener, error) {
 	var lc net.ListenConfig
 	pc, err := lc.ListenPacket(ctx, "udp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen for dns on udp %s: %w", addr, err)
 	}
 	tcpAddr := addr
-	if host, port, _ := net.SplitHostPort(addr); port == "0" {
+	if samePort {
 		tcpAddr = net.JoinHostPort(host, fmt.Sprint(pc.LocalAddr().(*net.UDPAddr).Port))
 	}
 	ln, err := lc.Listen(ctx, "tcp", tcpAddr)
