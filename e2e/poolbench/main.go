@@ -35,15 +35,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
-	"os/signal"
-	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
@@ -82,36 +77,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "poolbench: --runs must be 1..%d, --changes 1..%d, --edges 2..200, --workers and --idle positive\n", maxRounds/2, maxSlices)
 		os.Exit(2)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "poolbench: needs root (it creates network namespaces)")
-		os.Exit(2)
-	}
-
-	level := slog.LevelWarn
-	if o.verbose {
-		level = slog.LevelInfo
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
-
-	s := &testenv.Session{Log: log}
-	err := s.Run(func() error { return run(ctx, s, o) })
-	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w (--timeout %v)", err, o.timeout)
-		}
-		fmt.Fprintf(os.Stderr, "poolbench: %v\n", err)
-		os.Exit(1)
-	}
+	world.RunBench("poolbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error { return run(ctx, s, o) })
 }
 
 func run(ctx context.Context, s *testenv.Session, o options) error {
 	printHeader(o)
 	setup := time.Now()
-	bins, err := binaries(s, o.binDir)
+	bins, err := world.BenchBinaries(s, o.binDir, note, "tether-edge")
 	if err != nil {
 		return err
 	}
@@ -162,7 +134,7 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	printTable(o, res)
 	printTargets(res)
 	printNotes(res)
-	fmt.Printf("\nload average at end: %s\n", loadAvg())
+	fmt.Printf("\nload average at end: %s\n", world.LoadAvg())
 	return nil
 }
 
@@ -173,24 +145,4 @@ const (
 
 func note(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "poolbench: "+format+"\n", args...)
-}
-
-// binaries returns the programs under test: tether-edge in dir, or a
-// fresh build of this tree, so that a bench never measures stale
-// binaries by accident.
-func binaries(s *testenv.Session, dir string) (world.Binaries, error) {
-	if dir != "" {
-		b := world.Binaries{Edge: filepath.Join(dir, "tether-edge")}
-		if _, err := os.Stat(b.Edge); err != nil {
-			return world.Binaries{}, fmt.Errorf("--bin-dir: %w", err)
-		}
-		return b, nil
-	}
-	tmp, err := os.MkdirTemp("", "tether-bench-bin-")
-	if err != nil {
-		return world.Binaries{}, err
-	}
-	s.Cleanup(func() { os.RemoveAll(tmp) })
-	note("building tether-gateway, tether-edge and tetherctl")
-	return world.BuildBinaries(tmp)
 }

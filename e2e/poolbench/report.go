@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tether-edge/tether/e2e/world"
 )
 
 // Targets of the issue.
@@ -18,18 +20,6 @@ const (
 	targetRSS   = 64 << 20
 )
 
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
 func printHeader(o options) {
 	var eff []string
 	flag.VisitAll(func(f *flag.Flag) {
@@ -38,7 +28,7 @@ func printHeader(o options) {
 	fmt.Printf("poolbench: Tether node pool, %d edges, %d EndpointSlices changed once per phase\n", o.edges, o.changes)
 	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
-	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), loadAvg(), runtime.Version())
+	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), world.LoadAvg(), runtime.Version())
 	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
 }
 

@@ -35,16 +35,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
@@ -86,30 +81,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "tunnelbench: --runs, --seq, --conc and --bulk must be positive, --conc-requests at least --conc")
 		os.Exit(2)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "tunnelbench: needs root (it creates network namespaces)")
-		os.Exit(2)
-	}
-
-	level := slog.LevelWarn
-	if o.verbose {
-		level = slog.LevelInfo
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
-
-	s := &testenv.Session{Log: log}
-	err := s.Run(func() error { return run(ctx, s, o) })
-	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("%w (--timeout %v)", err, o.timeout)
-		}
-		fmt.Fprintf(os.Stderr, "tunnelbench: %v\n", err)
-		os.Exit(1)
-	}
+	world.RunBench("tunnelbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error { return run(ctx, s, o) })
 }
 
 func run(ctx context.Context, s *testenv.Session, o options) error {
@@ -127,14 +99,14 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 		note("building profiling tether-gateway and tether-edge into %s", o.profileDir)
 		bins, err = prof.build()
 	} else {
-		bins, err = binaries(s, o.binDir)
+		bins, err = world.BenchBinaries(s, o.binDir, note, "tether-gateway", "tether-edge")
 	}
 	if err != nil {
 		return err
 	}
 	var base world.Binaries
 	if o.baseline != "" {
-		if base, err = binaries(s, o.baseline); err != nil {
+		if base, err = world.BenchBinaries(s, o.baseline, note, "tether-gateway", "tether-edge"); err != nil {
 			return fmt.Errorf("--baseline: %w", err)
 		}
 	}
@@ -212,28 +184,6 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 
 func note(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "tunnelbench: "+format+"\n", args...)
-}
-
-// binaries returns the programs under test: those in dir, or fresh ones
-// built from this tree, so that a bench never measures stale binaries
-// by accident.
-func binaries(s *testenv.Session, dir string) (world.Binaries, error) {
-	if dir != "" {
-		b := world.Binaries{Gateway: filepath.Join(dir, "tether-gateway"), Edge: filepath.Join(dir, "tether-edge")}
-		for _, p := range []string{b.Gateway, b.Edge} {
-			if _, err := os.Stat(p); err != nil {
-				return world.Binaries{}, fmt.Errorf("--bin-dir: %w", err)
-			}
-		}
-		return b, nil
-	}
-	tmp, err := os.MkdirTemp("", "tether-bench-bin-")
-	if err != nil {
-		return world.Binaries{}, err
-	}
-	s.Cleanup(func() { os.RemoveAll(tmp) })
-	note("building tether-gateway and tether-edge")
-	return world.BuildBinaries(tmp)
 }
 
 // printNotes says what the tested gateway and edge logged about their

@@ -10,19 +10,9 @@ import (
 	"slices"
 	"strings"
 	"time"
-)
 
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
+	"github.com/tether-edge/tether/e2e/world"
+)
 
 func kernel() string {
 	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
@@ -54,7 +44,7 @@ func printHeader(o options) {
 	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
 	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, Linux %s, %s, quic-go %s\n",
-		runtime.NumCPU(), loadAvg(), kernel(), runtime.Version(), quicVersion())
+		runtime.NumCPU(), world.LoadAvg(), kernel(), runtime.Version(), quicVersion())
 	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
 }
 
@@ -213,5 +203,5 @@ func printTargets(o options, res map[string][]result) {
 			fmt.Printf("  %-16s %10.*f -> %10.*f  (%+.0f%%)\n", c.head, c.prec, b, c.prec, t, 100*(t-b)/b)
 		}
 	}
-	fmt.Printf("load average at the end: %s\n", loadAvg())
+	fmt.Printf("load average at the end: %s\n", world.LoadAvg())
 }
