@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -39,25 +38,10 @@ type edgePool struct {
 // edgePools prints the pool part of every edge's /status; it fails if any
 // edge did not answer, after printing what the others said.
 func edgePools(ctx context.Context, o options, stdout, stderr io.Writer) int {
-	results := make([]edgePool, len(o.edges))
-	errs := make([]error, len(o.edges))
 	client := &http.Client{Timeout: o.timeout}
-	var wg sync.WaitGroup
-	for i, e := range o.edges {
-		wg.Go(func() { results[i], errs[i] = fetchEdgePool(ctx, client, normalizeEdge(e)) })
-	}
-	wg.Wait()
-
-	var ok []edgePool
-	code := exitOK
-	for i, err := range errs {
-		if err != nil {
-			fmt.Fprintln(stderr, "tetherctl:", err)
-			code = exitError
-			continue
-		}
-		ok = append(ok, results[i])
-	}
+	ok, code := fetchAll(o.edges, stderr, func(e string) (edgePool, error) {
+		return fetchEdgePool(ctx, client, normalizeEdge(e))
+	})
 	slices.SortStableFunc(ok, func(a, b edgePool) int { return cmp.Compare(a.Node, b.Node) })
 	if o.output == "json" {
 		if ok == nil {

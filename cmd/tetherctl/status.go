@@ -29,28 +29,13 @@ type gatewayStatus struct {
 // status prints the /status of every gateway; it fails if any gateway did
 // not answer, after printing what the others said.
 func status(ctx context.Context, o options, stdout, stderr io.Writer) int {
-	results := make([]gatewayStatus, len(o.gateways))
-	errs := make([]error, len(o.gateways))
 	client := &http.Client{Timeout: o.timeout}
-	var wg sync.WaitGroup
-	for i, gw := range o.gateways {
-		wg.Go(func() {
-			results[i].Gateway = normalizeGateway(gw)
-			results[i].Status, errs[i] = fetchStatus(ctx, client, results[i].Gateway)
-		})
-	}
-	wg.Wait()
-
-	var ok []gatewayStatus
-	code := exitOK
-	for i, err := range errs {
-		if err != nil {
-			fmt.Fprintln(stderr, "tetherctl:", err)
-			code = exitError
-			continue
-		}
-		ok = append(ok, results[i])
-	}
+	ok, code := fetchAll(o.gateways, stderr, func(gw string) (gatewayStatus, error) {
+		r := gatewayStatus{Gateway: normalizeGateway(gw)}
+		var err error
+		r.Status, err = fetchStatus(ctx, client, r.Gateway)
+		return r, err
+	})
 	if o.output == "json" {
 		if ok == nil {
 			ok = []gatewayStatus{}
@@ -61,6 +46,30 @@ func status(ctx context.Context, o options, stdout, stderr io.Writer) int {
 		writeTable(stdout, ok, time.Now())
 	}
 	return code
+}
+
+// fetchAll runs fetch for every target at once. A failure is reported on
+// stderr and makes the exit status exitError; the others' results come
+// back in the targets' order.
+func fetchAll[T any](targets []string, stderr io.Writer, fetch func(string) (T, error)) ([]T, int) {
+	results := make([]T, len(targets))
+	errs := make([]error, len(targets))
+	var wg sync.WaitGroup
+	for i, t := range targets {
+		wg.Go(func() { results[i], errs[i] = fetch(t) })
+	}
+	wg.Wait()
+	var ok []T
+	code := exitOK
+	for i, err := range errs {
+		if err != nil {
+			fmt.Fprintln(stderr, "tetherctl:", err)
+			code = exitError
+			continue
+		}
+		ok = append(ok, results[i])
+	}
+	return ok, code
 }
 
 // normalizeGateway turns host:port into http://host:port.
