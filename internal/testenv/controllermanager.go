@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -202,23 +200,9 @@ func (cp *ControlPlane) writeSigningCA() ([]string, error) {
 // (kube-controller-manager serves no /healthz/<name> paths), and wants
 // "[+]<name> ok" for every controller in cm.Options.Controllers.
 func (cp *ControlPlane) controllersHealthy(ctx context.Context, cm *ControllerManager) error {
-	client := &http.Client{Transport: &http.Transport{
-		DialContext:     cp.runner.DialContext,
-		TLSClientConfig: &tls.Config{RootCAs: cp.ServingCA},
-	}}
-	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cm.HealthzURL+"?verbose", nil)
+	body, err := cp.probe(ctx, cm.HealthzURL+"?verbose", &tls.Config{RootCAs: cp.ServingCA})
 	if err != nil {
 		return err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
 	}
 	for _, name := range cm.Options.Controllers {
 		if name == "*" || strings.HasPrefix(name, "-") {

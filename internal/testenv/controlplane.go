@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -336,22 +337,30 @@ func (cp *ControlPlane) clientset(t T, cfg *rest.Config) kubernetes.Interface {
 // etcdHealth asks etcd's /health endpoint, which answers ok once etcd
 // serves requests (its port accepts connections earlier).
 func (cp *ControlPlane) etcdHealth(ctx context.Context) error {
-	client := &http.Client{Transport: &http.Transport{DialContext: cp.runner.DialContext}}
+	_, err := cp.probe(ctx, cp.EtcdURL+"/health", nil)
+	return err
+}
+
+// probe GETs url through the Runner (verifying TLS with tlsConf, when
+// given) and returns the body of a 200 answer, at most 64 KiB; any other
+// status is an error that quotes the body.
+func (cp *ControlPlane) probe(ctx context.Context, url string, tlsConf *tls.Config) ([]byte, error) {
+	client := &http.Client{Transport: &http.Transport{DialContext: cp.runner.DialContext, TLSClientConfig: tlsConf}}
 	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.EtcdURL+"/health", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+		return nil, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
 	}
-	return nil
+	return body, nil
 }
 
 // readyz asks the apiserver's /readyz as admin.
