@@ -270,13 +270,7 @@ type Status struct {
 func (p *Pool) Status() Status {
 	st := Status{Pool: p.o.Pool, Leader: p.Leader(), Epoch: p.o.Store.Epoch(), Rev: p.o.Store.Rev(),
 		Objects: p.o.Store.Len(), SyncedAt: p.o.Store.SyncedAt(), Fresh: p.Fresh(), Digest: p.o.Store.Digest()}
-	switch st.Leader {
-	case "":
-		st.Role = "none"
-	case p.o.Self:
-		st.Role = "leader"
-	default:
-		st.Role = "follower"
+	if st.Role = p.roleOf(st.Leader); st.Role == "follower" {
 		fs := p.follower.Status()
 		st.Replication = &fs
 	}
@@ -290,7 +284,7 @@ func (p *Pool) registerMetrics(reg prometheus.Registerer) error {
 	const ns, sub = "tether", "edge_pool"
 	role := func(r string) func() float64 {
 		return func() float64 {
-			if p.role() == r {
+			if p.roleOf(p.Leader()) == r {
 				return 1
 			}
 			return 0
@@ -322,8 +316,10 @@ func (p *Pool) registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-func (p *Pool) role() string {
-	switch l := p.Leader(); l {
+// roleOf is this node's role when leader leads: leader, follower, or none
+// (no leader known).
+func (p *Pool) roleOf(leader string) string {
+	switch leader {
 	case "":
 		return "none"
 	case p.o.Self:

@@ -66,8 +66,7 @@ func NewHandler(s *Store, o HandlerOptions) *Handler {
 // Serves reports whether the replica holds resource (a ResourceKey):
 // requests for other resources are answered 503.
 func (h *Handler) Serves(resource string) bool {
-	_, ok := h.s.Resources()[resource]
-	return ok
+	return h.s.Has(resource)
 }
 
 // readRequest is a read of the replica: what an API path and its query

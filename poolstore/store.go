@@ -505,6 +505,13 @@ func (s *Store) Resources() map[string]uint64 {
 	return m
 }
 
+// Has reports whether resource was ever synced into the replica.
+func (s *Store) Has(resource string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.resources[resource] != nil
+}
+
 // Len is the number of objects in the replica.
 func (s *Store) Len() int {
 	s.mu.RLock()
