@@ -99,6 +99,9 @@ func httpHost(br *bufio.Reader) (string, error) {
 			if h, _, err := net.SplitHostPort(host); err == nil {
 				host = h
 			}
+			if host == "" { // "Host: :80" or "Host: []:80" names nothing
+				return "", errNoName
+			}
 			return host, nil
 		}
 		if br.Buffered() == br.Size() {

@@ -118,6 +118,8 @@ func TestSniffFailures(t *testing.T) {
 	}{
 		{"not TLS or HTTP", 0, func(c net.Conn) { c.Write([]byte("\x00\x01binary")) }, errNoName},
 		{"HTTP without Host", 0, func(c net.Conn) { io.WriteString(c, "GET / HTTP/1.0\r\n\r\n") }, errNoName},
+		{"HTTP Host with a port only", 0, func(c net.Conn) { io.WriteString(c, "GET / HTTP/1.1\r\nHost: :10250\r\n\r\n") }, errNoName},
+		{"HTTP Host with empty brackets", 0, func(c net.Conn) { io.WriteString(c, "GET / HTTP/1.1\r\nHost: []:10250\r\n\r\n") }, errNoName},
 		{"HTTP head too large", 256, func(c net.Conn) {
 			io.WriteString(c, "GET / HTTP/1.1\r\nX-Padding: "+string(bytes.Repeat([]byte("a"), 512))+"\r\nHost: edge-1\r\n\r\n")
 		}, errTooLarge},
