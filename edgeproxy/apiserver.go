@@ -22,6 +22,9 @@ type apiserverAccess struct {
 	tls     *tls.Config
 	token   string
 	node    string
+	// certFiles is the client certificate read from --cert and --key (nil
+	// otherwise), watched so that a rotation moves to new connections.
+	certFiles *edgetunnel.CertFiles
 }
 
 // proxyConfigured reports whether the apiserver proxy has a way to the
@@ -109,6 +112,7 @@ func loadAPIServerAccess(c Config, nc *nodeCert, log *slog.Logger) (*apiserverAc
 			return nil, err
 		}
 		a.tls.GetClientCertificate = files.GetClientCertificate
+		a.certFiles = files
 		a.node, _ = files.NodeName()
 	case a.token == "":
 		return nil, errors.New("no credentials for the apiserver: give --cert and --key, or a --kubeconfig with a client certificate or token")

@@ -96,6 +96,9 @@ type Config struct {
 
 	// Logger is where Run logs; nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
+	// certWatch is how often client certificate files are checked for a
+	// rotation; zero means certWatchInterval (tests shorten it).
+	certWatch time.Duration
 }
 
 // Defaults of the settings that have one (DESIGN.md, Ports and names).

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -124,6 +125,22 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		})
 		g.Go(func() error { return ap.upstreams.Run(serveCtx) })
+		if ap.certFiles != nil {
+			// kubelet rotates its client certificate in place; open HTTP/2
+			// connections would keep presenting the old one until it expires
+			// and kube-apiserver answers 401.
+			g.Go(func() error {
+				every := cfg.certWatch
+				if every <= 0 {
+					every = certWatchInterval
+				}
+				ap.certFiles.Watch(ctx, every, func(c *tls.Certificate) {
+					log.Info("client certificate rotated; new apiserver requests use new connections", "not_after", c.Leaf.NotAfter)
+					ap.upstreams.Rotate()
+				})
+				return nil
+			})
+		}
 		g.Go(func() error { return ap.proxy.Run(ctx) })
 		g.Go(func() error { return ap.proxy.Serve(serveCtx, ap.ln) })
 		if ap.topology != nil {
@@ -218,14 +235,20 @@ func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Log
 }
 
 // apiserverProxy is the kube-apiserver proxy and what it runs on.
+// certWatchInterval is how often the --cert/--key files are checked for a
+// rotation. kubelet renews at 70–90% of a certificate's life, so a minute
+// is early enough for any certificate that lives longer than ten minutes.
+const certWatchInterval = time.Minute
+
 type apiserverProxy struct {
 	upstreams *upstream.Upstreams
 	store     *cache.Store
 	proxy     *apiproxy.Proxy
 	ln        net.Listener
 	node      string
-	topology  *filter.Filter // nil when off
-	pool      *poolRunner    // nil when off
+	topology  *filter.Filter        // nil when off
+	pool      *poolRunner           // nil when off
+	certFiles *edgetunnel.CertFiles // the --cert/--key files; nil in other modes
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
@@ -304,7 +327,7 @@ func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Cl
 	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(),
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo, pool: pool}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo, pool: pool, certFiles: acc.certFiles}, nil
 }
 
 // newTopologyFilter builds the service topology filter (nil when

@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,7 +239,11 @@ func freePort(t *testing.T) string {
 // gateway, against a minimal apiserver, and checks the proxy and its
 // admin endpoints.
 func TestRunAPIServerProxyOnly(t *testing.T) {
+	var lastSerial atomic.Pointer[big.Int] // of the client certificate of the last configmap request
 	api := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && strings.HasPrefix(r.URL.Path, "/api/v1/namespaces/default/configmaps/") {
+			lastSerial.Store(r.TLS.PeerCertificates[0].SerialNumber)
+		}
 		switch {
 		case r.URL.Path == "/readyz":
 			w.Write([]byte("ok"))
@@ -278,6 +284,7 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 	cfg.AdminListen = freePort(t)
 	cfg.DataDir = filepath.Join(dir, "data")
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.certWatch = 50 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg) }()
@@ -327,5 +334,32 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, "apiserver-cache.db")); err != nil {
 		t.Errorf("cache file: %v", err)
+	}
+
+	// kubelet rotates its client certificate in place: requests move to a
+	// connection that presents the new one, although the HTTP/2
+	// connection up since the start would serve them.
+	if s := lastSerial.Load(); s == nil || s.Cmp(node.Cert.SerialNumber) != 0 {
+		t.Fatalf("the first request presented serial %v, want %v", s, node.Cert.SerialNumber)
+	}
+	rotated, _ := ca.NodeCert("edge-9")
+	if err := os.WriteFile(keyFile, rotated.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(certFile, rotated.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, body := get("http://"+cfg.APIServerListen+"/api/v1/namespaces/default/configmaps/x", "kubelet/v1.36.3"); code != 200 {
+			t.Fatalf("after the rotation: %d %s", code, body)
+		}
+		if lastSerial.Load().Cmp(rotated.Cert.SerialNumber) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("requests still present serial %v 10 s after the rotation to %v", lastSerial.Load(), rotated.Cert.SerialNumber)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -19,6 +19,7 @@ package certfile
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -88,6 +89,28 @@ func (k *KeyPair) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
 // GetClientCertificate is for tls.Config.GetClientCertificate (a client).
 func (k *KeyPair) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 	return k.w.get()
+}
+
+// Watch checks the files every interval until ctx ends and calls changed
+// with each new pair that loads. A client that keeps its connections open
+// (HTTP/2 to kube-apiserver) makes no handshake to notice a rotation by
+// itself; changed is where it moves to new connections before the old
+// certificate expires. changed runs on Watch's goroutine.
+func (k *KeyPair) Watch(ctx context.Context, interval time.Duration, changed func(*tls.Certificate)) {
+	last, _ := k.w.get()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if cur, err := k.w.get(); err == nil && cur != last {
+			last = cur
+			changed(cur)
+		}
+	}
 }
 
 // CAs is a bundle of CA certificates read from a PEM file.

@@ -3,6 +3,7 @@ package certfile
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
 	"os"
@@ -132,6 +133,53 @@ func TestKeyPairRotation(t *testing.T) {
 	if got := subject(t, k); got != "old" {
 		t.Fatalf("after rotating back: %q", got)
 	}
+}
+
+// Watch reports each rotation that loads, once, and nothing else.
+func TestKeyPairWatch(t *testing.T) {
+	ca := testenv.MustCA(t, "certfile test")
+	path := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
+	old, next := issue(t, ca, "old"), issue(t, ca, "new")
+	write(t, path, append(old.CertPEM, old.KeyPEM...))
+	k, err := LoadKeyPair(path, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	changes := make(chan string, 8)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.Watch(ctx, 10*time.Millisecond, func(c *tls.Certificate) { changes <- c.Leaf.Subject.CommonName })
+	}()
+	defer func() { cancel(); <-done }()
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case got := <-changes:
+			if got != want {
+				t.Fatalf("changed to %q, want %q", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no change to %q reported", want)
+		}
+	}
+	quiet := func() {
+		t.Helper()
+		select {
+		case got := <-changes:
+			t.Fatalf("changed to %q with no new pair", got)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	quiet()
+	write(t, path, next.CertPEM[:len(next.CertPEM)/2]) // half written: not a change
+	quiet()
+	write(t, path, append(next.CertPEM, next.KeyPEM...))
+	expect("new")
+	quiet()
+	write(t, path, append(old.CertPEM, old.KeyPEM...))
+	expect("old")
 }
 
 // A rewrite that keeps the size and the inode is still seen.
