@@ -218,20 +218,28 @@ accept:
 func (p *Proxy) handle(ctx context.Context, tc *net.TCPConn, listenPort uint16) {
 	p.metrics.active.Inc()
 	defer p.metrics.active.Dec()
-	log := p.log.With("client", tc.RemoteAddr().String())
+	// The connection's attributes go to debug lines only, and are
+	// formatted only when those are on: a logger made With them would
+	// format them for every connection.
+	attrs := []any{"client", tc.RemoteAddr()}
+	debug := func(msg string, args ...any) {
+		if p.log.Enabled(ctx, slog.LevelDebug) {
+			p.log.Debug(msg, append(attrs, args...)...)
+		}
+	}
 
 	tg, reason, err := p.route(tc, listenPort)
 	if err != nil {
 		p.refuse(tc, nil, reason)
-		log.Debug("connection refused", "reason", reason, "err", err)
+		debug("connection refused", "reason", reason, "err", err)
 		return
 	}
-	log = log.With("node", tg.node, "dest", tg.dest.String(), "by", tg.by)
+	attrs = append(attrs, "node", tg.node, "dest", tg.dest, "by", tg.by)
 
 	s, err := p.open.Open(ctx, tg.node)
 	if err != nil {
 		p.refuse(tc, nil, registry.Reason(err))
-		log.Debug("connection refused", "reason", registry.Reason(err), "err", err)
+		debug("connection refused", "reason", registry.Reason(err), "err", err)
 		return
 	}
 	defer s.Release()
@@ -239,7 +247,7 @@ func (p *Proxy) handle(ctx context.Context, tc *net.TCPConn, listenPort uint16) 
 		s.CancelRead(tunnel.StreamErrAbort)
 		s.CancelWrite(tunnel.StreamErrAbort)
 		p.refuse(tc, s.Edge(), ReasonStreamError)
-		log.Debug("connection refused", "reason", ReasonStreamError, "err", fmt.Errorf("write request: %w", err))
+		debug("connection refused", "reason", ReasonStreamError, "err", fmt.Errorf("write request: %w", err))
 		return
 	}
 	// The client's bytes follow the request at once instead of after the
@@ -248,15 +256,15 @@ func (p *Proxy) handle(ctx context.Context, tc *net.TCPConn, listenPort uint16) 
 	// per connection. The relay's first read from the stream is the reply.
 	s.SetReadDeadline(time.Now().Add(p.opts.ReplyTimeout))
 	rs := &replyFirst{Stream: s, p: p}
-	log.Debug("relaying")
+	debug("relaying")
 	err = tunnel.Relay(tg.conn, rs, s.RelayOptions(p.opts.IdleTimeout))
 	if rs.refused != "" {
-		log.Debug("connection refused", "reason", rs.refused, "err", err)
+		debug("connection refused", "reason", rs.refused, "err", err)
 		return
 	}
 	if err != nil {
 		p.metrics.connections.WithLabelValues(resultRelayError).Inc()
-		log.Debug("relay ended", "err", err)
+		debug("relay ended", "err", err)
 		return
 	}
 	p.metrics.connections.WithLabelValues(resultRelayed).Inc()
