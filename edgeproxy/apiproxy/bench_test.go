@@ -162,8 +162,20 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 
 	// Idle RSS with the cache of a node that runs 1,000 pods.
 	time.Sleep(15 * time.Second)
-	rssOnline := rssKB(b, cmd.Process.Pid)
+	adminGet := func(path string) string {
+		resp, err := (&http.Client{Transport: &http.Transport{DialContext: edgeHost.DialContext}}).Get("http://127.0.0.1:10267" + path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	heapOnline := goHeap(adminGet("/metrics"))
+	memOnline := memKB(b, cmd.Process.Pid)
+	rssOnline := memOnline["VmRSS"]
 	b.ReportMetric(float64(rssOnline)/1024, "rss_idle_online_MB")
+	b.ReportMetric(float64(memOnline["RssAnon"])/1024, "rss_anon_idle_online_MB")
 
 	// Offline: lists served from the cache.
 	site.Cut()
@@ -234,8 +246,11 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 	rssBurst := rssKB(b, cmd.Process.Pid)
 	b.ReportMetric(float64(rssBurst)/1024, "rss_after_offline_burst_MB")
 	time.Sleep(2 * time.Minute) // the Go runtime collects an idle heap every 2 minutes
-	rssOffline := rssKB(b, cmd.Process.Pid)
+	heapOffline := goHeap(adminGet("/metrics"))
+	memOffline := memKB(b, cmd.Process.Pid)
+	rssOffline := memOffline["VmRSS"]
 	b.ReportMetric(float64(rssOffline)/1024, "rss_idle_offline_MB")
+	b.ReportMetric(float64(memOffline["RssAnon"])/1024, "rss_anon_idle_offline_MB")
 	site.Heal()
 	fi, _ := os.Stat(filepath.Join(dir, "data", "apiserver-cache.db"))
 
@@ -256,6 +271,8 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 	fmt.Fprintf(&t, "offline LISTs of 1000 pods served from the cache: %.0f/s (4 clients reading the bytes, %v)\n", perSec, runFor)
 	fmt.Fprintf(&t, "tether-edge RSS idle: %.1f MB online; offline %.1f MB 15 s after the burst of lists, %.1f MB 2 min later (cache of %d pods, file %.1f MB)\n",
 		float64(rssOnline)/1024, float64(rssBurst)/1024, float64(rssOffline)/1024, nPods, float64(fi.Size())/(1<<20))
+	fmt.Fprintf(&t, "  of which: online %s; offline %s\n", memSplit(memOnline), memSplit(memOffline))
+	fmt.Fprintf(&t, "  Go runtime: online %s; offline %s\n", heapOnline, heapOffline)
 	b.Log(t.String())
 	fmt.Print(t.String())
 }
@@ -263,7 +280,10 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 func buildEdge(b *testing.B) string {
 	b.Helper()
 	bin := filepath.Join(b.TempDir(), "tether-edge")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/tether-edge/tether/cmd/tether-edge").CombinedOutput()
+	// As the packages build it (Makefile): static, no symbol table.
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "github.com/tether-edge/tether/cmd/tether-edge")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		b.Fatalf("build tether-edge: %v\n%s", err, out)
 	}
@@ -323,16 +343,50 @@ func percentile(d []time.Duration, p int) time.Duration {
 // rssKB reads a process's resident set size.
 func rssKB(b *testing.B, pid int) int {
 	b.Helper()
+	return memKB(b, pid)["VmRSS"]
+}
+
+// memKB reads the memory lines of /proc/<pid>/status (VmRSS, RssAnon,
+// RssFile, ...), in kB.
+func memKB(b *testing.B, pid int) map[string]int {
+	b.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
+	m := map[string]int{}
 	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			return n
+		k, v, ok := strings.Cut(line, ":")
+		if v, isKB := strings.CutSuffix(strings.TrimSpace(v), " kB"); ok && isKB {
+			m[k], _ = strconv.Atoi(v)
 		}
 	}
-	b.Fatal("no VmRSS")
-	return 0
+	if _, ok := m["VmRSS"]; !ok {
+		b.Fatal("no VmRSS")
+	}
+	return m
+}
+
+// goHeap summarizes the Go runtime's memory from a /metrics page: live
+// heap, heap spans in use, free heap not yet returned to the OS, stacks.
+func goHeap(metrics string) string {
+	v := func(name string) float64 {
+		for line := range strings.SplitSeq(metrics, "\n") {
+			if rest, ok := strings.CutPrefix(line, name+" "); ok {
+				f, _ := strconv.ParseFloat(rest, 64)
+				return f / (1 << 20)
+			}
+		}
+		return -1
+	}
+	return fmt.Sprintf("heap alloc %.1f MB, in use %.1f, idle not released %.1f, stacks %.1f, sys %.1f",
+		v("go_memstats_heap_alloc_bytes"), v("go_memstats_heap_inuse_bytes"),
+		v("go_memstats_heap_idle_bytes")-v("go_memstats_heap_released_bytes"), v("go_memstats_stack_inuse_bytes"), v("go_memstats_sys_bytes"))
+}
+
+// memSplit says what an RSS is made of: the process's own memory
+// (anonymous: heap, stacks) and file pages (the mapped binary, bbolt's
+// mmap of the cache), which the kernel shares and reclaims.
+func memSplit(m map[string]int) string {
+	return fmt.Sprintf("%.1f MB anon + %.1f MB file", float64(m["RssAnon"])/1024, float64(m["RssFile"]+m["RssShmem"])/1024)
 }
