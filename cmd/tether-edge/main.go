@@ -14,6 +14,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/memtrim"
 )
 
 func main() {
@@ -33,6 +34,12 @@ func run(args []string) int {
 		LogFormat: &cfg.LogFormat,
 		Run: func(ctx context.Context, log *slog.Logger) error {
 			cfg.Logger = log
+			if err := cli.ApplyMemoryLimit(cfg.MemoryLimit, log); err != nil {
+				return err
+			}
+			// Idle most of its life, the node agent gives back what a
+			// burst (a big list, a resync) made the heap grow to.
+			go memtrim.Run(ctx, memtrim.Options{}, log)
 			return edgeproxy.Run(ctx, cfg)
 		},
 	}, args)
@@ -68,6 +75,7 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.DurationVar(&cfg.PoolRenewDeadline.Duration, "pool-renew-deadline", cfg.PoolRenewDeadline.Duration, "pool election: a leader that cannot renew within this `duration` steps down")
 	fs.DurationVar(&cfg.PoolRetryPeriod.Duration, "pool-retry-period", cfg.PoolRetryPeriod.Duration, "pool election: candidates and the leader try every `duration`")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "state `directory`: the apiserver proxy's cache and queued status writes live in apiserver-cache.db there, the node pool's replica beside it, and with --bootstrap-kubeconfig the node's client certificate and key in pki/ (mode 0700)")
+	fs.StringVar(&cfg.MemoryLimit, "memory-limit", cfg.MemoryLimit, "soft `limit` of the Go runtime's own memory (heap and stacks, not the mapped binary or cache file), a quantity such as 64Mi or 100M; near it the garbage collector runs more often (never taking more than about half the CPU) instead of letting the heap grow to twice what is live; it is never a reason to fail. 0 removes it; GOMEMLIMIT in the environment wins")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "log `level`: debug, info, warn or error (debug also logs every refused stream)")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "log `format`: text or json")
 }
