@@ -1,14 +1,14 @@
 // Package memtrim gives the Go heap's free memory back to the kernel when
-// a process falls quiet after a burst of work.
+// a process is quiet.
 //
 // After a burst (an apiserver list of a thousand pods, a resync), the Go
 // runtime keeps the heap it grew: garbage is not collected until the heap
 // doubles again or two minutes pass, and freed pages go back to the kernel
-// slowly. A node agent spends most of its life idle, so that burst-sized
-// heap is what it costs the node. Trim collects garbage and returns the
-// free pages once the allocation rate has dropped, and only after enough
-// was allocated to be worth a collection: a quiet process is never woken
-// to do it twice.
+// slowly, a part of them never while the heap may grow again. A node agent
+// spends most of its life idle, so that heap is what it costs the node.
+// Run collects garbage and returns the free pages when the allocation
+// rate is low and doing so gives back enough memory to be worth a
+// collection, at most once per MinInterval.
 package memtrim
 
 import (
@@ -21,32 +21,49 @@ import (
 
 // Options tune Run; the zero value gives the defaults.
 type Options struct {
-	// Every is how often the allocation counter is read (default 5 s).
+	// Every is how often the runtime's figures are read (default 5 s).
 	Every time.Duration
-	// Burst is how many bytes must have been allocated since the last
-	// trim for another to be worth it (default 8 MiB).
-	Burst uint64
 	// Quiet is the most bytes allocated in one Every for the process to
 	// count as quiet (default 512 KiB).
 	Quiet uint64
+	// Min is the least memory a trim must be expected to give back: free
+	// heap pages not returned to the kernel, and what was allocated since
+	// the last collection (default 2 MiB).
+	Min uint64
+	// MinInterval is the least time between two trims (default 30 s).
+	MinInterval time.Duration
 
-	// allocs and free stand in for the runtime in tests.
-	allocs func() uint64
-	free   func()
+	// read and free stand in for the runtime in tests.
+	read func() Stats
+	free func()
+}
+
+// Stats are the runtime's figures Run decides by.
+type Stats struct {
+	// Allocated is the bytes allocated on the heap so far.
+	Allocated uint64
+	// Reclaimable estimates what a collection and scavenge would give
+	// back: free heap pages the kernel has not got back, and the heap
+	// allocated since the last collection (objects that died since are
+	// not known until the next one).
+	Reclaimable uint64
 }
 
 func (o Options) withDefaults() Options {
 	if o.Every <= 0 {
 		o.Every = 5 * time.Second
 	}
-	if o.Burst == 0 {
-		o.Burst = 8 << 20
-	}
 	if o.Quiet == 0 {
 		o.Quiet = 512 << 10
 	}
-	if o.allocs == nil {
-		o.allocs = heapAllocs
+	if o.Min == 0 {
+		o.Min = 2 << 20
+	}
+	if o.MinInterval <= 0 {
+		o.MinInterval = 30 * time.Second
+	}
+	if o.read == nil {
+		o.read = ReadStats
 	}
 	if o.free == nil {
 		o.free = debug.FreeOSMemory
@@ -59,33 +76,53 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) {
 	o := opts.withDefaults()
 	t := time.NewTicker(o.Every)
 	defer t.Stop()
-	prev := o.allocs()
-	trimmedAt := prev
+	prev := o.read().Allocated
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		now := o.allocs()
-		if now-prev < o.Quiet && now-trimmedAt >= o.Burst {
-			start := time.Now()
-			o.free()
-			log.Debug("quiet after a burst: returned free heap memory to the kernel",
-				"allocated_since_last", now-trimmedAt, "took", time.Since(start))
-			now = o.allocs()
-			trimmedAt = now
+		st := o.read()
+		quiet := st.Allocated-prev < o.Quiet
+		prev = st.Allocated
+		if !quiet || st.Reclaimable < o.Min || time.Since(last) < o.MinInterval {
+			continue
 		}
-		prev = now
+		start := time.Now()
+		o.free()
+		last = time.Now()
+		after := o.read()
+		prev = after.Allocated
+		log.Debug("quiet: returned free heap memory to the kernel",
+			"reclaimable_before", st.Reclaimable, "reclaimable_after", after.Reclaimable, "took", last.Sub(start))
 	}
 }
 
-// heapAllocs is the bytes the process has allocated on the heap so far.
-func heapAllocs() uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindUint64 {
-		return 0
+var statNames = []string{
+	"/gc/heap/allocs:bytes",
+	"/memory/classes/heap/free:bytes",
+	"/memory/classes/heap/objects:bytes",
+	"/gc/heap/live:bytes",
+}
+
+// ReadStats reads the runtime's figures.
+func ReadStats() Stats {
+	s := make([]metrics.Sample, len(statNames))
+	for i, n := range statNames {
+		s[i].Name = n
 	}
-	return s[0].Value.Uint64()
+	metrics.Read(s)
+	v := make([]uint64, len(s))
+	for i := range s {
+		if s[i].Value.Kind() == metrics.KindUint64 {
+			v[i] = s[i].Value.Uint64()
+		}
+	}
+	st := Stats{Allocated: v[0], Reclaimable: v[1]}
+	if objects, live := v[2], v[3]; objects > live {
+		st.Reclaimable += objects - live
+	}
+	return st
 }

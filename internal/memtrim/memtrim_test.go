@@ -4,90 +4,132 @@ import (
 	"context"
 	"log/slog"
 	"runtime"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 )
 
-// fake is an allocation counter the test moves, and a count of trims.
+// fake is the runtime as the test sets it, and a count of trims.
 type fake struct {
-	allocs atomic.Uint64
-	trims  atomic.Int64
-	ticks  chan struct{} // receives after each read of the counter
+	mu    sync.Mutex
+	st    Stats
+	trims int
+	reads chan struct{} // receives after each read, while the test waits
 }
 
 func (f *fake) opts() Options {
-	return Options{Every: time.Millisecond, Burst: 100, Quiet: 10,
-		allocs: func() uint64 {
+	return Options{Every: time.Millisecond, Quiet: 10, Min: 100, MinInterval: 20 * time.Millisecond,
+		read: func() Stats {
+			f.mu.Lock()
+			st := f.st
+			f.mu.Unlock()
 			select {
-			case f.ticks <- struct{}{}:
+			case f.reads <- struct{}{}:
 			default:
 			}
-			return f.allocs.Load()
+			return st
 		},
-		free: func() { f.trims.Add(1) }}
+		free: func() {
+			f.mu.Lock()
+			f.trims++
+			f.st.Reclaimable = 0
+			f.mu.Unlock()
+		}}
 }
 
-// tick waits for n reads of the counter.
-func (f *fake) tick(t *testing.T, n int) {
+func (f *fake) set(allocated, reclaimable uint64) {
+	f.mu.Lock()
+	f.st.Allocated += allocated
+	f.st.Reclaimable += reclaimable
+	f.mu.Unlock()
+}
+
+func (f *fake) trimCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.trims
+}
+
+// wait waits for n reads.
+func (f *fake) wait(t *testing.T, n int) {
 	t.Helper()
 	for range n {
 		select {
-		case <-f.ticks:
+		case <-f.reads:
 		case <-time.After(5 * time.Second):
-			t.Fatal("Run stopped reading the counter")
+			t.Fatal("Run stopped reading the runtime's figures")
 		}
 	}
 }
 
-func TestRunTrimsOnceAfterABurst(t *testing.T) {
-	f := &fake{ticks: make(chan struct{})}
+func TestRunTrimsWhenQuietAndWorthIt(t *testing.T) {
+	f := &fake{reads: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); Run(ctx, f.opts(), slog.New(slog.DiscardHandler)) }()
 	defer func() { cancel(); <-done }()
 
-	f.tick(t, 3)
-	if n := f.trims.Load(); n != 0 {
-		t.Fatalf("%d trims with nothing allocated", n)
+	// Quiet, but nothing to give back.
+	f.set(0, 50)
+	f.wait(t, 5)
+	if n := f.trimCount(); n != 0 {
+		t.Fatalf("%d trims with %d bytes to give back", n, 50)
 	}
-	// A burst: trims wait while allocation goes on.
+	// Much to give back, but busy: no trim while it allocates.
 	for range 5 {
-		f.allocs.Add(60)
-		f.tick(t, 1)
+		f.set(60, 60)
+		f.wait(t, 1)
 	}
-	if n := f.trims.Load(); n != 0 {
+	if n := f.trimCount(); n != 0 {
 		t.Fatalf("%d trims while allocating", n)
 	}
-	// Quiet after it: one trim, not one per tick.
-	f.tick(t, 5)
-	if n := f.trims.Load(); n != 1 {
-		t.Fatalf("%d trims after one burst, want 1", n)
+	// Quiet: one trim.
+	f.wait(t, 3)
+	if n := f.trimCount(); n != 1 {
+		t.Fatalf("%d trims once quiet, want 1", n)
 	}
-	// Slow allocation (under Quiet per tick) adds up to a burst: trimmed
-	// once more when it is reached.
-	for range 30 {
-		f.allocs.Add(5)
-		f.tick(t, 1)
+	// Worth it again at once: not before MinInterval.
+	f.set(0, 500)
+	f.wait(t, 2)
+	if n := f.trimCount(); n != 1 {
+		t.Fatalf("%d trims within MinInterval of the last, want 1", n)
 	}
-	if n := f.trims.Load(); n != 2 {
-		t.Fatalf("%d trims after 150 bytes of slow allocation, want 2", n)
+	time.Sleep(25 * time.Millisecond)
+	f.wait(t, 3)
+	if n := f.trimCount(); n != 2 {
+		t.Fatalf("%d trims after MinInterval, want 2", n)
 	}
 }
 
-// The real runtime: after a burst of garbage, Run gives the heap back.
+// The real runtime: garbage and free pages are given back.
 func TestRunReturnsTheHeap(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); Run(ctx, Options{Every: 50 * time.Millisecond}, slog.New(slog.DiscardHandler)) }()
+	go func() {
+		defer close(done)
+		Run(ctx, Options{Every: 50 * time.Millisecond}, slog.New(slog.DiscardHandler))
+	}()
 	defer func() { cancel(); <-done }()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
+	// A burst that needs 64 MiB live (the heap grows to hold it), then
+	// drops it: the dead objects stay until the heap doubles again.
 	for i := range 64 {
+		keep = append(keep, make([]byte, 1<<20))
+		keep[i][0] = 1
+	}
+	runtime.GC()
+	keep = nil
+	// What a process allocates after that is garbage the runtime counts
+	// (the dropped objects it cannot know of before it collects).
+	for i := range 32 {
 		sink = make([]byte, 1<<20)
 		sink[i] = 1
 	}
 	sink = nil
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if st := ReadStats(); st.Reclaimable < 16<<20 {
+		t.Fatalf("after 32 MiB of garbage, %d bytes reclaimable", st.Reclaimable)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		var m runtime.MemStats
@@ -99,10 +141,13 @@ func TestRunReturnsTheHeap(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no trim 5 s after a burst of 64 MiB: in use %d, idle %d, released %d", m.HeapInuse, m.HeapIdle, m.HeapReleased)
+			t.Fatalf("no trim 5 s after dropping 64 MiB: in use %d, idle %d, released %d", m.HeapInuse, m.HeapIdle, m.HeapReleased)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-var sink []byte
+var (
+	keep [][]byte
+	sink []byte
+)
