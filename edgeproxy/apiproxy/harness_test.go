@@ -64,6 +64,8 @@ type edgeSpec struct {
 	// DefaultTopologyComponents, its informers reading through the proxy
 	// as in edgeproxy.Run.
 	topology bool
+	// pool, if set, is the node pool the proxy serves from.
+	pool Pool
 }
 
 // edge is a running proxy, built from the same packages and in the same
@@ -140,7 +142,7 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 	}
 	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: DefaultComponents,
 		HeldWatchRecheck: 2 * time.Second, ReleaseJitter: 100 * time.Millisecond,
-		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents})
+		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents, Pool: spec.pool})
 	if err != nil {
 		t.Fatal(err)
 	}

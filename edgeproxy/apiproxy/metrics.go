@@ -26,6 +26,9 @@ type metrics struct {
 	watchesOpen   *prometheus.GaugeVec
 	cacheFailures prometheus.Counter
 	delegated     *prometheus.CounterVec
+	// poolWatchesEnded counts watches served from the pool's replica that
+	// the proxy ended because the replica stopped serving.
+	poolWatchesEnded prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
@@ -56,13 +59,15 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		delegated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_delegated_total",
 			Help: "Renewals of the node's Lease made while the cloud was unreachable and sent to the pool leader, by result: ok, failed, or dropped (one was still in flight)."},
 			[]string{"result"}),
+		poolWatchesEnded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pool_watches_ended_total",
+			Help: "Watches served from the node pool's replica that were ended because the replica stopped serving (the leader's sync went stale while the cloud is reachable); their clients watch again, from the cloud."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
 		Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen)
-	for _, c := range []prometheus.Collector{m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, queue} {
+	for _, c := range []prometheus.Collector{m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded, queue} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

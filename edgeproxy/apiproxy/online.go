@@ -152,6 +152,11 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 // does not answer at all, the watch is served offline.
 func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string, viaPool bool) string {
 	start := p.clock.Now()
+	if viaPool {
+		ctx, stop := p.whilePoolServes(r.Context(), req.GVR)
+		defer stop()
+		r = r.WithContext(ctx)
+	}
 	scope, scopeErr := req.scope(r)
 	resp, err := p.readTrip(r, req, viaPool)
 	if err != nil {

@@ -48,6 +48,37 @@ func (p *Proxy) fromPool(req request, r *http.Request, comp string, healthy bool
 		req.Subresource == "" && (p.cached[comp] || p.filtered(req, r, comp)) && p.pool.Serves(req.GVR, healthy)
 }
 
+// whilePoolServes returns a context that ends when ctx does or when the
+// pool's replica stops being the answer for gvr: the leader's sync went
+// stale while this node reaches the cloud. A watch served from the
+// replica then ends, and the client watches again, from the cloud, from
+// its last resourceVersion (the replica keeps the cloud's), instead of
+// waiting for changes the replica no longer gets until its timeout. It is
+// checked every HeldWatchRecheck.
+func (p *Proxy) whilePoolServes(ctx context.Context, gvr schema.GroupVersionResource) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := p.clock.NewTicker(p.recheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+			}
+			if !p.pool.Serves(gvr, p.up.Healthy()) {
+				p.log.Debug("the pool's replica no longer serves; ending a watch served from it", "resource", gvr.String())
+				p.m.poolWatchesEnded.Inc()
+				cancel()
+				return
+			}
+		}
+	}()
+	return ctx, func() { cancel(); <-done }
+}
+
 // poolRequest is r for the pool's transport: the same path and query,
 // answered in JSON.
 func poolRequest(r *http.Request) *http.Request {

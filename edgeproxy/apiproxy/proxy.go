@@ -64,7 +64,9 @@ type Options struct {
 	Pool Pool
 	// HeldWatchRecheck is how often a watch held open after its
 	// upstream broke looks whether the cloud answers again though the
-	// health checks never failed (default 30 s).
+	// health checks never failed, and how often a watch served from the
+	// pool's replica looks whether the replica still serves (default
+	// 30 s).
 	HeldWatchRecheck time.Duration
 	// ReleaseJitter spreads the end of held watches when the cloud is
 	// back over up to this long (default 1 s), so that clients do not
