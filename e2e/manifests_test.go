@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ func TestKubernetesManifests(t *testing.T) {
 	defer cancel()
 	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
 	rbac := []string{filepath.Join(dir, "gateway-rbac.yaml"), filepath.Join(dir, "gateway-hosts-configmap-rbac.yaml"),
-		filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml")}
+		filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml"), filepath.Join(dir, "edge-bootstrap-rbac.yaml")}
 	if err := testenv.ApplyManifests(ctx, cp.Admin, false, rbac...); err != nil {
 		t.Fatalf("apply RBAC: %v", err)
 	}
@@ -137,5 +138,45 @@ func groupOf(resource string) string {
 	if resource == "leases" {
 		return "coordination.k8s.io"
 	}
+	if strings.HasPrefix(resource, "certificatesigningrequests") {
+		return "certificates.k8s.io"
+	}
 	return ""
+}
+
+// With edge-bootstrap-rbac.yaml, a bootstrap token may ask for a node
+// client certificate and have it approved, a node may have its renewals
+// approved, and neither may do more.
+func TestEdgeBootstrapRBAC(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, filepath.Join(world.RepoRoot(), "packaging", "kubernetes", "edge-bootstrap-rbac.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	token := []string{"system:bootstrap:abcdef", "system:bootstrappers", "system:authenticated"}
+	node := []string{"system:node:edge-1", "system:nodes", "system:authenticated"}
+	for _, c := range []struct {
+		who                               []string
+		verb, resource, subresource, name string
+		allowed                           bool
+	}{
+		{token, "create", "certificatesigningrequests", "", "", true},
+		{token, "create", "certificatesigningrequests", "nodeclient", "", true},      // approved for a bootstrap token
+		{token, "create", "certificatesigningrequests", "selfnodeclient", "", false}, // renewals: nodes only
+		{token, "update", "certificatesigningrequests", "approval", "x", false},
+		{token, "list", "secrets", "", "", false},
+		{token, "get", "nodes", "", "", false},
+		{node, "create", "certificatesigningrequests", "selfnodeclient", "", true},
+		{node, "update", "certificatesigningrequests", "approval", "x", false},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: c.who[0], Groups: c.who[1:],
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: c.verb, Resource: c.resource, Subresource: c.subresource,
+				Group: groupOf(c.resource), Name: c.name},
+		}}
+		if got, reason := review(t, ctx, cp, sar, c.allowed); got != c.allowed {
+			t.Errorf("%s may %s %s/%s %s: %v, want %v (%s)", c.who[0], c.verb, c.resource, c.subresource, c.name, got, c.allowed, reason)
+		}
+	}
 }

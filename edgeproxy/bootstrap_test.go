@@ -24,7 +24,6 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -89,7 +88,10 @@ func TestBootstrapCertificate(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bootstrapRBAC(ctx, t, cp.Client)
+	// The bindings the package ships for clusters that lack kubeadm's.
+	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../packaging/kubernetes/edge-bootstrap-rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
 	kubeconfig := bootstrapKubeconfig(ctx, t, cp, "abcdef", "0123456789abcdef")
 
 	t.Run("ObtainsAndRotates", func(t *testing.T) {
@@ -216,28 +218,6 @@ func TestBootstrapCertificate(t *testing.T) {
 			t.Errorf("%d CSRs for a node whose certificate is valid", len(csrs))
 		}
 	})
-}
-
-// bootstrapRBAC makes the bindings kubeadm makes for kubelet TLS
-// bootstrapping: bootstrap tokens may create CSRs, and
-// kube-controller-manager approves node client CSRs from them and from
-// each node for itself.
-func bootstrapRBAC(ctx context.Context, t *testing.T, admin kubernetes.Interface) {
-	t.Helper()
-	for name, b := range map[string]struct{ role, group string }{
-		"kubeadm:kubelet-bootstrap":                     {"system:node-bootstrapper", "system:bootstrappers"},
-		"kubeadm:node-autoapprove-bootstrap":            {"system:certificates.k8s.io:certificatesigningrequests:nodeclient", "system:bootstrappers"},
-		"kubeadm:node-autoapprove-certificate-rotation": {"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "system:nodes"},
-	} {
-		crb := &rbacv1.ClusterRoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: b.role},
-			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: b.group}},
-		}
-		if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // bootstrapKubeconfig creates the bootstrap token id.secret, valid for an
