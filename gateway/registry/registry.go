@@ -157,6 +157,10 @@ type Edge struct {
 	mu       sync.Mutex
 	refusals map[string]int64 // guarded by mu
 	gone     bool             // guarded by reg.mu: no longer in reg.edges
+	// replaced: a newer registration of the node took e's place while
+	// streams were open on it; e's connection is closed with
+	// tunnel.CloseReplaced when the last of them ends. Guarded by reg.mu.
+	replaced bool
 }
 
 // Node is the node name from the edge's certificate.
@@ -164,7 +168,11 @@ func (e *Edge) Node() string { return e.node }
 
 // Register adds conn, whose TLS handshake has completed, as the tunnel of
 // the node its client certificate names. A previous registration of the
-// same node is closed with tunnel.CloseReplaced. The error wraps
+// same node is closed with tunnel.CloseReplaced, at once if no stream is
+// open on it, else when its last stream ends: an edge that reconnects
+// with a rotated certificate keeps the connections it relays, while new
+// ones take the new tunnel. (A previous connection that is dead ends its
+// streams within the QUIC idle timeout.) The error wraps
 // tunnel.ErrNotANode when the certificate is not a node identity; the
 // caller then closes conn (with tunnel.CloseNotAllowed).
 func (r *Registry) Register(conn Conn) (*Edge, error) {
@@ -188,15 +196,22 @@ func (r *Registry) Register(conn Conn) (*Edge, error) {
 	r.mu.Lock()
 	old := r.edges[node]
 	r.edges[node] = e
+	closeOld := false
+	var oldStreams int64
 	if old != nil {
 		r.dropLocked(old)
+		oldStreams = old.streams.Load()
+		closeOld = oldStreams == 0
+		old.replaced = !closeOld
 	}
 	r.mu.Unlock()
 	r.registered.Add(1)
 	if old != nil {
 		r.replaced.Add(1)
-		r.log.Info("edge registration replaced", "node", node, "remote", e.remote, "old_remote", old.remote)
-		old.conn.CloseWithError(tunnel.CloseReplaced, "replaced by a newer connection of node "+node)
+		r.log.Info("edge registration replaced", "node", node, "remote", e.remote, "old_remote", old.remote, "old_streams", oldStreams)
+		if closeOld {
+			old.closeReplaced()
+		}
 	}
 	return e, nil
 }
@@ -337,7 +352,17 @@ func (r *Registry) addStreams(e *Edge, delta int64) {
 		if _, ok := r.draining[e]; ok {
 			r.foldLocked(e)
 		}
+		if e.replaced {
+			e.replaced = false
+			go e.closeReplaced() // it waits for the connection to end
+		}
 	}
+}
+
+// closeReplaced closes the connection of a registration that a newer one
+// of the same node replaced.
+func (e *Edge) closeReplaced() {
+	e.conn.CloseWithError(tunnel.CloseReplaced, "replaced by a newer connection of node "+e.node)
 }
 
 // Node is the node the stream leads to.

@@ -148,6 +148,46 @@ func TestRegisterReplacesSameNode(t *testing.T) {
 	}
 }
 
+// A registration replaced while it relays keeps its connection until its
+// last stream ends: an edge that reconnected with a rotated certificate
+// loses none of the connections it relays.
+func TestReplacedRegistrationDrains(t *testing.T) {
+	h := newHarness(t)
+	r := New(Options{})
+	edge1, conn1 := h.connect(h.nodeCert("edge-1"), nil)
+	e1, err := r.Register(conn1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := r.Open(context.Background(), "edge-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, conn1b := h.connect(h.nodeCert("edge-1"), nil)
+	e1b, err := r.Register(conn1b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := r.Lookup("edge-1"); got != e1b {
+		t.Fatal("new streams do not go to the newest registration")
+	}
+	if code, closed := edge1.WaitClosed(300 * time.Millisecond); closed {
+		t.Fatalf("replaced connection closed (%v) with a stream open on it", code)
+	}
+	// The open stream still works on the old connection.
+	if _, err := s1.Write([]byte("still here")); err != nil {
+		t.Fatalf("write on the old connection's stream: %v", err)
+	}
+	s1.Release() // the relay is done with it
+	if code, ok := edge1.WaitClosed(5 * time.Second); !ok || code != tunnel.CloseReplaced {
+		t.Fatalf("old connection after its last stream: close code %v (closed by gateway: %v), want CloseReplaced", code, ok)
+	}
+	r.Unregister(e1)
+	if got, _ := r.Lookup("edge-1"); got != e1b {
+		t.Fatal("the drained registration's cleanup removed its successor")
+	}
+}
+
 func TestRegisterRefusesNonNodeCertificate(t *testing.T) {
 	h := newHarness(t)
 	r := New(Options{})
