@@ -92,6 +92,10 @@ type Config struct {
 	UnhealthyThreshold  int             `json:"unhealthy-threshold"`
 	HealthyThreshold    int             `json:"healthy-threshold"`
 
+	// CertCheckInterval is how often --cert and --key are checked for a
+	// rotation (kubelet rotates its client certificate in place).
+	CertCheckInterval metav1.Duration `json:"cert-check-interval"`
+
 	LogLevel  string `json:"log-level,omitempty"`
 	LogFormat string `json:"log-format,omitempty"`
 
@@ -101,9 +105,6 @@ type Config struct {
 
 	// Logger is where Run logs; nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
-	// certWatch is how often client certificate files are checked for a
-	// rotation; zero means certWatchInterval (tests shorten it).
-	certWatch time.Duration `json:"-"`
 }
 
 // Defaults of the settings that have one (DESIGN.md, Ports and names).
@@ -145,6 +146,7 @@ func DefaultConfig() Config {
 		LogLevel:            "info",
 		LogFormat:           "text",
 		MemoryLimit:         DefaultMemoryLimit,
+		CertCheckInterval:   metav1.Duration{Duration: time.Minute},
 	}
 }
 
@@ -156,6 +158,9 @@ func (c Config) Validate() error {
 	}
 	if c.BootstrapKubeconfig != "" {
 		errs = append(errs, c.validateBootstrap()...)
+	}
+	if c.CertCheckInterval.Duration <= 0 {
+		errs = append(errs, fmt.Errorf("--cert-check-interval %v: must be positive", c.CertCheckInterval.Duration))
 	}
 	if _, err := cli.ParseMemoryLimit(c.MemoryLimit); err != nil {
 		errs = append(errs, fmt.Errorf("--memory-limit: %w", err))

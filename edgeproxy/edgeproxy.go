@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -63,10 +62,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	var tun *edgetunnel.Client
+	var tunCerts *edgetunnel.CertFiles // --cert/--key as the tunnel reads them
 	if len(cfg.Gateway) > 0 {
 		var err error
-		if tun, node, err = newTunnel(cfg, nc, reg, log); err != nil {
+		if tun, tunCerts, node, err = newTunnel(cfg, nc, reg, log); err != nil {
 			return err
+		}
+		if nc != nil {
+			// The tunnels move to new connections with the new
+			// certificate; the old ones end with the streams they relay.
+			nc.onRenew(tun.Rotate)
 		}
 	}
 	var ap *apiserverProxy
@@ -110,6 +115,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if tun != nil {
 		g.Go(func() error { return tun.Run(ctx) })
 		readies = append(readies, tun.Ready)
+		if tunCerts != nil {
+			g.Go(func() error {
+				tunCerts.Watch(ctx, cfg.CertCheckInterval.Duration, func(c *tls.Certificate) {
+					log.Info("client certificate rotated; tunnels move to new connections", "not_after", c.Leaf.NotAfter)
+					tun.Rotate()
+				})
+				return nil
+			})
+		}
 	}
 	if ap != nil {
 		// The pool reaches the cloud through the proxy: on shutdown the
@@ -130,11 +144,7 @@ func Run(ctx context.Context, cfg Config) error {
 			// connections would keep presenting the old one until it expires
 			// and kube-apiserver answers 401.
 			g.Go(func() error {
-				every := cfg.certWatch
-				if every <= 0 {
-					every = certWatchInterval
-				}
-				ap.certFiles.Watch(ctx, every, func(c *tls.Certificate) {
+				ap.certFiles.Watch(ctx, cfg.CertCheckInterval.Duration, func(c *tls.Certificate) {
 					log.Info("client certificate rotated; new apiserver requests use new connections", "not_after", c.Leaf.NotAfter)
 					ap.upstreams.Rotate()
 				})
@@ -192,18 +202,19 @@ func Run(ctx context.Context, cfg Config) error {
 // newTunnel builds the tunnel client and returns the node name it goes
 // by. Its client certificate is nc's, or in --cert and --key when nc is
 // nil.
-func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, string, error) {
+func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *edgetunnel.CertFiles, string, error) {
 	var getCert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
 	var certNode string
+	var certs *edgetunnel.CertFiles
 	if nc != nil {
 		getCert, certNode = nc.GetClientCertificate, nc.NodeName()
 	} else {
-		certs, err := edgetunnel.LoadCertFiles(cfg.Cert, cfg.Key, log)
-		if err != nil {
-			return nil, "", err
+		var err error
+		if certs, err = edgetunnel.LoadCertFiles(cfg.Cert, cfg.Key, log); err != nil {
+			return nil, nil, "", err
 		}
 		if certNode, err = certs.NodeName(); err != nil {
-			return nil, "", fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
+			return nil, nil, "", fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
 		}
 		getCert = certs.GetClientCertificate
 	}
@@ -217,7 +228,7 @@ func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Log
 	if cfg.GatewayCA != "" {
 		cas, err := certfile.LoadCAs(cfg.GatewayCA, certfile.Options{Name: "--gateway-ca", Logger: log})
 		if err != nil {
-			return nil, "", fmt.Errorf("--gateway-ca: %w", err)
+			return nil, nil, "", fmt.Errorf("--gateway-ca: %w", err)
 		}
 		roots = cas.Pool
 	}
@@ -231,15 +242,10 @@ func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Log
 		Logger:      log.With("node", node),
 		Registry:    reg,
 	})
-	return tun, node, err
+	return tun, certs, node, err
 }
 
 // apiserverProxy is the kube-apiserver proxy and what it runs on.
-// certWatchInterval is how often the --cert/--key files are checked for a
-// rotation. kubelet renews at 70–90% of a certificate's life, so a minute
-// is early enough for any certificate that lives longer than ten minutes.
-const certWatchInterval = time.Minute
-
 type apiserverProxy struct {
 	upstreams *upstream.Upstreams
 	store     *cache.Store

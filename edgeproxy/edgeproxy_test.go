@@ -284,7 +284,7 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 	cfg.AdminListen = freePort(t)
 	cfg.DataDir = filepath.Join(dir, "data")
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.certWatch = 50 * time.Millisecond
+	cfg.CertCheckInterval.Duration = 50 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg) }()

@@ -299,6 +299,7 @@ func (w *World) EdgeArgs(e *Edge) []string {
 		"--gateway-ca", w.Path("gateway-ca.crt"),
 		"--cert", e.CertFile, "--key", e.KeyFile,
 		"--allow-ports", fmt.Sprint(KubeletPort),
+		"--cert-check-interval", "1s",
 		"--log-level", "debug",
 	}
 }

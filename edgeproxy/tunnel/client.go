@@ -61,6 +61,10 @@ type Options struct {
 	// BackoffMax (30 s), jittered; it starts over after a connection lived
 	// BackoffReset (1 min).
 	BackoffInitial, BackoffMax, BackoffReset time.Duration
+	// HandoverGrace: after Rotate, the old connection is closed by the
+	// edge once it has had no stream for this long, if the gateway has
+	// not closed it first. Default 10 s.
+	HandoverGrace time.Duration
 
 	Resolver   Resolver         // default net.DefaultResolver
 	LocalAddrs AddrSource       // default InterfaceAddrs
@@ -82,6 +86,7 @@ func (o Options) withDefaults() Options {
 	o.BackoffInitial = cmpOr(o.BackoffInitial, 200*time.Millisecond)
 	o.BackoffMax = cmpOr(o.BackoffMax, 30*time.Second)
 	o.BackoffReset = cmpOr(o.BackoffReset, time.Minute)
+	o.HandoverGrace = cmpOr(o.HandoverGrace, 10*time.Second)
 	if o.Resolver == nil {
 		o.Resolver = net.DefaultResolver
 	}
@@ -203,7 +208,7 @@ func (c *Client) reconcile(ctx context.Context, want map[netip.AddrPort]endpoint
 		}
 		rctx, cancel := context.WithCancel(ctx)
 		r := &replica{
-			c: c, ep: ep, cancel: cancel, done: make(chan struct{}),
+			c: c, ep: ep, cancel: cancel, done: make(chan struct{}), rotate: make(chan struct{}, 1),
 			log:   c.log.With("gateway", addr.String()),
 			since: c.clock.Now(),
 		}
@@ -215,6 +220,22 @@ func (c *Client) reconcile(ctx context.Context, want map[netip.AddrPort]endpoint
 	for _, r := range gone {
 		r.log.Info("gateway replica gone from the resolved addresses; closing its connection")
 		r.stop()
+	}
+}
+
+// Rotate tells every gateway connection that the client certificate
+// changed: each dials a new connection, which presents the new
+// certificate and takes the new streams, while the old one keeps the
+// streams it relays until they end (the gateway then closes it). A
+// connection that fails to come up leaves the old one in use.
+func (c *Client) Rotate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.replicas {
+		select {
+		case r.rotate <- struct{}{}:
+		default: // one is pending already
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package edgetunnel
 
 import (
 	"bytes"
+	"context"
 	"crypto/x509"
 	"errors"
 	"io"
@@ -392,6 +393,89 @@ func TestRotatedCertificateUsedForNextConnection(t *testing.T) {
 	c1.CloseWithError(tunnel.CloseNormal, "")
 	if got := peer(gw.nextConn()); got != "edge-new" {
 		t.Fatalf("connection after rotation as %q, want edge-new", got)
+	}
+}
+
+// Rotate moves the tunnel to a new connection that presents the new
+// certificate; a stream open on the old connection goes on, and the old
+// connection ends once it has no stream.
+func TestRotateHandsOver(t *testing.T) {
+	ca := testenv.MustCA(t, "edgetunnel-test")
+	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")
+	dest := server(t)
+	pem := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
+	write := func(mtime time.Time) *testenv.KeyPair {
+		kp, err := ca.NodeCert("edge-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(pem, append(kp.CertPEM, kp.KeyPEM...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(pem, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return kp
+	}
+	now := time.Now()
+	first := write(now.Add(-time.Hour))
+	certs, err := LoadCertFiles(pem, pem, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEdge(t, Options{Gateways: []string{gw.addr.String()}, AllowPorts: []uint16{dest.Port()},
+		Certificate: certs.GetClientCertificate, HandoverGrace: 200 * time.Millisecond}, ca, ca)
+	serial := func(c *quic.Conn) string { return c.ConnectionState().TLS.PeerCertificates[0].SerialNumber.String() }
+	c1 := gw.nextConn()
+	if serial(c1) != first.Cert.SerialNumber.String() {
+		t.Fatal("first connection without the first certificate")
+	}
+	s1, rep, err := open(t, c1, dest)
+	if err != nil || rep.Code != tunnel.OK {
+		t.Fatalf("reply %+v, %v", rep, err)
+	}
+	if _, err := s1.Write([]byte("before ")); err != nil {
+		t.Fatal(err)
+	}
+
+	second := write(now)
+	e.Rotate()
+	c2 := gw.nextConn()
+	if serial(c2) != second.Cert.SerialNumber.String() {
+		t.Fatal("connection after Rotate without the new certificate")
+	}
+	// Past the grace, the old connection is still up: it relays s1.
+	time.Sleep(500 * time.Millisecond)
+	if err := c1.Context().Err(); err != nil {
+		t.Fatalf("old connection ended with a stream open: %v", context.Cause(c1.Context()))
+	}
+	if _, err := s1.Write([]byte("and after the rotation")); err != nil {
+		t.Fatal(err)
+	}
+	s1.Close()
+	s1.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if got, err := io.ReadAll(s1); err != nil || string(got) != "got before and after the rotation" {
+		t.Fatalf("stream across the rotation: %q, %v", got, err)
+	}
+	// A new stream works on the new connection.
+	s2, rep, err := open(t, c2, dest)
+	if err != nil || rep.Code != tunnel.OK {
+		t.Fatalf("new connection: reply %+v, %v", rep, err)
+	}
+	s2.Close()
+	io.ReadAll(s2)
+	// With no stream left, the edge closes the old connection.
+	select {
+	case <-c1.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("old connection still up 10 s after its last stream ended")
+	}
+	if err := c2.Context().Err(); err != nil {
+		t.Fatalf("new connection ended: %v", context.Cause(c2.Context()))
+	}
+	gw.noConn(300 * time.Millisecond) // no reconnection: the new one serves
+	if n := e.metric("tether_edge_tunnel_gateway_reconnects_total", "gateway", gw.addr.String()); n != 0 {
+		t.Errorf("a rotation counted as %v reconnections", n)
 	}
 }
 

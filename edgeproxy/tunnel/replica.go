@@ -26,10 +26,15 @@ type replica struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	rotate chan struct{} // Client.Rotate: hand over to a new connection
+	// draining counts connections handed over and still relaying; run
+	// waits for them before it is done.
+	draining sync.WaitGroup
 
 	mu      sync.Mutex
-	conn    *quic.Conn // nil while disconnected
-	since   time.Time  // of the last change between connected and not
+	open    map[*quic.Conn]*atomic.Int64 // streams being served, per connection
+	conn    *quic.Conn                   // nil while disconnected
+	since   time.Time                    // of the last change between connected and not
 	lastErr string
 
 	streamsOpen, streamsTotal atomic.Int64
@@ -42,6 +47,7 @@ type replica struct {
 // connection has lived for BackoffReset.
 func (r *replica) run(ctx context.Context) {
 	defer close(r.done)
+	defer r.draining.Wait()
 	bo := backoff{initial: r.c.opts.BackoffInitial, max: r.c.opts.BackoffMax}
 	for first := true; ; first = false {
 		if !first {
@@ -75,17 +81,77 @@ func (r *replica) stop() {
 
 // connectAndServe dials the replica and serves its streams until the
 // connection ends. lived is how long it was connected (zero if the dial
-// failed).
+// failed). On a rotation it hands over to a new connection (handover)
+// and serves that one.
 func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ error) {
 	conn, err := r.dial(ctx)
 	if err != nil {
 		r.setErr(err)
 		return 0, err
 	}
+	select {
+	case <-r.rotate: // a rotation before this dial: it has the new certificate
+	default:
+	}
 	start := r.c.clock.Now()
 	r.setConn(conn, start)
 	r.log.Info("connected to gateway", "server_name", r.ep.serverName, "rtt", conn.ConnectionStats().SmoothedRTT)
+	ended := r.serve(ctx, conn)
+	for err == nil {
+		select {
+		case err = <-ended:
+			if err == nil {
+				err = errors.New("connection ended")
+			}
+		case <-r.rotate:
+			next, derr := r.dial(ctx)
+			if derr != nil {
+				r.log.Warn("client certificate rotated, but a new connection to the gateway failed; the current one stays", "err", derr)
+				continue
+			}
+			r.log.Info("client certificate rotated: new streams on a new connection; the old one ends with the streams it relays",
+				"rtt", next.ConnectionStats().SmoothedRTT)
+			r.draining.Add(1)
+			go func(old *quic.Conn, ended <-chan error) {
+				defer r.draining.Done()
+				r.handedOver(old, ended)
+			}(conn, ended)
+			conn = next
+			r.setConn(conn, r.c.clock.Now())
+			ended = r.serve(ctx, conn)
+		}
+	}
+	lived = r.c.clock.Since(start)
+	r.setConn(nil, r.c.clock.Now())
+	r.setErr(err)
+	return lived, err
+}
 
+// handedOver waits for a handed-over connection to end: the gateway
+// closes it when its last stream ends; failing that, the edge closes it
+// once it has had no stream for Options.HandoverGrace (the gateway may
+// still open one on it before it has registered the new connection).
+func (r *replica) handedOver(conn *quic.Conn, ended <-chan error) {
+	t := r.c.clock.NewTicker(r.c.opts.HandoverGrace)
+	defer t.Stop()
+	for {
+		select {
+		case <-ended:
+			return
+		case <-t.C():
+		}
+		if r.connStreams(conn) == 0 {
+			conn.CloseWithError(tunnel.CloseNormal, "handed over to a newer connection")
+		}
+	}
+}
+
+// serve accepts and serves conn's streams; the channel receives why the
+// connection ended, once every stream on it is done.
+func (r *replica) serve(ctx context.Context, conn *quic.Conn) <-chan error {
+	ended := make(chan error, 1)
+	var open atomic.Int64
+	r.trackStreams(conn, &open)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		for {
@@ -93,7 +159,9 @@ func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ e
 			if err != nil {
 				return err
 			}
+			open.Add(1)
 			g.Go(func() error {
+				defer open.Add(-1)
 				r.c.handleStream(gctx, r, s)
 				return nil
 			})
@@ -108,18 +176,19 @@ func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ e
 		}
 		return nil
 	})
-	err = g.Wait()
-	if ctx.Err() == nil {
-		// AcceptStream's error can be our own context's; the
-		// connection's cause says why it ended.
-		if cause := context.Cause(conn.Context()); cause != nil {
-			err = cause
+	go func() {
+		err := g.Wait()
+		if ctx.Err() == nil {
+			// AcceptStream's error can be our own context's; the
+			// connection's cause says why it ended.
+			if cause := context.Cause(conn.Context()); cause != nil {
+				err = cause
+			}
 		}
-	}
-	lived = r.c.clock.Since(start)
-	r.setConn(nil, r.c.clock.Now())
-	r.setErr(err)
-	return lived, err
+		r.trackStreams(conn, nil)
+		ended <- err
+	}()
+	return ended
 }
 
 // dial opens a QUIC connection from a UDP socket of its own: a fresh
@@ -206,6 +275,31 @@ func (r *replica) setConn(conn *quic.Conn, at time.Time) {
 	if conn != nil {
 		r.lastErr = ""
 	}
+}
+
+// trackStreams records (or, with nil, forgets) the count of streams
+// served on conn.
+func (r *replica) trackStreams(conn *quic.Conn, n *atomic.Int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n == nil {
+		delete(r.open, conn)
+		return
+	}
+	if r.open == nil {
+		r.open = map[*quic.Conn]*atomic.Int64{}
+	}
+	r.open[conn] = n
+}
+
+// connStreams is the number of streams being served on conn.
+func (r *replica) connStreams(conn *quic.Conn) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n := r.open[conn]; n != nil {
+		return n.Load()
+	}
+	return 0
 }
 
 func (r *replica) setErr(err error) {
