@@ -61,6 +61,7 @@ type Config struct {
 
 	APIServerListen string `json:"apiserver-listen,omitempty"`
 	AdminListen     string `json:"admin-listen,omitempty"`
+	Profiling       bool   `json:"profiling,omitempty"`
 	DataDir         string `json:"data-dir,omitempty"`
 
 	// Pool is this node's pool; by default its apps.openyurt.io/nodepool

@@ -169,7 +169,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if adminLn != nil {
 		h := admin.New(admin.Options{
-			Registry: reg,
+			Registry:  reg,
+			Profiling: cfg.Profiling,
 			Ready: func() error {
 				var errs []error
 				for _, r := range readies {

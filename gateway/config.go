@@ -52,6 +52,7 @@ type Config struct {
 	DNSListen    string   `json:"dns-listen"`
 	DNSZones     []string `json:"dns-zone,omitempty"`
 	AdminListen  string   `json:"admin-listen"`
+	Profiling    bool     `json:"profiling,omitempty"`
 	Mode         string   `json:"mode"`
 	VIPCIDR      string   `json:"vip-cidr,omitempty"`
 	NetRules     string   `json:"netrules"`

@@ -291,7 +291,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	defer stopAdmin()
 	if g.adminLn != nil {
 		mux := http.NewServeMux()
-		mux.Handle("/", admin.New(admin.Options{Registry: g.metrics, Ready: g.Ready, Status: func() any { return g.Status() }, Logger: g.log}))
+		mux.Handle("/", admin.New(admin.Options{Registry: g.metrics, Ready: g.Ready, Status: func() any { return g.Status() }, Profiling: g.cfg.Profiling, Logger: g.log}))
 		mux.HandleFunc("GET /ca.crt", g.certs.serveCA)
 		h := http.Handler(mux)
 		go func() {

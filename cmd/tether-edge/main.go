@@ -67,6 +67,7 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.IntVar(&cfg.UnhealthyThreshold, "unhealthy-threshold", cfg.UnhealthyThreshold, "an apiserver is unhealthy after `n` failed probes in a row (then node components are served from the cache)")
 	fs.IntVar(&cfg.HealthyThreshold, "healthy-threshold", cfg.HealthyThreshold, "an unhealthy apiserver is healthy again after `n` good probes in a row")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (a gateway connected; an apiserver healthy, or the cache able to serve) and /status (JSON); empty disables them")
+	fs.BoolVar(&cfg.Profiling, "profiling", cfg.Profiling, "also serve the Go runtime's profiles (CPU, heap, goroutines, execution trace) under /debug/pprof/ on the admin address; whoever reaches that address can read them and load the process, so keep it off or the address private")
 	fs.StringVar(&cfg.Pool, "pool", cfg.Pool, "`name` of this node's pool (default: its apps.openyurt.io/nodepool label; peers judge membership by the label)")
 	fs.StringVar(&cfg.PoolListen, "pool-listen", cfg.PoolListen, "listen `address` of the pool listener on the node LAN (HTTP/2, mutual TLS with node certificates; only nodes of the same pool are served); empty disables the pool")
 	fs.StringVar(&cfg.PoolCA, "pool-ca", cfg.PoolCA, "PEM `file` with the CA certificate(s) of the nodes' client certificates, which the pool's peers present to each other (default: the apiserver CA); read again when it changes")

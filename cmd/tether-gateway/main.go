@@ -55,6 +55,7 @@ func registerFlags(fs *flag.FlagSet, c *gateway.Config) {
 	fs.StringVar(&c.DNSListen, "dns-listen", c.DNSListen, "UDP and TCP `address` of the DNS server that answers edge node names; empty disables it")
 	fs.Var(config.NewStringList(&c.DNSZones), "dns-zone", "DNS `zone`s (comma-separated or repeated) under which node names are answered (edge-1.<zone>) and accepted in TLS SNI and HTTP Host")
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes); empty disables them")
+	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "also serve the Go runtime's profiles (CPU, heap, goroutines, execution trace) under /debug/pprof/ on the admin address; whoever reaches that address can read them and load the process, so keep it off or the address private")
 	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
 	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
 	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")

@@ -1,6 +1,7 @@
 // Package admin serves a Tether program's operational HTTP endpoints:
 // /metrics (Prometheus), /healthz (the process is alive), /readyz (it can
-// do its job) and /status (a JSON view of its state for tetherctl).
+// do its job) and /status (a JSON view of its state for tetherctl); with
+// Options.Profiling, also net/http/pprof's /debug/pprof/.
 package admin
 
 import (
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +26,11 @@ type Options struct {
 	Ready func() error
 	// Status returns the value /status serves as JSON.
 	Status func() any
-	Logger *slog.Logger
+	// Profiling serves the Go runtime's profiles under /debug/pprof/ (CPU,
+	// heap, goroutines, execution trace). Off by default: whoever reaches
+	// the admin address could read them and load the process.
+	Profiling bool
+	Logger    *slog.Logger
 }
 
 // NewRegistry returns a registry with the Go runtime and process
@@ -63,6 +69,13 @@ func New(o Options) http.Handler {
 			o.Logger.Debug("write /status", "err", err)
 		}
 	})
+	if o.Profiling {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

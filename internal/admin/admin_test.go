@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -70,5 +71,19 @@ func TestEndpoints(t *testing.T) {
 	cancel()
 	if err := <-served; err != nil {
 		t.Errorf("serve returned %v after shutdown", err)
+	}
+}
+
+// Profiles are served only when asked for.
+func TestProfiling(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		h := New(Options{Registry: NewRegistry(), Profiling: on})
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/goroutine?debug=1"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+			if want := map[bool]int{false: 404, true: 200}[on]; rec.Code != want {
+				t.Errorf("profiling %v: GET %s = %d, want %d", on, path, rec.Code, want)
+			}
+		}
 	}
 }
