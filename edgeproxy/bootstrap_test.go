@@ -147,6 +147,16 @@ func TestBootstrapCertificate(t *testing.T) {
 		// Renewals are asked with the current certificate, and approved for
 		// the node itself (selfnodeclient).
 		for _, csr := range csrs[1:] {
+			// The newest may have been listed before the approver saw it
+			// (renewals come every second here): wait for its decision.
+			for deadline := time.Now().Add(10 * time.Second); len(csr.Status.Conditions) == 0 && time.Now().Before(deadline); {
+				time.Sleep(100 * time.Millisecond)
+				c, err := cp.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, csr.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				csr = *c
+			}
 			if csr.Spec.Username != "system:node:"+node || !autoApproved(csr) {
 				t.Errorf("renewal CSR %s from %s, conditions %+v", csr.Name, csr.Spec.Username, csr.Status.Conditions)
 			}
