@@ -32,9 +32,8 @@ type replica struct {
 	draining sync.WaitGroup
 
 	mu      sync.Mutex
-	open    map[*quic.Conn]*atomic.Int64 // streams being served, per connection
-	conn    *quic.Conn                   // nil while disconnected
-	since   time.Time                    // of the last change between connected and not
+	conn    *quic.Conn // nil while disconnected
+	since   time.Time  // of the last change between connected and not
 	lastErr string
 
 	streamsOpen, streamsTotal atomic.Int64
@@ -96,10 +95,10 @@ func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ e
 	start := r.c.clock.Now()
 	r.setConn(conn, start)
 	r.log.Info("connected to gateway", "server_name", r.ep.serverName, "rtt", conn.ConnectionStats().SmoothedRTT)
-	ended := r.serve(ctx, conn)
+	cur := r.serve(ctx, conn)
 	for err == nil {
 		select {
-		case err = <-ended:
+		case err = <-cur.ended:
 			if err == nil {
 				err = errors.New("connection ended")
 			}
@@ -112,13 +111,13 @@ func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ e
 			r.log.Info("client certificate rotated: new streams on a new connection; the old one ends with the streams it relays",
 				"rtt", next.ConnectionStats().SmoothedRTT)
 			r.draining.Add(1)
-			go func(old *quic.Conn, ended <-chan error) {
+			go func(old served) {
 				defer r.draining.Done()
-				r.handedOver(old, ended)
-			}(conn, ended)
+				r.handedOver(old)
+			}(cur)
 			conn = next
 			r.setConn(conn, r.c.clock.Now())
-			ended = r.serve(ctx, conn)
+			cur = r.serve(ctx, conn)
 		}
 	}
 	lived = r.c.clock.Since(start)
@@ -131,27 +130,32 @@ func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ e
 // closes it when its last stream ends; failing that, the edge closes it
 // once it has had no stream for Options.HandoverGrace (the gateway may
 // still open one on it before it has registered the new connection).
-func (r *replica) handedOver(conn *quic.Conn, ended <-chan error) {
+func (r *replica) handedOver(s served) {
 	t := r.c.clock.NewTicker(r.c.opts.HandoverGrace)
 	defer t.Stop()
 	for {
 		select {
-		case <-ended:
+		case <-s.ended:
 			return
 		case <-t.C():
 		}
-		if r.connStreams(conn) == 0 {
-			conn.CloseWithError(tunnel.CloseNormal, "handed over to a newer connection")
+		if s.open.Load() == 0 {
+			s.conn.CloseWithError(tunnel.CloseNormal, "handed over to a newer connection")
 		}
 	}
 }
 
-// serve accepts and serves conn's streams; the channel receives why the
-// connection ended, once every stream on it is done.
-func (r *replica) serve(ctx context.Context, conn *quic.Conn) <-chan error {
+// served is a connection being served.
+type served struct {
+	conn  *quic.Conn
+	open  *atomic.Int64 // streams being served on it
+	ended <-chan error  // why it ended, once every stream on it is done
+}
+
+// serve accepts and serves conn's streams.
+func (r *replica) serve(ctx context.Context, conn *quic.Conn) served {
 	ended := make(chan error, 1)
-	var open atomic.Int64
-	r.trackStreams(conn, &open)
+	open := new(atomic.Int64)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		for {
@@ -185,10 +189,9 @@ func (r *replica) serve(ctx context.Context, conn *quic.Conn) <-chan error {
 				err = cause
 			}
 		}
-		r.trackStreams(conn, nil)
 		ended <- err
 	}()
-	return ended
+	return served{conn: conn, open: open, ended: ended}
 }
 
 // dial opens a QUIC connection from a UDP socket of its own: a fresh
@@ -275,31 +278,6 @@ func (r *replica) setConn(conn *quic.Conn, at time.Time) {
 	if conn != nil {
 		r.lastErr = ""
 	}
-}
-
-// trackStreams records (or, with nil, forgets) the count of streams
-// served on conn.
-func (r *replica) trackStreams(conn *quic.Conn, n *atomic.Int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if n == nil {
-		delete(r.open, conn)
-		return
-	}
-	if r.open == nil {
-		r.open = map[*quic.Conn]*atomic.Int64{}
-	}
-	r.open[conn] = n
-}
-
-// connStreams is the number of streams being served on conn.
-func (r *replica) connStreams(conn *quic.Conn) int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if n := r.open[conn]; n != nil {
-		return n.Load()
-	}
-	return 0
 }
 
 func (r *replica) setErr(err error) {
