@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -358,18 +357,7 @@ func TestRotatedCertificateUsedForNextConnection(t *testing.T) {
 	// One file holding both certificate and key, as the kubelet keeps
 	// kubelet-client-current.pem.
 	pem := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
-	write := func(node string, mtime time.Time) {
-		kp, err := ca.NodeCert(node)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(pem, append(kp.CertPEM, kp.KeyPEM...), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chtimes(pem, mtime, mtime); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(node string, mtime time.Time) { writeNodePEM(t, ca, pem, node, mtime) }
 	now := time.Now()
 	write("edge-old", now.Add(-time.Hour))
 	certs, err := LoadCertFiles(pem, pem, nil)
@@ -404,19 +392,7 @@ func TestRotateHandsOver(t *testing.T) {
 	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")
 	dest := server(t)
 	pem := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
-	write := func(mtime time.Time) *testenv.KeyPair {
-		kp, err := ca.NodeCert("edge-1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(pem, append(kp.CertPEM, kp.KeyPEM...), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chtimes(pem, mtime, mtime); err != nil {
-			t.Fatal(err)
-		}
-		return kp
-	}
+	write := func(mtime time.Time) *testenv.KeyPair { return writeNodePEM(t, ca, pem, "edge-1", mtime) }
 	now := time.Now()
 	first := write(now.Add(-time.Hour))
 	certs, err := LoadCertFiles(pem, pem, nil)

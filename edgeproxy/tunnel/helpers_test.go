@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -336,4 +337,22 @@ func (f *fakeResolver) LookupNetIP(ctx context.Context, network, host string) ([
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.addrs, f.err
+}
+
+// writeNodePEM writes a new certificate of node from ca, with its key, to
+// path (one file, as the kubelet keeps kubelet-client-current.pem), with
+// the modification time mtime.
+func writeNodePEM(t *testing.T, ca *testenv.CA, path, node string, mtime time.Time) *testenv.KeyPair {
+	t.Helper()
+	kp, err := ca.NodeCert(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(kp.CertPEM, kp.KeyPEM...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	return kp
 }
