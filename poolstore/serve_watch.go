@@ -54,6 +54,14 @@ func (h *Handler) serveWatch(ctx context.Context, w http.ResponseWriter, req *re
 	if req.scope.labels != nil {
 		wt.view = map[string]json.RawMessage{}
 	}
+	if send := req.opts.SendInitialEvents; send != nil && !*send {
+		if rv, _ := parseRV(req.opts.ResourceVersion); rv == 0 {
+			// A watch from now starts at the resourceVersion current
+			// before the client has its answer, so that a change made
+			// once it has it is sent.
+			wt.afterRV = h.s.Resources()[req.resource]
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	if err := wt.rc.Flush(); err != nil { // the client has its answer before any event
@@ -99,7 +107,7 @@ func (wt *apiWatcher) start(ctx context.Context) error {
 	case send == nil && rv == 0:
 		return wt.sendInitial()
 	case rv == 0:
-		wt.afterRV = wt.h.s.Resources()[wt.req.resource]
+		// from now: afterRV was taken before the answer's header
 	default:
 		wt.afterRV = rv
 	}
