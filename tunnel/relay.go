@@ -72,6 +72,12 @@ func Relay(c Conn, s Stream, opts RelayOptions) error {
 	go func() {
 		defer wg.Done()
 		err := r.copy(s, c, opts.ToStream)
+		if peerStoppedReading(err) {
+			// The other end wants no more (its reply, a refusal, may
+			// still be on its way): this direction ends, the other
+			// goes on.
+			return
+		}
 		if err != nil {
 			r.fail(err)
 			return
@@ -88,6 +94,14 @@ func Relay(c Conn, s Stream, opts RelayOptions) error {
 	c.Close()
 	s.CancelRead(0) // no-op once the FIN arrived; frees the stream otherwise
 	return r.finish()
+}
+
+// peerStoppedReading reports whether err is the peer's STOP_SENDING with
+// code 0: it has read all it wants (an edge that refused a request, or
+// finished its relay), which ends only the sending direction.
+func peerStoppedReading(err error) bool {
+	var se *quic.StreamError
+	return errors.As(err, &se) && se.Remote && se.ErrorCode == 0
 }
 
 type relay struct {

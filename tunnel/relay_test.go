@@ -284,3 +284,55 @@ func TestRelayStalledReaderDoesNotBlockOtherStreams(t *testing.T) {
 }
 
 type atomicCounter struct{ atomic.Int64 }
+
+// An edge that answers and stops reading (a refusal: its reply, FIN, then
+// STOP_SENDING with code 0) while the client is still sending: the client
+// gets the whole answer and then the end, not a reset that loses it.
+func TestRelayPeerStopsReading(t *testing.T) {
+	gw, edge := quicPair(t)
+	client, gwSide := tcpPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gs, err := gw.OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- Relay(gwSide, gs, RelayOptions{}) }()
+	// The client keeps sending: the relay's writes meet the STOP_SENDING.
+	stopWriting := make(chan struct{})
+	go func() {
+		chunk := make([]byte, 32<<10)
+		for {
+			select {
+			case <-stopWriting:
+				return
+			default:
+			}
+			if _, err := client.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	defer close(stopWriting)
+	es, err := edge.AcceptStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(es, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := es.Write([]byte("refused: not allowed")); err != nil {
+		t.Fatal(err)
+	}
+	es.Close()       // FIN after the answer
+	es.CancelRead(0) // STOP_SENDING 0: nothing more wanted
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(client)
+	if err != nil || string(got) != "refused: not allowed" {
+		t.Fatalf("client read %q, %v; want the whole answer, then EOF", got, err)
+	}
+	if err := waitErr(t, done, "gateway relay"); err != nil {
+		t.Errorf("relay: %v", err)
+	}
+}
