@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -85,15 +86,22 @@ func startPebble(t T, bin string, opts PebbleOptions) (*Pebble, error) {
 		p.SetHost(name, ip)
 	}
 
-	// Pebble's resolver, on UDP and TCP (Pebble asks over TCP).
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("DNS listener: %w", err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
+	// Pebble's resolver, on UDP and TCP (Pebble asks over TCP), on one
+	// port: the port UDP got may be taken for TCP (an outgoing
+	// connection's), so another is tried then.
+	var pc net.PacketConn
+	var ln net.Listener
+	for attempt := 0; ; attempt++ {
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			return nil, fmt.Errorf("DNS listener: %w", err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			break
+		}
 		pc.Close()
-		return nil, fmt.Errorf("DNS listener: %w", err)
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 20 {
+			return nil, fmt.Errorf("DNS listener: %w", err)
+		}
 	}
 	for _, srv := range []*dns.Server{
 		{PacketConn: pc, Handler: dns.HandlerFunc(p.serveDNS)},
