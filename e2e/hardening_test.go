@@ -266,7 +266,7 @@ func TestHostilePeers(t *testing.T) {
 		// one byte a second: none gets a stream, each is cut at the peek
 		// deadline, while an honest client is served beside them.
 		const slow = 5
-		hello := clientHello(t, e1.Name)
+		hello := testenv.ClientHello(t, e1.Name)
 		okBefore := edgeMetric(t, e1.Host, `tether_edge_tunnel_streams_total{result="ok"}`)
 		timeoutsBefore := gatewayMetric(t, gw, `tether_gateway_proxy_refusals_total{reason="peek_timeout"}`)
 		addr := netip.AddrPortFrom(gw.Addr, world.ProxyPort).String()
@@ -587,21 +587,6 @@ func holdConnections(t *testing.T, w *world.World, e *world.Edge, k int) (releas
 	}
 	t.Cleanup(release)
 	return release
-}
-
-// clientHello is the first flight of a TLS client asking for serverName.
-func clientHello(t *testing.T, serverName string) []byte {
-	t.Helper()
-	c, s := net.Pipe()
-	defer c.Close()
-	defer s.Close()
-	go tls.Client(c, &tls.Config{ServerName: serverName}).Handshake()
-	buf := make([]byte, 16<<10)
-	n, err := s.Read(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return buf[:n]
 }
 
 // slowClient dials addr from h and sends data one byte a second. It

@@ -3,7 +3,6 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"io"
@@ -162,7 +161,7 @@ func TestRun(t *testing.T) {
 	// Only the ClientHello is sent, and only the test reads c: a reset is
 	// reported once, to whichever read gets it (a TLS client reading too
 	// would leave EOF for this one).
-	if _, err := c.Write(clientHello(t, "edge-1.tether.internal")); err != nil {
+	if _, err := c.Write(testenv.ClientHello(t, "edge-1.tether.internal")); err != nil {
 		t.Fatal(err)
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -261,20 +260,4 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
 	}
-}
-
-// clientHello is the first flight of a TLS client asking for serverName.
-func clientHello(t *testing.T, serverName string) []byte {
-	t.Helper()
-	c, s := net.Pipe()
-	defer c.Close()
-	defer s.Close()
-	go tls.Client(c, &tls.Config{ServerName: serverName}).Handshake()
-	buf := make([]byte, 16<<10)
-	s.SetReadDeadline(time.Now().Add(5 * time.Second))
-	n, err := s.Read(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return buf[:n]
 }
