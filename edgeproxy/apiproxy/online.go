@@ -69,7 +69,11 @@ func (p *Proxy) readTrip(r *http.Request, req request, viaPool bool) (*http.Resp
 	if viaPool {
 		return p.pool.Transport().RoundTrip(poolRequest(r))
 	}
-	return p.rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+	rt := p.rt
+	if req.Verb != verbWatch {
+		rt = p.reads
+	}
+	return rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
 }
 
 // relay copies an upstream response to the client. With capture set and

@@ -36,6 +36,9 @@ type Upstream interface {
 	// Kick asks for a health check now: a request just failed.
 	Kick()
 	Transport() http.RoundTripper
+	// ReadTransport carries requests that end and have no body (get,
+	// list) with the least work per request.
+	ReadTransport() http.RoundTripper
 	UpgradeTransport() http.RoundTripper
 }
 
@@ -112,6 +115,7 @@ type Proxy struct {
 	reverse  *httputil.ReverseProxy
 	upgrade  *httputil.ReverseProxy
 	rt       http.RoundTripper // counting bytes
+	reads    http.RoundTripper // for gets and lists, counting bytes
 	replayCh chan struct{}
 
 	qmu    sync.Mutex
@@ -176,6 +180,7 @@ func New(o Options) (*Proxy, error) {
 		return nil, err
 	}
 	p.rt = &countingTransport{rt: p.up.Transport(), m: p.m}
+	p.reads = &countingTransport{rt: p.up.ReadTransport(), m: p.m}
 	rewrite := func(pr *httputil.ProxyRequest) {
 		srv, _ := p.up.Server()
 		pr.SetURL(srv)

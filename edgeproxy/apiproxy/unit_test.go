@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -137,6 +139,7 @@ func newFakeAPIServer(t *testing.T) *fakeAPIServer {
 	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.headers[r.UserAgent()] = r.Header.Clone()
+		f.headers[r.UserAgent()].Set("X-Test-Proto", strconv.Itoa(r.ProtoMajor))
 		f.mu.Unlock()
 		switch {
 		case r.URL.Path == "/readyz":
@@ -211,6 +214,19 @@ func TestUpstreamRequests(t *testing.T) {
 		t.Errorf("kubelet's request for a group the proxy cannot read: Accept %q", h.Get("Accept"))
 	}
 	get(kubeletUA, "application/vnd.kubernetes.protobuf,application/json") // for the cache check below
+	// Gets and lists go over HTTP/1.1 connections of their own once one
+	// is made (package upstream, Reads), watches over HTTP/2.
+	eventually(t, 5*time.Second, func() error {
+		get(kubeletUA, "application/json")
+		if p := f.header(kubeletUA).Get("X-Test-Proto"); p != "1" {
+			return fmt.Errorf("kubelet's list went over HTTP/%s", p)
+		}
+		return nil
+	})
+	getPath("/api/v1/namespaces/ns/pods?watch=true", "kube-proxy/v1.36", "application/json")
+	if p := f.header("kube-proxy/v1.36").Get("X-Test-Proto"); p != "2" {
+		t.Errorf("kube-proxy's watch went over HTTP/%s, want 2", p)
+	}
 	// Others are relayed as they are (but for Authorization).
 	get("kubectl/v1.36", "application/vnd.kubernetes.protobuf")
 	if h := f.header("kubectl/v1.36"); h.Get("Accept") != "application/vnd.kubernetes.protobuf" || h.Get("Authorization") != "" {

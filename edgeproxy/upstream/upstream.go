@@ -1,6 +1,7 @@
 // Package upstream is how tether-edge reaches the cloud kube-apiservers:
 // one HTTP/2 transport with the node's credentials, tuned to notice a dead
-// connection in seconds, an HTTP/1.1 transport for protocol upgrades
+// connection in seconds, HTTP/1.1 connections driven by the caller for
+// gets and lists (Reads), an HTTP/1.1 transport for protocol upgrades
 // (exec, attach, port-forward), and a health checker per server with
 // hysteresis. Servers are used in priority order: the first healthy one
 // in the list serves every request.
@@ -57,6 +58,7 @@ type Upstreams struct {
 	servers []*server
 	pools   *pools            // the connection pools, replaced by Rotate
 	rt      http.RoundTripper // HTTP/2
+	reads   http.RoundTripper // HTTP/1.1 for gets and lists (Reads)
 	upgrade http.RoundTripper // HTTP/1.1
 	health  HealthOptions
 	clock   clock.WithTicker
@@ -120,9 +122,10 @@ func New(o Options) (*Upstreams, error) {
 			h: hysteresis{failureThreshold: u.health.FailureThreshold, successThreshold: u.health.SuccessThreshold}})
 	}
 	u.pools = newPools(o)
-	u.rt, u.upgrade = &u.pools.h2, &u.pools.h1
+	u.rt, u.reads, u.upgrade = &u.pools.h2, &u.pools.reads, &u.pools.h1
 	if o.BearerToken != "" {
 		u.rt = &bearer{token: o.BearerToken, rt: u.rt}
+		u.reads = &bearer{token: o.BearerToken, rt: u.reads}
 		u.upgrade = &bearer{token: o.BearerToken, rt: u.upgrade}
 	}
 	if err := u.registerMetrics(o.Registerer); err != nil {
@@ -140,12 +143,13 @@ func New(o Options) (*Upstreams, error) {
 // expires.
 func (u *Upstreams) Rotate() { u.pools.rotate() }
 
-// pools are the HTTP/2 and HTTP/1.1 transports of the moment. h2 and h1
-// are what requests go through: each request takes the transport that is
-// current when it starts.
+// pools are the HTTP/2 and HTTP/1.1 transports of the moment. h2, reads
+// and h1 are what requests go through: each request takes the transport
+// that is current when it starts.
 type pools struct {
 	o      Options
 	h2, h1 rotating
+	reads  rotatingReads
 }
 
 func newPools(o Options) *pools {
@@ -153,16 +157,34 @@ func newPools(o Options) *pools {
 	h2, h1 := newTransports(o)
 	p.h2.cur.Store(h2)
 	p.h1.cur.Store(h1)
+	p.reads.cur.Store(p.newReads())
 	return p
+}
+
+// newReads makes the transport for gets and lists; it falls back to the
+// HTTP/2 transport of the moment.
+func (p *pools) newReads() *Reads {
+	after, timeout := pingTimes(p.o)
+	return newReads(p.o.TLS, dialer(p.o), &p.h2, after, timeout)
 }
 
 // rotate puts new transports in place. The old ones' idle connections
 // close now, their busy ones when their requests are done and they have
-// been idle for IdleConnTimeout.
+// been idle for IdleConnTimeout (Reads: at once).
 func (p *pools) rotate() {
 	h2, h1 := newTransports(p.o)
 	p.h2.cur.Swap(h2).CloseIdleConnections()
 	p.h1.cur.Swap(h1).CloseIdleConnections()
+	p.reads.cur.Swap(p.newReads()).close()
+}
+
+// rotatingReads is an http.RoundTripper over the Reads of the moment.
+type rotatingReads struct {
+	cur atomic.Pointer[Reads]
+}
+
+func (r *rotatingReads) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.cur.Load().RoundTrip(req)
 }
 
 // rotating is an http.RoundTripper over the transport of the moment.
@@ -181,17 +203,8 @@ func (r *rotating) CloseIdleConnections() { r.cur.Load().CloseIdleConnections() 
 // after PingAfter of silence and closed when a ping goes unanswered for
 // PingTimeout, and an HTTP/1.1 transport for upgrades.
 func newTransports(o Options) (h2, h1 *http.Transport) {
-	dial := o.DialContext
-	if dial == nil {
-		dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
-	}
-	pingAfter, pingTimeout := o.PingAfter, o.PingTimeout
-	if pingAfter <= 0 {
-		pingAfter = 5 * time.Second
-	}
-	if pingTimeout <= 0 {
-		pingTimeout = 3 * time.Second
-	}
+	dial := dialer(o)
+	pingAfter, pingTimeout := pingTimes(o)
 	tlsConf := o.TLS
 	if tlsConf == nil {
 		tlsConf = &tls.Config{}
@@ -226,6 +239,26 @@ func newTransports(o Options) (h2, h1 *http.Transport) {
 	return t2, t1
 }
 
+// dialer is o's DialContext, or a net.Dialer with a 5 s timeout.
+func dialer(o Options) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if o.DialContext != nil {
+		return o.DialContext
+	}
+	return (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
+}
+
+// pingTimes are o's PingAfter and PingTimeout, or their defaults.
+func pingTimes(o Options) (after, timeout time.Duration) {
+	after, timeout = o.PingAfter, o.PingTimeout
+	if after <= 0 {
+		after = 5 * time.Second
+	}
+	if timeout <= 0 {
+		timeout = 3 * time.Second
+	}
+	return after, timeout
+}
+
 type bearer struct {
 	token string
 	rt    http.RoundTripper
@@ -239,6 +272,10 @@ func (b *bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // Transport is the HTTP/2 transport for requests to the servers.
 func (u *Upstreams) Transport() http.RoundTripper { return u.rt }
+
+// ReadTransport is the transport for requests that end and have no body
+// (get and list, never watches): see Reads.
+func (u *Upstreams) ReadTransport() http.RoundTripper { return u.reads }
 
 // UpgradeTransport is the HTTP/1.1 transport for protocol upgrades.
 func (u *Upstreams) UpgradeTransport() http.RoundTripper { return u.upgrade }

@@ -197,24 +197,8 @@ func TestRotate(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 
-	ca := testenv.MustCA(t, "upstream-test")
-	var cert atomic.Pointer[tls.Certificate]
-	use := func(cn string) {
-		kp, err := ca.ClientCert(cn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert.Store(&kp.TLS)
-	}
+	u, use := withClientCert(t, srv)
 	use("first")
-	u, err := New(Options{
-		Servers: []string{srv.URL},
-		TLS: &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
-			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert.Load(), nil }},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	client := &http.Client{Transport: u.Transport()}
 	get := func(path string) *http.Response {
 		t.Helper()
@@ -252,4 +236,28 @@ func TestRotate(t *testing.T) {
 			t.Fatalf("the watch ended at the rotation: %v", events.Err())
 		}
 	}
+}
+
+// withClientCert returns Upstreams for srv that present a client
+// certificate of the name last given to use.
+func withClientCert(t *testing.T, srv *httptest.Server) (u *Upstreams, use func(cn string)) {
+	t.Helper()
+	ca := testenv.MustCA(t, "upstream-test")
+	var cert atomic.Pointer[tls.Certificate]
+	use = func(cn string) {
+		kp, err := ca.ClientCert(cn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert.Store(&kp.TLS)
+	}
+	u, err := New(Options{
+		Servers: []string{srv.URL},
+		TLS: &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs,
+			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert.Load(), nil }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u, use
 }
