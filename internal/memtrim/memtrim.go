@@ -78,6 +78,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) {
 	defer t.Stop()
 	prev := o.read().Allocated
 	var last time.Time
+	var floor uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -87,7 +88,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) {
 		st := o.read()
 		quiet := st.Allocated-prev < o.Quiet
 		prev = st.Allocated
-		if !quiet || st.Reclaimable < o.Min || time.Since(last) < o.MinInterval {
+		// floor is what the last trim left: the estimate counts some
+		// memory a trim does not give back (about 2 MiB in tether-edge),
+		// and without it an idle process would collect every MinInterval
+		// for nothing.
+		if !quiet || st.Reclaimable < floor+o.Min || time.Since(last) < o.MinInterval {
 			continue
 		}
 		start := time.Now()
@@ -95,6 +100,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) {
 		last = time.Now()
 		after := o.read()
 		prev = after.Allocated
+		floor = after.Reclaimable
 		log.Debug("quiet: returned free heap memory to the kernel",
 			"reclaimable_before", st.Reclaimable, "reclaimable_after", after.Reclaimable, "took", last.Sub(start))
 	}

@@ -14,6 +14,7 @@ type fake struct {
 	mu    sync.Mutex
 	st    Stats
 	trims int
+	kept  uint64        // what a trim does not give back
 	reads chan struct{} // receives after each read, while the test waits
 }
 
@@ -32,7 +33,7 @@ func (f *fake) opts() Options {
 		free: func() {
 			f.mu.Lock()
 			f.trims++
-			f.st.Reclaimable = 0
+			f.st.Reclaimable = f.kept
 			f.mu.Unlock()
 		}}
 }
@@ -98,6 +99,34 @@ func TestRunTrimsWhenQuietAndWorthIt(t *testing.T) {
 	f.wait(t, 3)
 	if n := f.trimCount(); n != 2 {
 		t.Fatalf("%d trims after MinInterval, want 2", n)
+	}
+}
+
+// What a trim could not give back does not count towards the next one.
+func TestRunIgnoresWhatATrimLeaves(t *testing.T) {
+	f := &fake{reads: make(chan struct{}), kept: 150}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); Run(ctx, f.opts(), slog.New(slog.DiscardHandler)) }()
+	defer func() { cancel(); <-done }()
+
+	f.set(0, 300)
+	f.wait(t, 3)
+	if n := f.trimCount(); n != 1 {
+		t.Fatalf("%d trims with 300 bytes to give back, want 1", n)
+	}
+	// 150 left, more than Min (100), but what a trim leaves: quiet and
+	// past MinInterval, no second trim.
+	time.Sleep(25 * time.Millisecond)
+	f.wait(t, 5)
+	if n := f.trimCount(); n != 1 {
+		t.Fatalf("%d trims of what the last trim left, want 1", n)
+	}
+	// Min more than that: worth a trim again.
+	f.set(0, 100)
+	f.wait(t, 3)
+	if n := f.trimCount(); n != 2 {
+		t.Fatalf("%d trims with Min more than the floor, want 2", n)
 	}
 }
 
