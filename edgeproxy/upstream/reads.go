@@ -95,15 +95,22 @@ func (t *Reads) RoundTrip(r *http.Request) (*http.Response, error) {
 	if rc == nil {
 		return t.fallback.RoundTrip(r)
 	}
+	start := time.Now()
 	resp, err := t.send(rc, r)
-	if err != nil && r.Context().Err() == nil && closedByPeer(err) {
-		// The server closed the idle connection, just before or as the
-		// request went: it goes again, over the transport that never
-		// makes it wait. A dead path (a timeout) is not tried again.
+	if err != nil && r.Context().Err() == nil && (closedByPeer(err) || time.Since(start) < staleWithin) {
+		// The idle connection was gone already: the server closed it,
+		// or the kernel ended it while idle (keepalive probes went
+		// unanswered during a cut). The request goes again, over the
+		// transport that never makes it wait. A path that died under
+		// this request (a timeout after staleWithin) is not tried again.
 		return t.fallback.RoundTrip(r)
 	}
 	return resp, err
 }
+
+// staleWithin: a request that fails sooner than this on an idle
+// connection found the connection dead, not the path.
+const staleWithin = time.Second
 
 // closedByPeer reports whether err says the other end closed the
 // connection.

@@ -176,6 +176,22 @@ func TestReads(t *testing.T) {
 		_, addr, _ = who("/who")
 	})
 
+	t.Run("dead while idle", func(t *testing.T) {
+		// As a connection the kernel ended while idle: the next use
+		// fails at once, with no word from the server.
+		r := reads()
+		r.mu.Lock()
+		for _, rc := range r.hosts[srv.Listener.Addr().String()].idle {
+			rc.c.(*tls.Conn).NetConn().SetDeadline(time.Unix(1, 0))
+		}
+		r.mu.Unlock()
+		if proto, _, _ := who("/who"); proto != "2" {
+			t.Errorf("a get on a dead idle connection: HTTP/%s, want it sent again over HTTP/2", proto)
+		}
+		waitIdle(1)
+		_, addr, _ = who("/who")
+	})
+
 	t.Run("context ends", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/hang", nil)
