@@ -38,6 +38,14 @@ func (f *fake) opts() Options {
 		}}
 }
 
+// run runs Run on f until the test ends.
+func (f *fake) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); Run(ctx, f.opts(), slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func (f *fake) set(allocated, reclaimable uint64) {
 	f.mu.Lock()
 	f.st.Allocated += allocated
@@ -65,10 +73,7 @@ func (f *fake) wait(t *testing.T, n int) {
 
 func TestRunTrimsWhenQuietAndWorthIt(t *testing.T) {
 	f := &fake{reads: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); Run(ctx, f.opts(), slog.New(slog.DiscardHandler)) }()
-	defer func() { cancel(); <-done }()
+	f.run(t)
 
 	// Quiet, but nothing to give back.
 	f.set(0, 50)
@@ -105,10 +110,7 @@ func TestRunTrimsWhenQuietAndWorthIt(t *testing.T) {
 // What a trim could not give back does not count towards the next one.
 func TestRunIgnoresWhatATrimLeaves(t *testing.T) {
 	f := &fake{reads: make(chan struct{}), kept: 150}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); Run(ctx, f.opts(), slog.New(slog.DiscardHandler)) }()
-	defer func() { cancel(); <-done }()
+	f.run(t)
 
 	f.set(0, 300)
 	f.wait(t, 3)
