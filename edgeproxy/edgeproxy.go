@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
@@ -28,6 +27,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
 )
@@ -349,7 +349,7 @@ func newTopologyFilter(cfg Config, node string, addr net.Addr, log *slog.Logger)
 		log.Warn("node name unknown (give --node-name): no service topology filter")
 		return nil, nil
 	}
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://" + addr.String(),
+	client, err := kube.NewForConfig(&rest.Config{Host: "http://" + addr.String(),
 		UserAgent: apiproxy.TopologyUserAgent + "/" + version.Version, QPS: 20, Burst: 40})
 	if err != nil {
 		return nil, fmt.Errorf("topology filter: %w", err)

@@ -23,6 +23,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -136,7 +137,11 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 	e.Addr = ln.Addr().String()
 	var topo Topology
 	if spec.topology {
-		c, _ := e.client(TopologyUserAgent + "/test")
+		_, cfg := e.client(TopologyUserAgent + "/test")
+		c, err := kube.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
 		e.Topo = filter.New(spec.node, c)
 		topo = e.Topo
 	}

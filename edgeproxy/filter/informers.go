@@ -6,10 +6,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/tether-edge/tether/internal/kube"
 )
 
 // Change says what a change of filter state affects.
@@ -25,10 +25,11 @@ type Change struct {
 // Informers is the real ServiceLookup and NodePools: Service and Node
 // informers (through the node's credentials), with change notifications.
 type Informers struct {
-	factory  informers.SharedInformerFactory
-	services listersv1.ServiceLister
-	nodes    listersv1.NodeLister
-	synced   []cache.InformerSynced
+	informers []cache.SharedIndexInformer
+	running   sync.WaitGroup
+	services  listersv1.ServiceLister
+	nodes     listersv1.NodeLister
+	synced    []cache.InformerSynced
 
 	mu   sync.Mutex
 	subs map[chan Change]struct{}
@@ -40,14 +41,15 @@ var (
 )
 
 // NewInformers builds the informers; Start runs them.
-func NewInformers(client kubernetes.Interface) *Informers {
-	f := informers.NewSharedInformerFactory(client, 0)
-	svc := f.Core().V1().Services()
-	nodes := f.Core().V1().Nodes()
-	in := &Informers{factory: f, services: svc.Lister(), nodes: nodes.Lister(),
-		synced: []cache.InformerSynced{svc.Informer().HasSynced, nodes.Informer().HasSynced},
+func NewInformers(client *kube.Client) *Informers {
+	svc := cache.NewSharedIndexInformer(kube.ListWatch(client.Services("")), &corev1.Service{}, 0,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nodes := cache.NewSharedIndexInformer(kube.ListWatch(client.Nodes()), &corev1.Node{}, 0, cache.Indexers{})
+	in := &Informers{informers: []cache.SharedIndexInformer{svc, nodes},
+		services: listersv1.NewServiceLister(svc.GetIndexer()), nodes: listersv1.NewNodeLister(nodes.GetIndexer()),
+		synced: []cache.InformerSynced{svc.HasSynced, nodes.HasSynced},
 		subs:   map[chan Change]struct{}{}}
-	svc.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(o, n any) {
 			os, ok1 := o.(*corev1.Service)
 			ns, ok2 := n.(*corev1.Service)
@@ -69,7 +71,7 @@ func NewInformers(client kubernetes.Interface) *Informers {
 			}
 		},
 	})
-	nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(o any) {
 			if n, ok := o.(*corev1.Node); ok && in.HasSynced() && n.Labels[LabelNodePool] != "" {
 				in.notify(Change{Pools: true})
@@ -88,10 +90,14 @@ func NewInformers(client kubernetes.Interface) *Informers {
 }
 
 // Start runs the informers until ctx ends.
-func (in *Informers) Start(ctx context.Context) { in.factory.Start(ctx.Done()) }
+func (in *Informers) Start(ctx context.Context) {
+	for _, i := range in.informers {
+		in.running.Go(func() { i.RunWithContext(ctx) })
+	}
+}
 
 // Shutdown waits for the informers to stop (after ctx of Start ended).
-func (in *Informers) Shutdown() { in.factory.Shutdown() }
+func (in *Informers) Shutdown() { in.running.Wait() }
 
 // HasSynced reports whether both informers have synced.
 func (in *Informers) HasSynced() bool {
@@ -175,7 +181,7 @@ type Filter struct {
 
 // New builds the filter of node; client reaches the cloud as the node.
 // Start runs its informers.
-func New(node string, client kubernetes.Interface) *Filter {
+func New(node string, client *kube.Client) *Filter {
 	in := NewInformers(client)
 	return &Filter{Topology: Topology{Node: node, Services: in, Pools: in}, Informers: in}
 }
