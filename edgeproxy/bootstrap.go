@@ -9,19 +9,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	certificatesv1 "k8s.io/api/certificates/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/certificate"
 	"k8s.io/client-go/util/keyutil"
 
+	"github.com/tether-edge/tether/edgeproxy/nodecert"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/version"
 )
 
@@ -54,16 +53,18 @@ func CertPath(dataDir string) string {
 }
 
 // nodeCert is the node's client certificate from the CSR API, renewed by
-// client-go's certificate manager (k8s.io/client-go/util/certificate), the
-// kubelet's own: a new ECDSA P-256 key and a CSR at a random point between
-// 70 % and 90 % of the certificate's life, with the current certificate as
-// the credentials (the bootstrap kubeconfig's only when there is none
-// valid). Each new handshake presents the certificate of the moment;
-// connections up keep going (see onRenew).
+// package nodecert as the kubelet's certificate manager renews its own: a
+// new ECDSA P-256 key and a CSR at a random point between 70 % and 90 % of
+// the certificate's life, with the current certificate as the credentials
+// (the bootstrap kubeconfig's only when there is none valid). Each new
+// handshake presents the certificate of the moment; connections up keep
+// going (see onRenew).
 type nodeCert struct {
 	node string
-	m    certificate.Manager
+	m    *nodecert.Manager
 	log  *slog.Logger
+	done chan struct{} // closed when the manager's Run returned
+	halt context.CancelFunc
 
 	cur   atomic.Pointer[tls.Certificate]
 	ready chan struct{} // closed once cur is set
@@ -80,15 +81,11 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 	if _, err := clientcmd.BuildConfigFromFlags("", cfg.BootstrapKubeconfig); err != nil {
 		return nil, fmt.Errorf("--bootstrap-kubeconfig: %w", err)
 	}
-	dir := filepath.Join(cfg.DataDir, CertDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	store, err := nodecert.NewStore(filepath.Join(cfg.DataDir, CertDir), CertPairPrefix)
+	if err != nil {
 		return nil, fmt.Errorf("node client certificate: %w", err)
 	}
-	store, err := certificate.NewFileStore(CertPairPrefix, dir, dir, "", "")
-	if err != nil {
-		return nil, fmt.Errorf("node client certificate store %s: %w", dir, err)
-	}
-	c := &nodeCert{node: cfg.NodeName, log: log.With("cert", CertPath(cfg.DataDir)), ready: make(chan struct{})}
+	c := &nodeCert{node: cfg.NodeName, log: log.With("cert", CertPath(cfg.DataDir)), ready: make(chan struct{}), done: make(chan struct{})}
 	cn := "system:node:" + cfg.NodeName
 	failures := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tether_edge_client_certificate_renew_failures_total",
@@ -110,36 +107,42 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 			}
 		}
 	}
-	c.m, err = certificate.NewManager(&certificate.Config{
-		ClientsetFn: func(current *tls.Certificate) (kubernetes.Interface, error) {
-			if current != nil && (current.Leaf == nil || current.Leaf.Subject.CommonName != cn) {
-				current = nil // another node's: no approver would renew it for this one
+	c.m, err = nodecert.New(nodecert.Config{
+		Store: store,
+		// A certificate for another node (--node-name changed) is
+		// replaced at once, and not used meanwhile: no approver would
+		// renew it for this one.
+		Accept: func(cert *tls.Certificate) bool { return cert.Leaf.Subject.CommonName == cn },
+		Client: func(current *tls.Certificate) (nodecert.CSRs, error) {
+			kc, err := csrClient(cfg.BootstrapKubeconfig, current)
+			if err != nil {
+				return nil, err
 			}
-			return csrClient(cfg.BootstrapKubeconfig, current)
+			return kc.CertificateSigningRequests(), nil
 		},
 		Template: &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}},
 		// What csrapproving recognises as a node client certificate for
 		// an ECDSA key: exactly these two usages.
-		Usages:                  []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
-		SignerName:              ClientSignerName,
-		CertificateStore:        &notifyingStore{Store: store, c: c},
-		CertificateRenewFailure: failures,
-		Name:                    "tether-edge client certificate",
-		Ctx:                     &ctx,
+		Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
+		SignerName: ClientSignerName,
+		Issued:     func(cert *tls.Certificate) { c.set(cert, true) },
+		Failed:     func(error) { failures.Inc() },
+		Logger:     c.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node client certificate: %w", err)
 	}
-	// The manager takes a valid certificate of the store as its own; one
-	// for another node (--node-name changed) is replaced at once, and not
-	// used meanwhile.
-	if cert := c.m.Current(); cert != nil && cert.Leaf != nil && cert.Leaf.Subject.CommonName == cn {
+	if cert := c.m.Current(); cert != nil {
 		c.set(cert, false)
 	} else {
 		c.log.Info("requesting this node's client certificate through the CSR API; an approver (kube-controller-manager's csrapproving, or an operator: kubectl certificate approve) must approve it",
 			"subject", "CN="+cn+",O=system:nodes", "signer", ClientSignerName)
 	}
-	c.m.Start()
+	ctx, c.halt = context.WithCancel(ctx)
+	go func() {
+		defer close(c.done)
+		c.m.Run(ctx)
+	}()
 	return c, nil
 }
 
@@ -153,8 +156,11 @@ func (c *nodeCert) wait(ctx context.Context) bool {
 	}
 }
 
-// stop stops the renewals.
-func (c *nodeCert) stop() { c.m.Stop() }
+// stop stops the renewals and waits for the manager to end.
+func (c *nodeCert) stop() {
+	c.halt()
+	<-c.done
+}
 
 // GetClientCertificate is for tls.Config.GetClientCertificate: the
 // certificate of the moment, even expired (the peer says why it refuses
@@ -200,33 +206,12 @@ func (c *nodeCert) set(cert *tls.Certificate, issued bool) {
 	}
 }
 
-// notifyingStore is the file store, telling c of each new certificate
-// (before the manager itself knows it, which is why c keeps its own).
-type notifyingStore struct {
-	certificate.Store
-	c *nodeCert
-}
-
-func (s *notifyingStore) Update(certPEM, keyPEM []byte) (*tls.Certificate, error) {
-	cert, err := s.Store.Update(certPEM, keyPEM)
-	if err != nil {
-		return nil, err
-	}
-	if cert.Leaf == nil {
-		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return nil, err
-		}
-	}
-	s.c.set(cert, true)
-	return cert, nil
-}
-
 // csrClient is the client that requests certificates: with the current
 // certificate while there is a valid one, else with the bootstrap
 // kubeconfig's credentials. The kubeconfig is read at each request, so
 // that a new bootstrap token in it is used without a restart; its server
 // and CA are used either way.
-func csrClient(bootstrapKubeconfig string, current *tls.Certificate) (kubernetes.Interface, error) {
+func csrClient(bootstrapKubeconfig string, current *tls.Certificate) (*kube.Client, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", bootstrapKubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--bootstrap-kubeconfig: %w", err)
@@ -240,7 +225,7 @@ func csrClient(bootstrapKubeconfig string, current *tls.Certificate) (kubernetes
 		rc.CertData, rc.KeyData = certPEM, keyPEM
 	}
 	rc.UserAgent = "tether-edge/" + version.Version
-	return kubernetes.NewForConfig(rc)
+	return kube.NewForConfig(rc)
 }
 
 // encodePair is cert and its key as PEM.

@@ -1,0 +1,328 @@
+package nodecert
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+const cn = "system:node:edge-1"
+
+func TestRotationDeadline(t *testing.T) {
+	nb := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	na := nb.Add(100 * time.Hour)
+	for _, tc := range []struct {
+		r    float64
+		want time.Duration
+	}{{0, 70 * time.Hour}, {0.5, 80 * time.Hour}, {0.999999, 90 * time.Hour}} {
+		if got := RotationDeadline(nb, na, tc.r).Sub(nb); got.Round(time.Minute) != tc.want {
+			t.Errorf("r=%v: %v after notBefore, want %v", tc.r, got, tc.want)
+		}
+	}
+}
+
+func TestStore(t *testing.T) {
+	ca := newCA(t)
+	dir := filepath.Join(t.TempDir(), "pki")
+	s, err := NewStore(dir, "edge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Current(); !errors.Is(err, ErrNoCertificate) {
+		t.Fatalf("empty store: %v, want ErrNoCertificate", err)
+	}
+	// A pair written as a plain file (by hand, or by a test) is read, and
+	// replaced by the first update.
+	cert1, key1 := ca.issue(t, cn, time.Hour)
+	if err := os.WriteFile(s.CurrentPath(), append(cert1, key1...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Current()
+	if err != nil || got.Leaf.Subject.CommonName != cn {
+		t.Fatalf("plain file: %v, %v", got, err)
+	}
+	var serials []*big.Int
+	for range 4 {
+		time.Sleep(time.Second + 10*time.Millisecond) // a file per second
+		c, k := ca.issue(t, cn, time.Hour)
+		got, err := s.Update(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serials = append(serials, got.Leaf.SerialNumber)
+	}
+	cur, err := s.Current()
+	if err != nil || cur.Leaf.SerialNumber.Cmp(serials[3]) != 0 {
+		t.Fatalf("current is not the last update: %v", err)
+	}
+	if fi, err := os.Lstat(s.CurrentPath()); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("current is not a symlink: %v", err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "edge-[0-9]*.pem"))
+	if len(files) != 3 {
+		t.Errorf("%d certificate files kept, want the current and 2 earlier: %v", len(files), files)
+	}
+	for _, f := range files {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, %v", f, fi.Mode(), err)
+		}
+	}
+	// A certificate that is not for the key is refused; the current
+	// stays.
+	c, _ := ca.issue(t, cn, time.Hour)
+	if _, err := s.Update(c, key1); err == nil {
+		t.Fatal("mismatched key stored")
+	}
+	if cur, err := s.Current(); err != nil || cur.Leaf.SerialNumber.Cmp(serials[3]) != 0 {
+		t.Fatalf("current changed by a refused update: %v", err)
+	}
+}
+
+func TestManager(t *testing.T) {
+	ca := newCA(t)
+	start := func(t *testing.T, api *fakeCSRs, store *Store) (*Manager, chan *tls.Certificate, chan error, chan *tls.Certificate) {
+		t.Helper()
+		issued, failed, asked := make(chan *tls.Certificate, 10), make(chan error, 10), make(chan *tls.Certificate, 10)
+		m, err := New(Config{
+			Store: store, Template: &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}},
+			Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
+			SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName,
+			Client:     func(cur *tls.Certificate) (CSRs, error) { asked <- cur; return api, nil },
+			Accept:     func(c *tls.Certificate) bool { return c.Leaf.Subject.CommonName == cn },
+			Issued:     func(c *tls.Certificate) { issued <- c },
+			Failed:     func(err error) { failed <- err },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); m.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return m, issued, failed, asked
+	}
+	newStore := func(t *testing.T) *Store {
+		s, err := NewStore(t.TempDir(), "edge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	wait := func(t *testing.T, ch chan *tls.Certificate, what string) *tls.Certificate {
+		t.Helper()
+		select {
+		case c := <-ch:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s", what)
+			return nil
+		}
+	}
+
+	t.Run("ObtainsWithBootstrapCredentials", func(t *testing.T) {
+		api := &fakeCSRs{ca: ca, life: time.Hour}
+		m, issued, _, asked := start(t, api, newStore(t))
+		if cur := wait(t, asked, "request"); cur != nil {
+			t.Errorf("first request with certificate %s, want the bootstrap credentials", cur.Leaf.Subject)
+		}
+		c := wait(t, issued, "certificate")
+		if c.Leaf.Subject.CommonName != cn || m.Current() != c {
+			t.Errorf("issued %s; current %v", c.Leaf.Subject, m.Current())
+		}
+		csr := api.last()
+		if csr.Spec.SignerName != certificatesv1.KubeAPIServerClientKubeletSignerName || len(csr.Spec.Usages) != 2 {
+			t.Errorf("CSR spec %+v", csr.Spec)
+		}
+		// An hour's certificate: the next renewal is 42 minutes away.
+		select {
+		case <-asked:
+			t.Error("renewed a fresh certificate")
+		case <-time.After(300 * time.Millisecond):
+		}
+	})
+
+	t.Run("RenewsWithTheCurrent", func(t *testing.T) {
+		store := newStore(t)
+		// Issued 50 minutes ago for an hour: past its rotation point.
+		c, k := ca.issueAt(t, cn, time.Now().Add(-50*time.Minute), time.Hour)
+		old, err := store.Update(c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		api := &fakeCSRs{ca: ca, life: time.Hour}
+		m, issued, _, asked := start(t, api, store)
+		if cur := wait(t, asked, "request"); cur == nil || cur.Leaf.SerialNumber.Cmp(old.Leaf.SerialNumber) != 0 {
+			t.Errorf("renewal not asked with the current certificate")
+		}
+		n := wait(t, issued, "certificate")
+		if n.Leaf.SerialNumber.Cmp(old.Leaf.SerialNumber) == 0 || m.Current() != n {
+			t.Error("not replaced")
+		}
+		if s, err := store.Current(); err != nil || s.Leaf.SerialNumber.Cmp(n.Leaf.SerialNumber) != 0 {
+			t.Errorf("store does not hold the new certificate: %v", err)
+		}
+	})
+
+	t.Run("AnotherNodesIsReplaced", func(t *testing.T) {
+		store := newStore(t)
+		c, k := ca.issue(t, "system:node:other", time.Hour)
+		if _, err := store.Update(c, k); err != nil {
+			t.Fatal(err)
+		}
+		api := &fakeCSRs{ca: ca, life: time.Hour}
+		m, issued, _, asked := start(t, api, store)
+		if m.Current() != nil && m.Current().Leaf.Subject.CommonName != cn {
+			t.Error("another node's certificate offered")
+		}
+		if cur := wait(t, asked, "request"); cur != nil {
+			t.Error("asked with another node's certificate")
+		}
+		if c := wait(t, issued, "certificate"); c.Leaf.Subject.CommonName != cn {
+			t.Errorf("issued %s", c.Leaf.Subject)
+		}
+	})
+
+	t.Run("DeniedIsRetried", func(t *testing.T) {
+		api := &fakeCSRs{ca: ca, life: time.Hour, deny: 1}
+		_, issued, failed, _ := start(t, api, newStore(t))
+		select {
+		case err := <-failed:
+			t.Logf("failure: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a denied request is not a failure")
+		}
+		wait(t, issued, "certificate after the retry")
+	})
+}
+
+// fakeCSRs signs (or denies) each request at once with ca.
+type fakeCSRs struct {
+	ca   *testCA
+	life time.Duration
+	deny int // the first deny requests are denied
+
+	mu   sync.Mutex
+	csrs []*certificatesv1.CertificateSigningRequest
+}
+
+func (f *fakeCSRs) Create(_ context.Context, csr *certificatesv1.CertificateSigningRequest, _ metav1.CreateOptions) (*certificatesv1.CertificateSigningRequest, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := csr.DeepCopy()
+	c.Name = csr.GenerateName + string(rune('a'+len(f.csrs)))
+	c.UID = types.UID(c.Name)
+	c.ResourceVersion = "1"
+	f.csrs = append(f.csrs, c)
+	return c.DeepCopy(), nil
+}
+
+func (f *fakeCSRs) last() *certificatesv1.CertificateSigningRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.csrs[len(f.csrs)-1]
+}
+
+// decide decides csr the first time it is asked for.
+func (f *fakeCSRs) decide(name string) (*certificatesv1.CertificateSigningRequest, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, c := range f.csrs {
+		if c.Name != name {
+			continue
+		}
+		if len(c.Status.Conditions) == 0 {
+			if i < f.deny {
+				c.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "Test"}}
+			} else {
+				c.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue}}
+				b, _ := pem.Decode(c.Spec.Request)
+				req, err := x509.ParseCertificateRequest(b.Bytes)
+				if err != nil {
+					return nil, err
+				}
+				c.Status.Certificate = f.ca.sign(req.Subject, req.PublicKey, time.Now().Add(-time.Minute), f.life)
+			}
+			c.ResourceVersion = "2"
+		}
+		return c.DeepCopy(), nil
+	}
+	return nil, errors.New("not found")
+}
+
+func (f *fakeCSRs) Get(_ context.Context, name string, _ metav1.GetOptions) (*certificatesv1.CertificateSigningRequest, error) {
+	return f.decide(name)
+}
+
+func (f *fakeCSRs) Watch(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	name := o.FieldSelector[len("metadata.name="):]
+	c, err := f.decide(name)
+	if err != nil {
+		return nil, err
+	}
+	w := watch.NewFakeWithChanSize(1, false)
+	w.Modify(c)
+	return w, nil
+}
+
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func newCA(t *testing.T) *testCA {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(2 * time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert, key}
+}
+
+var serial int64 = 100
+
+func (ca *testCA) sign(subject pkix.Name, pub any, notBefore time.Time, life time.Duration) []byte {
+	serial++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: subject, NotBefore: notBefore, NotAfter: notBefore.Add(life),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
+	if err != nil {
+		panic(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func (ca *testCA) issue(t *testing.T, cn string, life time.Duration) (certPEM, keyPEM []byte) {
+	return ca.issueAt(t, cn, time.Now().Add(-time.Minute), life)
+}
+
+func (ca *testCA) issueAt(t *testing.T, cn string, notBefore time.Time, life time.Duration) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca.sign(pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}, key.Public(), notBefore, life),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
