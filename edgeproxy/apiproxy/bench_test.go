@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -189,6 +190,7 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 		memOnline = memKB(b, cmd.Process.Pid)
 		idle = append(idle, memOnline["VmRSS"])
 	}
+	mapsOnline := rssByMapping(b, cmd.Process.Pid)
 	heapOnline := goHeap(adminGet("/metrics"))
 	slices.Sort(idle)
 	rssOnline := (idle[2] + idle[3]) / 2
@@ -266,6 +268,7 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 	time.Sleep(2 * time.Minute) // the Go runtime collects an idle heap every 2 minutes
 	heapOffline := goHeap(adminGet("/metrics"))
 	memOffline := memKB(b, cmd.Process.Pid)
+	mapsOffline := rssByMapping(b, cmd.Process.Pid)
 	rssOffline := memOffline["VmRSS"]
 	b.ReportMetric(float64(rssOffline)/1024, "rss_idle_offline_MB")
 	b.ReportMetric(float64(memOffline["RssAnon"])/1024, "rss_anon_idle_offline_MB")
@@ -293,6 +296,7 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 	fmt.Fprintf(&t, "tether-edge RSS idle: %.1f MB online (median of a minute, %.1f–%.1f); offline %.1f MB 15 s after the burst of lists, %.1f MB 2 min later (cache of %d pods, file %.1f MB)\n",
 		float64(rssOnline)/1024, float64(idle[0])/1024, float64(idle[5])/1024, float64(rssBurst)/1024, float64(rssOffline)/1024, nPods, float64(fi.Size())/(1<<20))
 	fmt.Fprintf(&t, "  of which: online %s; offline %s\n", memSplit(memOnline), memSplit(memOffline))
+	fmt.Fprintf(&t, "  by mapping: online %s; offline %s\n", mapsOnline, mapsOffline)
 	fmt.Fprintf(&t, "  Go runtime: online %s; offline %s\n", heapOnline, heapOffline)
 	b.Log(t.String())
 	fmt.Print(t.String())
@@ -386,6 +390,38 @@ func memKB(b *testing.B, pid int) map[string]int {
 		b.Fatal("no VmRSS")
 	}
 	return m
+}
+
+// rssByMapping says which mappings a process's RSS lies in
+// (/proc/<pid>/smaps): the binary, the cache file, anonymous memory.
+func rssByMapping(b *testing.B, pid int) string {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	kb := map[string]int{}
+	var name string
+	for line := range strings.SplitSeq(string(data), "\n") {
+		fs := strings.Fields(line)
+		switch {
+		case len(fs) >= 5 && strings.Contains(fs[0], "-") && !strings.HasSuffix(fs[0], ":"):
+			name = "anon"
+			if len(fs) >= 6 {
+				name = filepath.Base(fs[5])
+			}
+		case len(fs) == 3 && fs[0] == "Rss:":
+			n, _ := strconv.Atoi(fs[1])
+			kb[name] += n
+		}
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(kb)) {
+		if kb[k] >= 100 {
+			parts = append(parts, fmt.Sprintf("%s %.1f", k, float64(kb[k])/1024))
+		}
+	}
+	return strings.Join(parts, ", ") + " MB"
 }
 
 // goHeap summarizes the Go runtime's memory from a /metrics page: live
