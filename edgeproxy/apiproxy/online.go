@@ -231,17 +231,12 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 			return servedUpstream
 		}
 		if tw != nil {
-			cacheEv, err = tw.send(ev, cacheEv)
-		} else {
-			err = send(ev)
+			err = tw.send(ev, cacheEv)
+		} else if err = send(ev); err == nil {
+			wc.applyEvent(cacheEv)
 		}
 		if err != nil {
 			return servedUpstream
-		}
-		if raw, err := cacheEv(); err == nil {
-			wc.apply(raw)
-		} else {
-			p.m.cacheFailures.Inc()
 		}
 	}
 }
@@ -328,6 +323,16 @@ type watchCacher struct {
 	// seen collects the keys of the initial events of a watch with
 	// sendInitialEvents, until the bookmark that ends them.
 	seen map[string]bool
+}
+
+// applyEvent applies the event cacheEv returns.
+func (wc *watchCacher) applyEvent(cacheEv func() ([]byte, error)) {
+	raw, err := cacheEv()
+	if err != nil {
+		wc.p.m.cacheFailures.Inc()
+		return
+	}
+	wc.apply(raw)
 }
 
 func (wc *watchCacher) apply(raw []byte) {

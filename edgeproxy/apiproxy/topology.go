@@ -246,15 +246,15 @@ type topoWatch struct {
 	codec objCodec
 	wc    *watchCacher
 
-	mu    sync.Mutex // held while writing to the client
+	mu    sync.Mutex // held while writing to the client and caching what was written
 	write func([]byte) error
 	hwm   uint64            // largest resourceVersion sent on the stream
 	sent  map[string]uint64 // key → hash of the filtered object last sent
 }
 
-// send filters one event of the stream and writes it to the client; it
-// returns the event as the cache reads it.
-func (tw *topoWatch) send(ev []byte, cacheEv func() ([]byte, error)) (func() ([]byte, error), error) {
+// send filters one event of the stream, writes it to the client and
+// caches it.
+func (tw *topoWatch) send(ev []byte, cacheEv func() ([]byte, error)) error {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
 	if out, err := tw.filterEvent(ev); err != nil {
@@ -263,7 +263,13 @@ func (tw *topoWatch) send(ev []byte, cacheEv func() ([]byte, error)) (func() ([]
 	} else {
 		ev, cacheEv = out, func() ([]byte, error) { return tw.cacheJSON(out) }
 	}
-	return cacheEv, tw.write(ev)
+	if err := tw.write(ev); err != nil {
+		return err
+	}
+	// Cached under the lock re-sends hold too: the cache sees the events
+	// in the order the client does.
+	tw.wc.applyEvent(cacheEv)
+	return nil
 }
 
 // cacheJSON is a filtered event as the cache reads it.
