@@ -28,6 +28,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/internal/certfile"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
 )
@@ -113,7 +114,7 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 	}
 	rc := &rest.Config{Host: r.proxyURL, UserAgent: apiproxy.PoolUserAgent + "/" + version.Version,
 		QPS: 50, Burst: 100, ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"}}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := kube.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("node pool: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
@@ -47,7 +48,11 @@ func TestDelegatedHeartbeat(t *testing.T) {
 	}
 
 	// edge-1 leads pool-a.
-	elector, err := poolstore.NewElector(poolstore.ElectionOptions{Client: cp.Client, Pool: "pool-a", Node: "edge-1"})
+	electionClient, err := kube.NewForConfig(cp.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elector, err := poolstore.NewElector(poolstore.ElectionOptions{Client: electionClient, Pool: "pool-a", Node: "edge-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

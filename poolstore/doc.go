@@ -1,6 +1,6 @@
 // Package poolstore shares pool-scope resources (EndpointSlices,
 // Endpoints, Services, ...) inside a node pool: one node, elected on a
-// Lease in the cloud, list/watches them and writes them to its bbolt
+// record in the cloud, list/watches them and writes them to its bbolt
 // store with a revision; the other nodes replicate that store over the
 // pool listener (HTTP/2, mTLS with node certificates) into their own, and
 // each node serves its local components from its replica. The leader also

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -31,7 +32,11 @@ type candidate struct {
 
 func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string) *candidate {
 	t.Helper()
-	client, _, _ := cp.NodeClient(t, node)
+	_, cfg, _ := cp.NodeClient(t, node)
+	client, err := kube.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	el, err := NewElector(ElectionOptions{Client: client, Pool: "p1", Node: node,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
@@ -106,7 +111,7 @@ func TestElectionAndSource(t *testing.T) {
 		rec, err := cp.Client.CoreV1().ConfigMaps(LeaseNamespace).Get(ctx, SyncLeaseName("p1"), metav1.GetOptions{})
 		return err == nil && rec.Data["holderIdentity"] == first.node
 	})
-	el, err := ReadElection(ctx, cp.Client, "p1")
+	el, err := ReadElection(ctx, cp.Client.CoreV1().ConfigMaps(LeaseNamespace), "p1")
 	if err != nil || el.Holder != first.node || !el.Expires.After(time.Now()) {
 		t.Fatalf("election record: %+v, %v", el, err)
 	}

@@ -14,7 +14,8 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/tether-edge/tether/internal/kube"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -30,7 +31,7 @@ type Options struct {
 	// Client reaches the cloud apiserver with the node's identity: the
 	// election, the sync record, and the leader's watches. Dynamic reads
 	// configured resources beyond DefaultResources.
-	Client  kubernetes.Interface
+	Client  *kube.Client
 	Dynamic dynamic.Interface
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 )
 
 // FollowerOptions configure a Follower. PeerConfig, Store and Leader are
@@ -141,7 +142,7 @@ func (f *Follower) Run(ctx context.Context) error {
 	for {
 		leader := f.o.Leader()
 		if leader == "" || leader == f.o.Self {
-			if !f.sleep(ctx, f.o.CheckInterval) {
+			if !sleep(ctx, f.o.Clock, f.o.CheckInterval) {
 				return nil
 			}
 			continue
@@ -160,15 +161,18 @@ func (f *Follower) Run(ctx context.Context) error {
 		f.setError(err)
 		d := bo.Step()
 		f.log.Info("pool replication stream ended; reconnecting", "leader", leader, "err", err, "in", d)
-		if !f.sleep(ctx, d) {
+		if !sleep(ctx, f.o.Clock, d) {
 			return nil
 		}
 	}
 }
 
-// sleep waits d or until ctx ends (false).
-func (f *Follower) sleep(ctx context.Context, d time.Duration) bool {
-	t := f.o.Clock.NewTimer(d)
+// sleep waits d by clk, or until ctx ends (false).
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := clk.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

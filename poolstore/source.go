@@ -20,7 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
+
+	"github.com/tether-edge/tether/internal/kube"
 )
 
 //lint:file-ignore SA1019 core/v1 Endpoints is deprecated but still served and read by older clients; the pool shares it.
@@ -46,7 +47,7 @@ const syncLeaseSeconds = 30
 type SourceOptions struct {
 	// Client reads the known resources (in protobuf: the cheapest on the
 	// uplink) and renews the sync Lease; Dynamic reads the others.
-	Client    kubernetes.Interface
+	Client    *kube.Client
 	Dynamic   dynamic.Interface
 	Resources []schema.GroupVersionResource
 	Store     *Store
@@ -136,7 +137,7 @@ func (s *Source) markSynced(ctx context.Context) {
 // LeaseNamespace/SyncLeaseName(pool): a ConfigMap (see lock.go) naming this
 // node and the time its watches were last seen synced.
 func (s *Source) renewSyncLease(ctx context.Context, now time.Time) error {
-	cms := s.o.Client.CoreV1().ConfigMaps(LeaseNamespace)
+	cms := s.o.Client.ConfigMaps(LeaseNamespace)
 	name := SyncLeaseName(s.o.Pool)
 	data := map[string]string{"holderIdentity": s.o.Node, "renewTime": now.UTC().Format(time.RFC3339Nano),
 		"leaseDurationSeconds": strconv.Itoa(syncLeaseSeconds)}
@@ -165,15 +166,15 @@ func (s *Source) listWatcher(gvr schema.GroupVersionResource) (listWatcher, erro
 	c := s.o.Client
 	switch gvr {
 	case DefaultResources[0]:
-		i := c.DiscoveryV1().EndpointSlices("")
+		i := c.EndpointSlices("")
 		return listWatcher{discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return i.List(ctx, o) }, i.Watch}, nil
 	case DefaultResources[1]:
-		i := c.CoreV1().Endpoints("")
+		i := c.Endpoints("")
 		return listWatcher{corev1.SchemeGroupVersion.WithKind("Endpoints"),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return i.List(ctx, o) }, i.Watch}, nil
 	case DefaultResources[2]:
-		i := c.CoreV1().Services("")
+		i := c.Services("")
 		return listWatcher{corev1.SchemeGroupVersion.WithKind("Service"),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return i.List(ctx, o) }, i.Watch}, nil
 	}

@@ -154,7 +154,7 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 	for i := range ps {
 		p := &ps[i]
 		g.Go(func() error {
-			el, err := poolstore.ReadElection(gctx, client, p.Pool)
+			el, err := poolstore.ReadElection(gctx, client.CoreV1().ConfigMaps(poolstore.LeaseNamespace), p.Pool)
 			switch {
 			case apierrors.IsNotFound(err):
 			case err != nil:

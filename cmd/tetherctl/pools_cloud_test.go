@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/gateway/pooltaint"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 )
@@ -63,7 +64,11 @@ func TestPoolsFromCloud(t *testing.T) {
 	}
 
 	// shop's election, as tether-edge runs it.
-	nodeClient, _, _ := cp.NodeClient(t, "edge-1")
+	_, nodeConfig, _ := cp.NodeClient(t, "edge-1")
+	nodeClient, err := kube.NewForConfig(nodeConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
 	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: nodeClient, Pool: "shop", Node: "edge-1"})
 	if err != nil {
 		t.Fatal(err)
@@ -85,8 +90,9 @@ func TestPoolsFromCloud(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	// shop's sync record and yard's expired election record, in the
-	// formats poolstore writes.
+	// shop's sync record as poolstore writes it, and yard's expired
+	// election record as client-go's leader election wrote it (tether-edge
+	// before its own elector; the format is the same).
 	synced := time.Now().Add(-2 * time.Second)
 	yardRenewed := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
 	rec, _ := json.Marshal(resourcelock.LeaderElectionRecord{HolderIdentity: "yard-1", LeaseDurationSeconds: 15,

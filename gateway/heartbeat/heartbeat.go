@@ -225,7 +225,7 @@ func (h *Handler) poolOf(ctx context.Context, node, role string) (string, error)
 // unexpired.
 func (h *Handler) checkLeader(ctx context.Context, sender, pool string) error {
 	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName(pool)
-	el, err := poolstore.ReadElection(ctx, h.client, pool)
+	el, err := poolstore.ReadElection(ctx, h.client.CoreV1().ConfigMaps(poolstore.LeaseNamespace), pool)
 	if apierrors.IsNotFound(err) {
 		return refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)
 	}

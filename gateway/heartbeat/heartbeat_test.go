@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
@@ -31,6 +32,9 @@ type cluster struct {
 	h      *Handler
 	clock  *testclock.FakePassiveClock
 	result *prometheus.CounterVec
+
+	// adminKube is admin as tether-edge's client, for the election.
+	adminKube *kube.Client
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -61,7 +65,11 @@ func newCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
-	c := &cluster{t: t, ctx: ctx, admin: cp.Client, clock: testclock.NewFakePassiveClock(time.Now())}
+	adminKube, err := kube.NewForConfig(cp.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, ctx: ctx, admin: cp.Client, adminKube: adminKube, clock: testclock.NewFakePassiveClock(time.Now())}
 	c.h, err = New(Options{Client: gw, Clock: c.clock, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +85,7 @@ func newCluster(t *testing.T) *cluster {
 // candidate and waits until the record names it.
 func (c *cluster) elect(pool, node string) {
 	c.t.Helper()
-	e, err := poolstore.NewElector(poolstore.ElectionOptions{Client: c.admin, Pool: pool, Node: node})
+	e, err := poolstore.NewElector(poolstore.ElectionOptions{Client: c.adminKube, Pool: pool, Node: node})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -92,7 +100,7 @@ func (c *cluster) elect(pool, node string) {
 		<-done
 	})
 	poll(c.t, node+" leads "+pool, func() bool {
-		el, err := poolstore.ReadElection(c.ctx, c.admin, pool)
+		el, err := poolstore.ReadElection(c.ctx, c.admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace), pool)
 		return err == nil && el.Holder == node
 	})
 }
