@@ -19,8 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -173,18 +171,15 @@ func (r *poolRunner) credentials() (func() (*tls.Certificate, error), func() *x5
 // startMembers starts the Node informer through the proxy and waits for
 // its first list (from the cache when the cloud is out of reach).
 func (r *poolRunner) startMembers(ctx context.Context) (*nodeMembers, error) {
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: r.proxyURL,
+	client, err := kube.NewForConfig(&rest.Config{Host: r.proxyURL,
 		UserAgent: membersUserAgent + "/" + version.Version, QPS: 20, Burst: 40})
 	if err != nil {
 		return nil, fmt.Errorf("node pool: %w", err)
 	}
-	f := informers.NewSharedInformerFactory(client, 0)
-	inf := f.Core().V1().Nodes()
-	m := &nodeMembers{lister: inf.Lister()}
-	inf.Informer() // registered before Start
-	f.Start(ctx.Done())
-	go func() { <-ctx.Done(); f.Shutdown() }()
-	for !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+	inf := cache.NewSharedIndexInformer(kube.ListWatch(client.Nodes()), &corev1.Node{}, 0, cache.Indexers{})
+	m := &nodeMembers{lister: corelisters.NewNodeLister(inf.GetIndexer())}
+	go inf.RunWithContext(ctx)
+	for !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		if ctx.Err() != nil {
 			return m, nil
 		}
