@@ -2,8 +2,6 @@ package main
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -13,7 +11,7 @@ import (
 // node megabytes of memory (see internal/kube). Only the gateway and
 // tetherctl use it.
 func TestNoClientset(t *testing.T) {
-	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", ".").CombinedOutput()
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}

@@ -36,6 +36,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+//lint:file-ignore SA1019 core/v1 Endpoints is deprecated but still served; the node pool shares it (poolstore.DefaultResources).
+
 // Scheme holds the API groups the edge uses: core/v1, discovery/v1,
 // coordination/v1 and certificates/v1.
 var Scheme = runtime.NewScheme()
