@@ -10,6 +10,7 @@ import (
 	"hash/maphash"
 	"io"
 	"net/http"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -91,11 +92,18 @@ func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, capture bool) 
 		buf.Grow(int(resp.ContentLength))
 	}
 	lw := &limitedBuffer{buf: &buf, max: maxCachedResponse}
-	if _, err := io.Copy(io.MultiWriter(w, lw), resp.Body); err != nil || lw.over {
+	cb := copyBufs.Get().(*[32 << 10]byte)
+	_, err := io.CopyBuffer(io.MultiWriter(w, lw), resp.Body, cb[:])
+	copyBufs.Put(cb)
+	if err != nil || lw.over {
 		return nil
 	}
 	return buf.Bytes()
 }
+
+// copyBufs are relay's copy buffers: io.Copy would allocate 32 KiB for
+// each response, most of a proxied GET's garbage.
+var copyBufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
 
 type limitedBuffer struct {
 	buf  *bytes.Buffer
