@@ -25,6 +25,7 @@ func TestNoClientset(t *testing.T) {
 			"k8s.io/client-go/informers",
 			"k8s.io/client-go/tools/leaderelection",
 			"k8s.io/client-go/util/certificate",
+			"k8s.io/client-go/testing", // gentype's fakes and their managed-fields machinery
 		} {
 			if d == banned || strings.HasPrefix(d, banned+"/") {
 				t.Errorf("tether-edge imports %s (go list -deps; go mod why -m shows who)", d)

@@ -11,9 +11,9 @@
 // API types it never decodes. The edge binary therefore uses this package;
 // the gateway and tetherctl keep the clientset.
 //
-// The clients are client-go's own generic typed clients (gentype), so
-// they behave as the clientset's do: protobuf when the rest.Config asks for
-// it, JSON otherwise, the same request paths, options and errors.
+// Its typed clients (Typed) send the requests the clientset's do:
+// protobuf unless the rest.Config names another content type, the same
+// paths, options and errors.
 package kube
 
 import (
@@ -31,7 +31,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -108,67 +107,60 @@ func restClient(cfg *rest.Config, hc *http.Client, gv schema.GroupVersion, path 
 
 // The typed clients, named by resource.
 type (
-	ConfigMaps                 = gentype.ClientWithList[*corev1.ConfigMap, *corev1.ConfigMapList]
-	Services                   = gentype.ClientWithList[*corev1.Service, *corev1.ServiceList]
-	Endpoints                  = gentype.ClientWithList[*corev1.Endpoints, *corev1.EndpointsList]
-	Nodes                      = gentype.ClientWithList[*corev1.Node, *corev1.NodeList]
-	EndpointSlices             = gentype.ClientWithList[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList]
-	Leases                     = gentype.ClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList]
-	CertificateSigningRequests = gentype.ClientWithList[*certificatesv1.CertificateSigningRequest, *certificatesv1.CertificateSigningRequestList]
+	ConfigMaps                 = Typed[*corev1.ConfigMap, *corev1.ConfigMapList]
+	Services                   = Typed[*corev1.Service, *corev1.ServiceList]
+	Endpoints                  = Typed[*corev1.Endpoints, *corev1.EndpointsList]
+	Nodes                      = Typed[*corev1.Node, *corev1.NodeList]
+	EndpointSlices             = Typed[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList]
+	Leases                     = Typed[*coordinationv1.Lease, *coordinationv1.LeaseList]
+	CertificateSigningRequests = Typed[*certificatesv1.CertificateSigningRequest, *certificatesv1.CertificateSigningRequestList]
 )
 
 // ConfigMaps in namespace.
 func (c *Client) ConfigMaps(namespace string) *ConfigMaps {
-	return gentype.NewClientWithList("configmaps", c.core, parameterCodec, namespace,
-		func() *corev1.ConfigMap { return &corev1.ConfigMap{} }, func() *corev1.ConfigMapList { return &corev1.ConfigMapList{} },
-		gentype.PrefersProtobuf[*corev1.ConfigMap]())
+	return newTyped(c.core, "configmaps", namespace,
+		func() *corev1.ConfigMap { return &corev1.ConfigMap{} }, func() *corev1.ConfigMapList { return &corev1.ConfigMapList{} })
 }
 
 // Services in namespace ("": all).
 func (c *Client) Services(namespace string) *Services {
-	return gentype.NewClientWithList("services", c.core, parameterCodec, namespace,
-		func() *corev1.Service { return &corev1.Service{} }, func() *corev1.ServiceList { return &corev1.ServiceList{} },
-		gentype.PrefersProtobuf[*corev1.Service]())
+	return newTyped(c.core, "services", namespace,
+		func() *corev1.Service { return &corev1.Service{} }, func() *corev1.ServiceList { return &corev1.ServiceList{} })
 }
 
 // Endpoints in namespace ("": all).
 func (c *Client) Endpoints(namespace string) *Endpoints {
-	return gentype.NewClientWithList("endpoints", c.core, parameterCodec, namespace,
-		func() *corev1.Endpoints { return &corev1.Endpoints{} }, func() *corev1.EndpointsList { return &corev1.EndpointsList{} },
-		gentype.PrefersProtobuf[*corev1.Endpoints]())
+	return newTyped(c.core, "endpoints", namespace,
+		func() *corev1.Endpoints { return &corev1.Endpoints{} }, func() *corev1.EndpointsList { return &corev1.EndpointsList{} })
 }
 
 // Nodes of the cluster.
 func (c *Client) Nodes() *Nodes {
-	return gentype.NewClientWithList("nodes", c.core, parameterCodec, "",
-		func() *corev1.Node { return &corev1.Node{} }, func() *corev1.NodeList { return &corev1.NodeList{} },
-		gentype.PrefersProtobuf[*corev1.Node]())
+	return newTyped(c.core, "nodes", "",
+		func() *corev1.Node { return &corev1.Node{} }, func() *corev1.NodeList { return &corev1.NodeList{} })
 }
 
 // EndpointSlices in namespace ("": all).
 func (c *Client) EndpointSlices(namespace string) *EndpointSlices {
-	return gentype.NewClientWithList("endpointslices", c.discovery, parameterCodec, namespace,
+	return newTyped(c.discovery, "endpointslices", namespace,
 		func() *discoveryv1.EndpointSlice { return &discoveryv1.EndpointSlice{} },
-		func() *discoveryv1.EndpointSliceList { return &discoveryv1.EndpointSliceList{} },
-		gentype.PrefersProtobuf[*discoveryv1.EndpointSlice]())
+		func() *discoveryv1.EndpointSliceList { return &discoveryv1.EndpointSliceList{} })
 }
 
 // Leases in namespace.
 func (c *Client) Leases(namespace string) *Leases {
-	return gentype.NewClientWithList("leases", c.coordination, parameterCodec, namespace,
+	return newTyped(c.coordination, "leases", namespace,
 		func() *coordinationv1.Lease { return &coordinationv1.Lease{} },
-		func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} },
-		gentype.PrefersProtobuf[*coordinationv1.Lease]())
+		func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} })
 }
 
 // CertificateSigningRequests of the cluster.
 func (c *Client) CertificateSigningRequests() *CertificateSigningRequests {
-	return gentype.NewClientWithList("certificatesigningrequests", c.certificates, parameterCodec, "",
+	return newTyped(c.certificates, "certificatesigningrequests", "",
 		func() *certificatesv1.CertificateSigningRequest { return &certificatesv1.CertificateSigningRequest{} },
 		func() *certificatesv1.CertificateSigningRequestList {
 			return &certificatesv1.CertificateSigningRequestList{}
-		},
-		gentype.PrefersProtobuf[*certificatesv1.CertificateSigningRequest]())
+		})
 }
 
 // ListerWatcher is what ListWatch needs of a typed client.
