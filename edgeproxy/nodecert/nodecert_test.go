@@ -161,8 +161,9 @@ func TestManager(t *testing.T) {
 
 	t.Run("RenewsWithTheCurrent", func(t *testing.T) {
 		store := newStore(t)
-		// Issued 50 minutes ago for an hour: past its rotation point.
-		c, k := ca.issueAt(t, cn, time.Now().Add(-50*time.Minute), time.Hour)
+		// Issued 58 minutes ago for an hour: past its latest rotation
+		// point (90 %), and still valid.
+		c, k := ca.issueAt(t, cn, time.Now().Add(-58*time.Minute), time.Hour)
 		old, err := store.Update(c, k)
 		if err != nil {
 			t.Fatal(err)
