@@ -2,9 +2,6 @@ package nodecert
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -22,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 const cn = "system:node:edge-1"
@@ -40,7 +39,7 @@ func TestRotationDeadline(t *testing.T) {
 }
 
 func TestStore(t *testing.T) {
-	ca := newCA(t)
+	ca := testenv.MustCA(t, "test CA")
 	dir := filepath.Join(t.TempDir(), "pki")
 	s, err := NewStore(dir, "edge")
 	if err != nil {
@@ -51,7 +50,7 @@ func TestStore(t *testing.T) {
 	}
 	// A pair written as a plain file (by hand, or by a test) is read, and
 	// replaced by the first update.
-	cert1, key1 := ca.issue(t, cn, time.Hour)
+	cert1, key1 := issue(t, ca, cn, time.Hour)
 	if err := os.WriteFile(s.CurrentPath(), append(cert1, key1...), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +61,7 @@ func TestStore(t *testing.T) {
 	var serials []*big.Int
 	for range 4 {
 		time.Sleep(time.Second + 10*time.Millisecond) // a file per second
-		c, k := ca.issue(t, cn, time.Hour)
+		c, k := issue(t, ca, cn, time.Hour)
 		got, err := s.Update(c, k)
 		if err != nil {
 			t.Fatal(err)
@@ -87,7 +86,7 @@ func TestStore(t *testing.T) {
 	}
 	// A certificate that is not for the key is refused; the current
 	// stays.
-	c, _ := ca.issue(t, cn, time.Hour)
+	c, _ := issue(t, ca, cn, time.Hour)
 	if _, err := s.Update(c, key1); err == nil {
 		t.Fatal("mismatched key stored")
 	}
@@ -97,7 +96,7 @@ func TestStore(t *testing.T) {
 }
 
 func TestManager(t *testing.T) {
-	ca := newCA(t)
+	ca := testenv.MustCA(t, "test CA")
 	start := func(t *testing.T, api *fakeCSRs, store *Store) (*Manager, chan *tls.Certificate, chan error, chan *tls.Certificate) {
 		t.Helper()
 		issued, failed, asked := make(chan *tls.Certificate, 10), make(chan error, 10), make(chan *tls.Certificate, 10)
@@ -163,7 +162,7 @@ func TestManager(t *testing.T) {
 		store := newStore(t)
 		// Issued 58 minutes ago for an hour: past its latest rotation
 		// point (90 %), and still valid.
-		c, k := ca.issueAt(t, cn, time.Now().Add(-58*time.Minute), time.Hour)
+		c, k := issueAt(t, ca, cn, time.Now().Add(-58*time.Minute), time.Hour)
 		old, err := store.Update(c, k)
 		if err != nil {
 			t.Fatal(err)
@@ -184,7 +183,7 @@ func TestManager(t *testing.T) {
 
 	t.Run("AnotherNodesIsReplaced", func(t *testing.T) {
 		store := newStore(t)
-		c, k := ca.issue(t, "system:node:other", time.Hour)
+		c, k := issue(t, ca, "system:node:other", time.Hour)
 		if _, err := store.Update(c, k); err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +215,7 @@ func TestManager(t *testing.T) {
 
 // fakeCSRs signs (or denies) each request at once with ca.
 type fakeCSRs struct {
-	ca   *testCA
+	ca   *testenv.CA
 	life time.Duration
 	deny int // the first deny requests are denied
 
@@ -259,7 +258,10 @@ func (f *fakeCSRs) decide(name string) (*certificatesv1.CertificateSigningReques
 				if err != nil {
 					return nil, err
 				}
-				c.Status.Certificate = f.ca.sign(req.Subject, req.PublicKey, time.Now().Add(-time.Minute), f.life)
+				tmpl := nodeTemplate(req.Subject.CommonName, time.Now().Add(-time.Minute), f.life)
+				if c.Status.Certificate, err = f.ca.IssueFor(tmpl, req.PublicKey); err != nil {
+					return nil, err
+				}
 			}
 			c.ResourceVersion = "2"
 		}
@@ -283,47 +285,21 @@ func (f *fakeCSRs) Watch(_ context.Context, o metav1.ListOptions) (watch.Interfa
 	return w, nil
 }
 
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
+// issue is a node certificate of ca, valid for life from a minute ago.
+func issue(t *testing.T, ca *testenv.CA, cn string, life time.Duration) (certPEM, keyPEM []byte) {
+	return issueAt(t, ca, cn, time.Now().Add(-time.Minute), life)
 }
 
-func newCA(t *testing.T) *testCA {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(2 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert, key}
-}
-
-var serial int64 = 100
-
-func (ca *testCA) sign(subject pkix.Name, pub any, notBefore time.Time, life time.Duration) []byte {
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: subject, NotBefore: notBefore, NotAfter: notBefore.Add(life),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, pub, ca.key)
-	if err != nil {
-		panic(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
-func (ca *testCA) issue(t *testing.T, cn string, life time.Duration) (certPEM, keyPEM []byte) {
-	return ca.issueAt(t, cn, time.Now().Add(-time.Minute), life)
-}
-
-func (ca *testCA) issueAt(t *testing.T, cn string, notBefore time.Time, life time.Duration) (certPEM, keyPEM []byte) {
+func issueAt(t *testing.T, ca *testenv.CA, cn string, notBefore time.Time, life time.Duration) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, err := x509.MarshalECPrivateKey(key)
+	kp, err := ca.Issue(nodeTemplate(cn, notBefore, life))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ca.sign(pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}}, key.Public(), notBefore, life),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	return kp.CertPEM, kp.KeyPEM
+}
+
+func nodeTemplate(cn string, notBefore time.Time, life time.Duration) testenv.Template {
+	return testenv.Template{CommonName: cn, Organizations: []string{"system:nodes"}, NotBefore: notBefore,
+		NotAfter: notBefore.Add(life), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 }

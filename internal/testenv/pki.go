@@ -103,15 +103,9 @@ func (ca *CA) Issue(t Template) (*KeyPair, error) {
 	if err != nil {
 		return nil, err
 	}
-	tmpl, err := certTemplate(t)
+	cert, certPEM, err := ca.issue(t, key.Public())
 	if err != nil {
 		return nil, err
-	}
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	tmpl.ExtKeyUsage = t.ExtKeyUsage
-	cert, certPEM, err := sign(tmpl, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		return nil, fmt.Errorf("issue certificate for %q: %w", t.CommonName, err)
 	}
 	keyPEM, err := MarshalKeyPEM(key)
 	if err != nil {
@@ -122,6 +116,27 @@ func (ca *CA) Issue(t Template) (*KeyPair, error) {
 		return nil, fmt.Errorf("load key pair for %q: %w", t.CommonName, err)
 	}
 	return &KeyPair{CertPEM: certPEM, KeyPEM: keyPEM, Cert: cert, TLS: pair}, nil
+}
+
+// IssueFor issues a certificate for pub, a key held elsewhere (as a CSR's
+// signer does), and returns it as PEM.
+func (ca *CA) IssueFor(t Template, pub crypto.PublicKey) ([]byte, error) {
+	_, certPEM, err := ca.issue(t, pub)
+	return certPEM, err
+}
+
+func (ca *CA) issue(t Template, pub crypto.PublicKey) (*x509.Certificate, []byte, error) {
+	tmpl, err := certTemplate(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = t.ExtKeyUsage
+	cert, certPEM, err := sign(tmpl, ca.Cert, pub, ca.Key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issue certificate for %q: %w", t.CommonName, err)
+	}
+	return cert, certPEM, nil
 }
 
 // ServerCert issues a TLS server certificate valid for hosts (IP addresses
