@@ -211,50 +211,57 @@ func (m *Manager) rotate(ctx context.Context) error {
 }
 
 // waitSigned waits until csr is approved and signed (its certificate),
-// denied or failed (an error), or ctx ends.
+// denied or failed (an error), or ctx ends. When a watch fails or ends
+// without a decision (it expired, the apiserver went away), the request is
+// read again after firstRetry and watched on.
 func waitSigned(ctx context.Context, api CSRs, csr *certificatesv1.CertificateSigningRequest) ([]byte, error) {
+	var err error
 	for {
 		if done, cert, err := decided(csr); done {
 			return cert, err
 		}
-		w, err := api.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", csr.Name).String(),
-			ResourceVersion: csr.ResourceVersion})
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("no decision: %w", ctx.Err())
-			}
-			if !sleep(ctx, firstRetry) {
-				return nil, fmt.Errorf("no decision: %w", ctx.Err())
-			}
-			if csr, err = getSame(ctx, api, csr); err != nil {
-				return nil, err
-			}
+		if csr, err = watchDecision(ctx, api, csr); err != nil {
+			return nil, err
+		}
+		if isDecided(csr) {
 			continue
 		}
-		for ev := range w.ResultChan() {
-			if c, ok := ev.Object.(*certificatesv1.CertificateSigningRequest); ok && c.UID == csr.UID {
-				if ev.Type == watch.Deleted {
-					w.Stop()
-					return nil, errors.New("deleted before a decision")
-				}
-				csr = c
-				if done, _, _ := decided(csr); done {
-					break
-				}
-			}
-		}
-		w.Stop()
-		if ctx.Err() != nil {
+		if !sleep(ctx, firstRetry) {
 			return nil, fmt.Errorf("no decision: %w", ctx.Err())
 		}
-		if done, _, _ := decided(csr); !done {
-			// The watch ended (expired, or the apiserver went away):
-			// read the request again, then watch on.
-			if csr, err = getSame(ctx, api, csr); err != nil {
-				return nil, err
-			}
+		if csr, err = getSame(ctx, api, csr); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// watchDecision watches csr until it is decided or the watch fails or
+// ends; it returns csr as last seen.
+func watchDecision(ctx context.Context, api CSRs, csr *certificatesv1.CertificateSigningRequest) (*certificatesv1.CertificateSigningRequest, error) {
+	w, err := api.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", csr.Name).String(),
+		ResourceVersion: csr.ResourceVersion})
+	if err != nil {
+		return csr, nil // read again and retried by the caller
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		c, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+		if !ok || c.UID != csr.UID {
+			continue
+		}
+		if ev.Type == watch.Deleted {
+			return nil, errors.New("deleted before a decision")
+		}
+		if csr = c; isDecided(csr) {
+			break
+		}
+	}
+	return csr, nil
+}
+
+func isDecided(csr *certificatesv1.CertificateSigningRequest) bool {
+	done, _, _ := decided(csr)
+	return done
 }
 
 // getSame reads csr again; it must still be the same request.

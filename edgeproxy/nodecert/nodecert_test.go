@@ -211,6 +211,22 @@ func TestManager(t *testing.T) {
 		}
 		wait(t, issued, "certificate after the retry")
 	})
+
+	t.Run("WatchEndedIsReadAgain", func(t *testing.T) {
+		// The first watch ends before a decision: the request is read
+		// again, after a pause, and no failure is counted.
+		api := &fakeCSRs{ca: ca, life: time.Hour, endWatches: 1}
+		_, issued, failed, _ := start(t, api, newStore(t))
+		wait(t, issued, "certificate after the watch ended")
+		select {
+		case err := <-failed:
+			t.Errorf("an ended watch counted as a failure: %v", err)
+		default:
+		}
+		if w, g := api.counts(); w != 1 || g != 1 {
+			t.Errorf("%d watches and %d reads, want 1 and 1", w, g)
+		}
+	})
 }
 
 // fakeCSRs signs (or denies) each request at once with ca.
@@ -218,9 +234,18 @@ type fakeCSRs struct {
 	ca   *testenv.CA
 	life time.Duration
 	deny int // the first deny requests are denied
+	// endWatches is how many watches end at once, before a decision.
+	endWatches int
 
-	mu   sync.Mutex
-	csrs []*certificatesv1.CertificateSigningRequest
+	mu            sync.Mutex
+	csrs          []*certificatesv1.CertificateSigningRequest
+	watches, gets int
+}
+
+func (f *fakeCSRs) counts() (watches, gets int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.watches, f.gets
 }
 
 func (f *fakeCSRs) Create(_ context.Context, csr *certificatesv1.CertificateSigningRequest, _ metav1.CreateOptions) (*certificatesv1.CertificateSigningRequest, error) {
@@ -271,10 +296,22 @@ func (f *fakeCSRs) decide(name string) (*certificatesv1.CertificateSigningReques
 }
 
 func (f *fakeCSRs) Get(_ context.Context, name string, _ metav1.GetOptions) (*certificatesv1.CertificateSigningRequest, error) {
+	f.mu.Lock()
+	f.gets++
+	f.mu.Unlock()
 	return f.decide(name)
 }
 
 func (f *fakeCSRs) Watch(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	f.mu.Lock()
+	f.watches++
+	end := f.watches <= f.endWatches
+	f.mu.Unlock()
+	if end {
+		w := watch.NewFake()
+		w.Stop() // its channel is closed
+		return w, nil
+	}
 	name := o.FieldSelector[len("metadata.name="):]
 	c, err := f.decide(name)
 	if err != nil {
