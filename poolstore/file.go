@@ -39,49 +39,59 @@ var (
 	keyRev          = []byte("rev")
 )
 
-// load reads the file into memory (creating the buckets of a new one).
-func (s *Store) load(db *bolt.DB) error {
-	return db.Update(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		if meta == nil {
-			for _, b := range [][]byte{bucketMeta, bucketResources, bucketObjects} {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-					return err
-				}
+// load reads the file into memory (creating the buckets of a new one);
+// it is boltfile's Init, so a panic or an error moves the file aside. It
+// sets the store's fields only once the whole file has been read.
+func (s *Store) load(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		if tx.Bucket(bucketResources) != nil || tx.Bucket(bucketObjects) != nil {
+			return errors.New("no schema version")
+		}
+		for _, b := range [][]byte{bucketMeta, bucketResources, bucketObjects} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
 			}
-			return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersion))
 		}
-		if v := string(meta.Get(keySchema)); v != schemaVersion {
-			return fmt.Errorf("schema version %q, this build reads %q", v, schemaVersion)
+		return tx.Bucket(bucketMeta).Put(keySchema, []byte(schemaVersion))
+	}
+	if v := string(meta.Get(keySchema)); v != schemaVersion {
+		return fmt.Errorf("schema version %q, this build reads %q", v, schemaVersion)
+	}
+	epoch := string(meta.Get(keyEpoch))
+	var rev uint64
+	if v := meta.Get(keyRev); len(v) == 8 {
+		rev = binary.BigEndian.Uint64(v)
+	}
+	resources, objects := tx.Bucket(bucketResources), tx.Bucket(bucketObjects)
+	if resources == nil || objects == nil {
+		return errors.New("buckets missing")
+	}
+	loaded := map[string]*resource{}
+	err := resources.ForEach(func(k, v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("resource %s: bad resourceVersion", k)
 		}
-		s.epoch = string(meta.Get(keyEpoch))
-		if v := meta.Get(keyRev); len(v) == 8 {
-			s.rev = binary.BigEndian.Uint64(v)
+		res := &resource{rv: binary.BigEndian.Uint64(v), objs: map[string]*Object{}}
+		loaded[string(k)] = res
+		b := objects.Bucket(k)
+		if b == nil {
+			return nil
 		}
-		resources, objects := tx.Bucket(bucketResources), tx.Bucket(bucketObjects)
-		if resources == nil || objects == nil {
-			return errors.New("buckets missing")
-		}
-		return resources.ForEach(func(k, v []byte) error {
-			if len(v) != 8 {
-				return fmt.Errorf("resource %s: bad resourceVersion", k)
+		return b.ForEach(func(_, raw []byte) error {
+			o, err := decodeObject(json.RawMessage(append([]byte(nil), raw...)))
+			if err != nil {
+				return fmt.Errorf("resource %s: %w", k, err)
 			}
-			res := &resource{rv: binary.BigEndian.Uint64(v), objs: map[string]*Object{}}
-			s.resources[string(k)] = res
-			b := objects.Bucket(k)
-			if b == nil {
-				return nil
-			}
-			return b.ForEach(func(_, raw []byte) error {
-				o, err := decodeObject(json.RawMessage(append([]byte(nil), raw...)))
-				if err != nil {
-					return fmt.Errorf("resource %s: %w", k, err)
-				}
-				res.objs[objKey(o.Namespace, o.Name)] = o
-				return nil
-			})
+			res.objs[objKey(o.Namespace, o.Name)] = o
+			return nil
 		})
 	})
+	if err != nil {
+		return err
+	}
+	s.epoch, s.rev, s.resources = epoch, rev, loaded
+	return nil
 }
 
 // writer writes what changed in memory to the file, gathering changes for

@@ -9,16 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
-
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/internal/boltfile"
 )
 
 // FileName is the replica's file in the data directory.
@@ -137,39 +135,27 @@ type resource struct {
 func objKey(namespace, name string) string { return namespace + "/" + name }
 
 // Open opens the replica at path, creating it (and its directory) if
-// needed. A file that cannot be read is moved aside: the replica is a
-// copy, the leader has it all.
+// needed. A file that cannot be read (bbolt refuses it or panics on it,
+// its consistency check or schema fails) is moved aside to
+// <path>.corrupt-<time>, keeping only the newest such file, and the
+// replica starts empty: it is a copy, the leader's snapshot fills it. A
+// file locked by another process, or one the operating system will not
+// let this process read or write, is an error and stays where it is.
 func Open(path string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("open pool store: %w", err)
-	}
 	s := &Store{log: log, resources: map[string]*resource{}, baseRV: map[string]uint64{},
 		changed: make(chan struct{}), dirtyObjs: map[string]bool{}, dirtyRes: map[string]bool{},
 		flush: make(chan struct{}, 1), done: make(chan struct{})}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err == nil {
-		if err = s.load(db); err != nil {
-			db.Close()
-		}
+	db, aside, err := boltfile.Open(path, boltfile.Options{Init: s.load})
+	if aside != nil {
+		log.Error("pool store unreadable: moved aside, starting empty (the leader's snapshot fills it)",
+			"path", path, "moved_to", aside.Path, "err", aside.Cause)
+		s.rewrite = true
 	}
 	if err != nil {
-		if errors.Is(err, berrors.ErrTimeout) {
-			return nil, fmt.Errorf("open pool store %s: locked by another process (is another tether-edge running with this --data-dir?)", path)
-		}
-		aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000Z")
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return nil, fmt.Errorf("open pool store %s: %w; and cannot move it aside: %w", path, err, rerr)
-		}
-		log.Error("pool store unreadable: moved aside, starting empty (the leader's snapshot fills it)",
-			"path", path, "moved_to", aside, "err", err)
-		s.resources, s.epoch, s.rev = map[string]*resource{}, "", 0
-		if db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second}); err != nil {
-			return nil, fmt.Errorf("open pool store %s: %w", path, err)
-		}
-		s.rewrite = true
+		return nil, fmt.Errorf("open pool store %s: %w", path, err)
 	}
 	s.db = db
 	for r, res := range s.resources {

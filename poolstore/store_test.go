@@ -1,12 +1,19 @@
 package poolstore
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-edge/tether/internal/boltfile"
 )
 
 const slices_ = "discovery.k8s.io/v1/endpointslices"
@@ -152,5 +159,96 @@ func TestChangedAndSynced(t *testing.T) {
 	}
 	if !s.SyncedAt().Equal(now) {
 		t.Fatal("SyncedAt not recorded")
+	}
+}
+
+// damage are ways a replica file gets broken: cut short (a full disk, a
+// crash of the file system) or overwritten (bad blocks).
+var damage = map[string]func(good []byte) []byte{
+	"truncated to a few bytes": func(good []byte) []byte { return good[:10] },
+	"truncated to half":        func(good []byte) []byte { return good[:len(good)/2] },
+	"scribbled": func(good []byte) []byte {
+		bad := bytes.Clone(good)
+		r := rand.New(rand.NewPCG(1, 2))
+		const page = 4096
+		for p := 2; (p+1)*page <= len(bad); p++ { // the meta pages stay good
+			for range 64 {
+				bad[p*page+r.IntN(page)] = byte(r.Uint32())
+			}
+		}
+		return bad
+	},
+}
+
+// writeReplica fills the file at path with n objects of epoch "e".
+func writeReplica(t *testing.T, path string, n int) {
+	t.Helper()
+	s, err := Open(path, nil)
+	mustNil(t, err)
+	mustNil(t, s.StartEpoch("e"))
+	for i := range n {
+		mustNil(t, s.Apply(slices_, Added, slice("ns", fmt.Sprint("s", i), uint64(i+1), "app", strings.Repeat("x", i%200))))
+	}
+	mustNil(t, s.Close())
+}
+
+// A damaged file never stops the node: it is moved aside (the newest
+// only is kept), logged, and the store starts empty and works.
+func TestDamagedFileMovedAside(t *testing.T) {
+	for name, breakIt := range damage {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			writeReplica(t, path, 2000)
+			good, err := os.ReadFile(path)
+			mustNil(t, err)
+			mustNil(t, os.WriteFile(path, breakIt(good), 0o600))
+			older := path + ".corrupt-20200101T000000.000Z"
+			mustNil(t, os.WriteFile(older, []byte("an earlier damaged file"), 0o600))
+
+			var logs bytes.Buffer
+			s, err := Open(path, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil {
+				t.Fatalf("Open of a damaged file: %v", err)
+			}
+			defer s.Close()
+			aside, _ := filepath.Glob(path + ".corrupt-*")
+			if len(aside) != 1 || aside[0] == older {
+				t.Fatalf("files aside: %v, want only the one just moved", aside)
+			}
+			if b, err := os.ReadFile(aside[0]); err != nil || !bytes.Equal(b, breakIt(good)) {
+				t.Fatalf("the file aside is not the damaged file (%v)", err)
+			}
+			if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), aside[0]) {
+				t.Errorf("the log does not say where the file went: %s", logs.String())
+			}
+			if s.Len() != 0 || s.Epoch() != "" || s.Rev() != 0 {
+				t.Fatalf("started with %d objects, epoch %q, rev %d; want empty", s.Len(), s.Epoch(), s.Rev())
+			}
+			mustNil(t, s.StartEpoch("f"))
+			mustNil(t, s.Apply(slices_, Added, slice("ns", "fresh", 1)))
+			digest := s.Digest()
+			mustNil(t, s.Close())
+			s = open(t, path)
+			if s.Digest() != digest || s.Epoch() != "f" {
+				t.Fatalf("the fresh file did not keep what was written to it")
+			}
+		})
+	}
+}
+
+// A file another process holds is an error; it stays where it is.
+func TestLockedFileStays(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	writeReplica(t, path, 10)
+	s := open(t, path)
+	_, err := Open(path, nil)
+	if !errors.Is(err, boltfile.ErrLocked) || !strings.Contains(err.Error(), "locked by another process") {
+		t.Fatalf("second Open: %v, want locked", err)
+	}
+	if aside, _ := filepath.Glob(path + ".corrupt-*"); len(aside) > 0 {
+		t.Fatalf("a locked file was moved aside: %v", aside)
+	}
+	if s.Len() != 10 {
+		t.Fatalf("the first store holds %d objects, want 10", s.Len())
 	}
 }
