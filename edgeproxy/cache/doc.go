@@ -55,6 +55,8 @@
 //     the memory map.
 //   - Open walks the whole file; a file that does not open or does not
 //     pass the walk (or has an unknown schema version) is renamed to
-//     <file>.corrupt-<time>, logged at error with both names, and a fresh
-//     file is created: a broken cache never stops tether-edge.
+//     <file>.corrupt-<time> (only the newest such file is kept), logged
+//     at error with both names, and a fresh file is created: a broken
+//     cache never stops tether-edge (internal/boltfile, which the pool
+//     replica uses too).
 package cache

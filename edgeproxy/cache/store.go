@@ -6,18 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/internal/boltfile"
 )
 
 // FileName is the store's file in the data directory.
@@ -76,121 +73,51 @@ type op struct {
 
 // Open opens the store at path, creating it (and its directory) if
 // needed. A file that cannot be read is moved aside and replaced (see the
-// package doc); a file locked by another process is an error.
+// package doc); a file locked by another process, or one the operating
+// system will not let it read or write, is an error.
 func Open(path string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("open cache: %w", err)
-	}
 	s := &Store{log: log, ops: make(chan op, 1024), done: make(chan struct{})}
-	db, err := openChecked(path)
-	if err != nil {
-		if errors.Is(err, berrors.ErrTimeout) {
-			return nil, fmt.Errorf("open cache %s: locked by another process (is another tether-edge running with this --data-dir?)", path)
-		}
-		if errors.Is(err, fs.ErrPermission) {
-			return nil, fmt.Errorf("open cache: %w", err)
-		}
-		aside := path + ".corrupt-" + time.Now().UTC().Format("20060102T150405.000Z")
-		if rerr := os.Rename(path, aside); rerr != nil {
-			return nil, fmt.Errorf("open cache %s: %w; and cannot move it aside: %w", path, err, rerr)
-		}
+	db, aside, err := boltfile.Open(path, boltfile.Options{
+		Bolt: bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType}, Init: initFile})
+	if aside != nil {
 		log.Error("cache file unreadable: moved aside, starting with an empty cache (status writes queued in it are lost)",
-			"path", path, "moved_to", aside, "err", err)
-		s.MovedAside = aside
-		if db, err = openChecked(path); err != nil {
-			return nil, fmt.Errorf("open cache %s: %w", path, err)
-		}
+			"path", path, "moved_to", aside.Path, "err", aside.Cause)
+		s.MovedAside = aside.Path
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open cache %s: %w", path, err)
 	}
 	s.db = db
 	go s.run()
 	return s, nil
 }
 
-// openChecked opens the file, walks every bucket and value in it (with
-// memory faults turned into panics, which it recovers), runs bbolt's
-// consistency check and checks the schema version.
-func openChecked(path string) (db *bolt.DB, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("reading the file panicked: %v", r)
+// initFile creates the buckets of a new file and checks the schema
+// version of an old one.
+func initFile(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		if tx.Bucket(bucketObjects) != nil {
+			return errors.New("no schema version")
 		}
-		if err != nil && db != nil {
-			db.Close()
-			db = nil
-		}
-	}()
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType})
-	if err != nil {
-		return nil, err
-	}
-	err = db.View(func(tx *bolt.Tx) error {
-		if err := walk(tx.Cursor(), tx.Bucket, 0); err != nil {
+		var err error
+		if meta, err = tx.CreateBucket(bucketMeta); err != nil {
 			return err
 		}
-		var errs []error
-		for e := range tx.Check() {
-			errs = append(errs, e)
+		if err := meta.Put(keySchema, []byte(SchemaVersion)); err != nil {
+			return err
 		}
-		if len(errs) > 0 {
-			return fmt.Errorf("consistency check: %w", errors.Join(errs[:min(len(errs), 5)]...))
-		}
-		return nil
-	})
-	if err != nil {
-		return db, err
+	} else if v := meta.Get(keySchema); string(v) != SchemaVersion {
+		return fmt.Errorf("schema version %q, this build knows %q", v, SchemaVersion)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		if meta == nil {
-			if tx.Bucket(bucketObjects) != nil {
-				return errors.New("no schema version")
-			}
-			if meta, err = tx.CreateBucket(bucketMeta); err != nil {
-				return err
-			}
-			if err := meta.Put(keySchema, []byte(SchemaVersion)); err != nil {
-				return err
-			}
-		} else if v := meta.Get(keySchema); string(v) != SchemaVersion {
-			return fmt.Errorf("schema version %q, this build knows %q", v, SchemaVersion)
-		}
-		for _, b := range [][]byte{bucketResources, bucketObjects, bucketQueue} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return db, err
-}
-
-// walk reads every key and value under a cursor, descending into nested
-// buckets, so that a broken page shows up now rather than later.
-func walk(c *bolt.Cursor, bucket func([]byte) *bolt.Bucket, depth int) error {
-	if depth > 8 {
-		return errors.New("buckets nested too deep")
-	}
-	var sum byte
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if v == nil {
-			b := bucket(k)
-			if b == nil {
-				return fmt.Errorf("bucket %q does not open", k)
-			}
-			if err := walk(b.Cursor(), b.Bucket, depth+1); err != nil {
-				return err
-			}
-			continue
-		}
-		for _, x := range v {
-			sum ^= x
+	for _, b := range [][]byte{bucketResources, bucketObjects, bucketQueue} {
+		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+			return err
 		}
 	}
-	_ = sum
 	return nil
 }
 
