@@ -12,8 +12,8 @@ LDFLAGS    := -s -w -X github.com/tether-edge/tether/internal/version.Version=$(
 TEST_FLAGS ?= -count=1 -timeout 20m
 # Fuzz targets run for a bounded time each in `make test` (pkg:Target).
 FUZZ_TIME  ?= 10s
-FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff \
-              ./poolstore:FuzzReplicationStream
+FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./tunnel:FuzzReadElectionRequest ./tunnel:FuzzReadElectionReply \
+              ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff ./poolstore:FuzzReplicationStream
 CACHE      ?= $(or $(TETHER_CACHE_DIR),$(HOME)/.cache/tether)
 STATICCHECK_VERSION := $(shell awk '$$1 == "require" && $$2 == "honnef.co/go/tools" {print $$3}' tools/lint/go.mod)
 STATICCHECK := $(CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck

@@ -69,6 +69,11 @@ func ReadDelegateRequest(rd io.Reader) (DelegateRequest, error) {
 	if _, err := io.ReadFull(rd, body); err != nil {
 		return DelegateRequest{}, fmt.Errorf("read request body: %w", err)
 	}
+	return parseDelegateBody(body)
+}
+
+// parseDelegateBody parses the body of a delegate request.
+func parseDelegateBody(body []byte) (DelegateRequest, error) {
 	if len(body) < 1 || len(body) < 1+int(body[0]) {
 		return DelegateRequest{}, fmt.Errorf("%w: truncated node name", ErrBadHeader)
 	}

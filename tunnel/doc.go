@@ -38,16 +38,24 @@
 // A whole request is at most MaxRequestLen bytes; a reader never reads
 // more than that before deciding, so a peer cannot make it buffer more.
 //
-// # Delegated heartbeats
+// # Streams the edge opens
 //
-// The edge opens a stream of its own for one thing only: as its pool's
-// leader, it asks the gateway to write the Lease renewal of a pool member
-// that lost the cloud (DelegateRequest). The gateway checks it, writes the
-// Lease and answers with a Reply: OK, or a refusal whose Code says why
-// (NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, BadLease,
-// Unavailable, BadRequest). The edge closes its side after the request;
-// the gateway closes the stream after the reply. An edge may have at most
-// MaxStreamsToGateway such streams open toward one gateway at once.
+// The edge opens streams of its own for two things only, each a request
+// of its own kind: the gateway checks it, does it with its own
+// credentials, and answers; the edge closes its side after the request,
+// the gateway closes the stream after the reply. The sender is always
+// the node of the connection's client certificate, never a name in the
+// request. An edge may have at most MaxStreamsToGateway such streams open
+// toward one gateway at once. The gateway reads either kind
+// (ReadEdgeRequest); each side reads only the kinds it expects on the
+// streams it accepts: a connect request on a stream the edge opened, or
+// an edge's request on one the gateway opened, is a bad header.
+//
+// Delegated heartbeats. As its pool's leader, the edge asks the gateway
+// to write the Lease renewal of a pool member that lost the cloud
+// (DelegateRequest). The gateway answers with a Reply: OK once written,
+// or a refusal whose Code says why (NotLeader, LeaderExpired, NotInPool,
+// OtherPool, UnknownNode, BadLease, Unavailable, BadRequest).
 //
 // Delegate request, version 1: the same fixed part, kind 0x02:
 //
@@ -60,7 +68,38 @@
 //	lease: its coordination.k8s.io/v1 Lease as JSON, 1 to MaxLeaseLen bytes
 //
 // A delegate request is at most MaxDelegateRequestLen bytes (64 KiB and
-// the fixed part). Each side reads only the kind it expects on the
-// streams it accepts: a connect request on a stream the edge opened, or a
-// delegate request on one the gateway opened, is a bad header.
+// the fixed part).
+//
+// Election records. A node identity may only read the records of its
+// pool's election, the ConfigMaps tether-system/pool-<pool> (who leads)
+// and tether-system/pool-<pool>-sync (the leader's sync mark): the edge
+// campaigns by asking the gateway to create or update them
+// (ElectionRequest). The gateway checks that the sender is in the pool
+// and that the record names it (or, for the sync record, that it leads),
+// writes the record on the resourceVersion the edge sent, and answers
+// with an ElectionReply: a Reply (OK, or Conflict, BadRecord, NotHolder,
+// NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode,
+// Unavailable, BadRequest) and, after OK, the record as stored.
+//
+// Election request, version 1: the same fixed part, kind 0x03:
+//
+//	+---------+------+------------+--------------------------------------+
+//	| version | kind | length (2) | body: length bytes                   |
+//	| 0x01    | 0x03 |            |                                      |
+//	+---------+------+------------+--------------------------------------+
+//	body := op(1) record(1) pool-length(1) pool(pool-length) configmap(the rest)
+//	op: 1 create, 2 update
+//	record: 1 the election record (pool-<pool>), 2 the sync record (pool-<pool>-sync)
+//	pool: the sender's pool, a label value of 1 to 63 bytes
+//	configmap: the record as a core/v1 ConfigMap in JSON, 1 to MaxConfigMapLen bytes
+//
+// Election reply, version 1: a Reply; after one whose code is OK,
+//
+//	+------------+------------------------------------+
+//	| length (2) | configmap: length bytes            |
+//	+------------+------------------------------------+
+//	configmap: the record as stored, JSON, 1 to MaxConfigMapLen bytes
+//
+// An election request is at most MaxElectionRequestLen bytes (64 KiB and
+// the fixed part), a reply at most MaxElectionReplyLen.
 package tunnel

@@ -18,6 +18,7 @@ const MaxRequestLen = 512
 const (
 	kindConnect  = 1 // the gateway asks the edge to dial (Request)
 	kindDelegate = 2 // the edge asks the gateway to write a Lease (DelegateRequest)
+	kindElection = 3 // the edge asks the gateway to write its pool's record (ElectionRequest)
 )
 
 const (
@@ -98,17 +99,32 @@ func ReadRequest(rd io.Reader) (Request, error) {
 // returns the length of its body, which it checks against limit, the
 // bound of the whole request.
 func readFixed(rd io.Reader, kind byte, limit int) (int, error) {
+	got, n, err := readHead(rd)
+	if err != nil {
+		return 0, err
+	}
+	if got != kind {
+		return 0, fmt.Errorf("%w: kind %d where kind %d belongs", ErrBadHeader, got, kind)
+	}
+	return checkLength(n, limit)
+}
+
+// readHead reads the fixed part of a request of any kind: its kind and
+// the length of its body, unchecked.
+func readHead(rd io.Reader) (kind byte, n int, _ error) {
 	var fixed [requestFixed]byte
 	if _, err := io.ReadFull(rd, fixed[:]); err != nil {
-		return 0, fmt.Errorf("read request header: %w", err)
+		return 0, 0, fmt.Errorf("read request header: %w", err)
 	}
 	if fixed[0] != Version {
-		return 0, &VersionError{Got: fixed[0]}
+		return 0, 0, &VersionError{Got: fixed[0]}
 	}
-	if fixed[1] != kind {
-		return 0, fmt.Errorf("%w: kind %d where kind %d belongs", ErrBadHeader, fixed[1], kind)
-	}
-	n := int(binary.BigEndian.Uint16(fixed[2:]))
+	return fixed[1], int(binary.BigEndian.Uint16(fixed[2:])), nil
+}
+
+// checkLength checks a body's length n against limit, the bound of the
+// whole request.
+func checkLength(n, limit int) (int, error) {
 	if n > limit-requestFixed {
 		return 0, fmt.Errorf("%w: length %d over the limit of %d", ErrBadHeader, n, limit)
 	}
@@ -182,8 +198,18 @@ const (
 	Unavailable   Code = 12 // the gateway could not read or write the API objects; another replica may
 )
 
+// Codes of the gateway's reply to an ElectionRequest, besides OK,
+// BadRequest, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode
+// and Unavailable.
+const (
+	Conflict  Code = 13 // the record changed (or was created, or deleted) since the version the write is based on
+	BadRecord Code = 14 // not the pool's record of the kind asked, or not a well-formed one
+	NotHolder Code = 15 // the record written names another node than the sender as holder
+)
+
 var codeNames = [...]string{"ok", "not_allowed", "dial_failed", "timeout", "overloaded", "bad_request",
-	"not_leader", "leader_expired", "not_in_pool", "other_pool", "unknown_node", "bad_lease", "unavailable"}
+	"not_leader", "leader_expired", "not_in_pool", "other_pool", "unknown_node", "bad_lease", "unavailable",
+	"conflict", "bad_record", "not_holder"}
 
 // String is the code's metric label ("not_allowed", ...).
 func (c Code) String() string {
@@ -203,8 +229,14 @@ func DelegateCodes() []Code {
 	return []Code{OK, BadRequest, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, BadLease, Unavailable}
 }
 
+// ElectionCodes lists the codes of a reply to an ElectionRequest, for
+// pre-creating metric series.
+func ElectionCodes() []Code {
+	return []Code{OK, BadRequest, Conflict, BadRecord, NotHolder, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, Unavailable}
+}
+
 // Reply is the edge's answer to a Request, and the gateway's to a
-// DelegateRequest.
+// DelegateRequest (and the first part of its ElectionReply).
 type Reply struct {
 	Code    Code
 	Message string // human-readable detail; at most 255 bytes on the wire

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -109,7 +110,10 @@ func TestReadRequestSkipsUnknownFields(t *testing.T) {
 }
 
 func TestReplyRoundTrip(t *testing.T) {
-	for _, c := range append(Codes(), DelegateCodes()...) {
+	if Conflict.String() != "conflict" || NotHolder.String() != "not_holder" {
+		t.Errorf("names: %q %q", Conflict, NotHolder)
+	}
+	for _, c := range slices.Concat(Codes(), DelegateCodes(), ElectionCodes()) {
 		var buf bytes.Buffer
 		in := Reply{Code: c, Message: "because " + c.String()}
 		if err := WriteReply(&buf, in); err != nil {
@@ -137,7 +141,10 @@ func TestCodeString(t *testing.T) {
 		t.Errorf("names: %q %q", NotLeader, Unavailable)
 	}
 	seen := map[string]bool{}
-	for _, c := range append(Codes(), DelegateCodes()...) {
+	if Conflict.String() != "conflict" || NotHolder.String() != "not_holder" {
+		t.Errorf("names: %q %q", Conflict, NotHolder)
+	}
+	for _, c := range slices.Concat(Codes(), DelegateCodes(), ElectionCodes()) {
 		if n := c.String(); strings.HasPrefix(n, "code_") {
 			t.Errorf("code %d has no name", uint8(c))
 		} else {
@@ -145,7 +152,7 @@ func TestCodeString(t *testing.T) {
 		}
 	}
 	if len(seen) != len(codeNames) {
-		t.Errorf("Codes and DelegateCodes name %d codes, %d are defined", len(seen), len(codeNames))
+		t.Errorf("Codes, DelegateCodes and ElectionCodes name %d codes, %d are defined", len(seen), len(codeNames))
 	}
 }
 
