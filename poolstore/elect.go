@@ -22,9 +22,17 @@ import (
 // exceed RenewDeadline, and RenewDeadline RetryPeriod*1.2, as client-go
 // requires.
 type ElectionOptions struct {
-	// Client reaches the cloud apiserver with the node's identity.
+	// Client reaches the cloud apiserver with the node's identity: it
+	// reads the record.
 	Client *kube.Client
-	Pool   string
+	// Records writes the record on this node's behalf (tether-edge: the
+	// gateway, through the tunnel). nil: Client writes it, which needs
+	// RBAC that the shipped pool-rbac.yaml does not give nodes.
+	Records RecordWriter
+	// FollowOnly makes an Elector that only reads the record, to know the
+	// leader, and never campaigns: a node with no way to write it.
+	FollowOnly bool
+	Pool       string
 	// Node is this node's name: its identity in the record.
 	Node string
 	// LeaseDuration is how long a record must stay unchanged, by this
@@ -67,6 +75,11 @@ const jitterFactor = 1.2
 //     released (no holder, leaseDurationSeconds 1): another node takes it
 //     at its next try. Unlike client-go, that happens once lead has
 //     returned, and only if the record still names this node.
+//
+// The record is read with the node's identity and written by a
+// RecordWriter (ElectionOptions.Records; see lock.go for why nodes do not
+// write it themselves). With FollowOnly the Elector reads the record at
+// every try, to know the leader, and never writes it.
 type Elector struct {
 	o     ElectionOptions
 	lock  *recordLock
@@ -75,7 +88,7 @@ type Elector struct {
 	// The record as this campaign saw it (Run's alone): observedTime is
 	// when, by e.clock, it was last seen to change; reported the holder
 	// last reported to Leader.
-	observed     electionRecord
+	observed     ElectionRecord
 	observedRaw  []byte
 	observedTime time.Time
 	reported     string
@@ -91,12 +104,17 @@ func NewElector(o ElectionOptions) (*Elector, error) {
 	if o.Client == nil {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
-	return newElector(o, o.Client.ConfigMaps(LeaseNamespace), clock.RealClock{})
+	cms := o.Client.ConfigMaps(LeaseNamespace)
+	w := o.Records
+	if w == nil {
+		w = ClientRecords{ConfigMaps: cms}
+	}
+	return newElector(o, cms, w, clock.RealClock{})
 }
 
-// newElector is NewElector on cms, the ConfigMaps of LeaseNamespace, with
-// clk.
-func newElector(o ElectionOptions, cms configMaps, clk clock.Clock) (*Elector, error) {
+// newElector is NewElector reading the record with get and writing it
+// with w, on clk.
+func newElector(o ElectionOptions, get ConfigMapGetter, w RecordWriter, clk clock.Clock) (*Elector, error) {
 	if o.Pool == "" || o.Node == "" {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
@@ -118,7 +136,7 @@ func newElector(o ElectionOptions, cms configMaps, clk clock.Clock) (*Elector, e
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Elector{o: o, lock: &recordLock{cms: cms, name: LeaseName(o.Pool)}, clock: clk,
+	return &Elector{o: o, lock: &recordLock{get: get, w: w, pool: o.Pool, name: LeaseName(o.Pool)}, clock: clk,
 		changed: make(chan struct{})}, nil
 }
 
@@ -131,7 +149,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context)) error
 	for ctx.Err() == nil {
 		// Each campaign starts from nothing seen, as a new client-go
 		// LeaderElector does: a holder is given a full LeaseDuration.
-		e.observed, e.observedRaw, e.observedTime, e.reported = electionRecord{}, nil, time.Time{}, ""
+		e.observed, e.observedRaw, e.observedTime, e.reported = ElectionRecord{}, nil, time.Time{}, ""
 		if !e.acquire(ctx) {
 			break
 		}
@@ -208,12 +226,12 @@ func (e *Elector) renew(ctx context.Context) bool {
 // LeaderElector.tryAcquireOrRenew.
 func (e *Elector) tryAcquireOrRenew(ctx context.Context) bool {
 	now := metav1.NewTime(e.clock.Now())
-	rec := electionRecord{HolderIdentity: e.o.Node, LeaseDurationSeconds: int(e.o.LeaseDuration / time.Second),
+	rec := ElectionRecord{HolderIdentity: e.o.Node, LeaseDurationSeconds: int(e.o.LeaseDuration / time.Second),
 		AcquireTime: now, RenewTime: now}
 
 	// The leader first writes on the ConfigMap it last wrote, saving a
 	// read; a conflict sends it the long way.
-	if e.isLeader() && e.leaseValid(now.Time) {
+	if !e.o.FollowOnly && e.isLeader() && e.leaseValid(now.Time) {
 		rec.AcquireTime, rec.LeaderTransitions = e.observed.AcquireTime, e.observed.LeaderTransitions
 		err := e.lock.update(ctx, rec)
 		if err == nil {
@@ -223,8 +241,11 @@ func (e *Elector) tryAcquireOrRenew(ctx context.Context) bool {
 		e.o.Logger.Debug("pool election: renewal on the last record failed; reading it", "record", e.lock.String(), "err", err)
 	}
 
-	old, raw, err := e.lock.get(ctx)
+	old, raw, err := e.lock.read(ctx)
 	if apierrors.IsNotFound(err) {
+		if e.o.FollowOnly {
+			return false
+		}
 		if err := e.lock.create(ctx, rec); err != nil {
 			e.o.Logger.Debug("pool election: record not created", "record", e.lock.String(), "err", err)
 			return false
@@ -239,6 +260,9 @@ func (e *Elector) tryAcquireOrRenew(ctx context.Context) bool {
 	if !bytes.Equal(e.observedRaw, raw) {
 		e.observe(old)
 		e.observedRaw = raw
+	}
+	if e.o.FollowOnly {
+		return false
 	}
 	if old.HolderIdentity != "" && e.leaseValid(now.Time) && !e.isLeader() {
 		return false // held, and seen changing within its lease duration
@@ -262,7 +286,7 @@ func (e *Elector) tryAcquireOrRenew(ctx context.Context) bool {
 func (e *Elector) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), e.o.RenewDeadline)
 	defer cancel()
-	old, _, err := e.lock.get(ctx)
+	old, _, err := e.lock.read(ctx)
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
 			e.o.Logger.Warn("pool leader: election record not released", "record", e.lock.String(), "err", err)
@@ -273,7 +297,7 @@ func (e *Elector) release() {
 		return
 	}
 	now := metav1.NewTime(e.clock.Now())
-	rec := electionRecord{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now, LeaderTransitions: old.LeaderTransitions}
+	rec := ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now, LeaderTransitions: old.LeaderTransitions}
 	if err := e.lock.update(ctx, rec); err != nil {
 		e.o.Logger.Warn("pool leader: election record not released", "record", e.lock.String(), "err", err)
 		return
@@ -282,7 +306,7 @@ func (e *Elector) release() {
 }
 
 // observe records rec as seen now.
-func (e *Elector) observe(rec electionRecord) {
+func (e *Elector) observe(rec ElectionRecord) {
 	e.observed = rec
 	e.observedTime = e.clock.Now()
 }

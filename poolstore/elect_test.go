@@ -16,8 +16,8 @@ import (
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
-// poolRBAC are the manifests that let node identities campaign and read
-// the pool-scope resources.
+// poolRBAC are the manifests that let node identities read the election
+// records and the pool-scope resources.
 var poolRBAC = []string{"../packaging/kubernetes/edge-rbac.yaml", "../packaging/kubernetes/pool-rbac.yaml"}
 
 // candidate is one node campaigning, with a Source in its store while it
@@ -30,14 +30,16 @@ type candidate struct {
 	done    chan struct{}
 }
 
-func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string) *candidate {
+// campaign runs node's election with its node identity, which reads the
+// records; records writes them, as the gateway does for tether-edge.
+func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records RecordWriter) *candidate {
 	t.Helper()
 	_, cfg, _ := cp.NodeClient(t, node)
 	client, err := kube.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := NewElector(ElectionOptions{Client: client, Pool: "p1", Node: node,
+	el, err := NewElector(ElectionOptions{Client: client, Records: records, Pool: "p1", Node: node,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +51,7 @@ func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node 
 		defer close(c.done)
 		el.Run(cctx, func(ctx context.Context) {
 			c.store.StartEpoch(fmt.Sprintf("%s/%d", node, time.Now().UnixNano()))
-			NewSource(SourceOptions{Client: client, Store: c.store, Pool: "p1", Node: node}).Run(ctx)
+			NewSource(SourceOptions{Client: client, Records: records, Store: c.store, Pool: "p1", Node: node}).Run(ctx)
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-c.done })
@@ -81,8 +83,11 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.
 }
 
 // TestElectionAndSource campaigns with three node identities against a
-// real apiserver (with the shipped RBAC): one leads and fills its store
-// from the cloud; when it stops, another takes over and has the same data.
+// real apiserver (with the shipped RBAC): they read the records, and an
+// administrator's client writes them for them (the gateway's part in
+// tether-edge). One
+// leads and fills its store from the cloud; when it stops, another takes
+// over and has the same data.
 func TestElectionAndSource(t *testing.T) {
 	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -92,9 +97,14 @@ func TestElectionAndSource(t *testing.T) {
 	}
 	createSlices(t, ctx, cp.Client, 0, 20)
 
+	admin, err := kube.NewForConfig(cp.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := ClientRecords{ConfigMaps: admin.ConfigMaps(LeaseNamespace)}
 	var cs []*candidate
 	for i := range 3 {
-		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i)))
+		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i), records))
 	}
 	waitFor(t, 10*time.Second, "a leader", func() bool { return len(leaders(cs)) == 1 })
 	first := leaders(cs)[0]

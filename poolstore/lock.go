@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,22 +17,28 @@ import (
 
 // The election record lives in a ConfigMap, not a Lease: kube-apiserver's
 // NodeRestriction admission lets a node identity write no Lease but its
-// own in kube-node-lease, whatever RBAC grants, and the pool's nodes
-// campaign with their node identities. A ConfigMap in LeaseNamespace with
-// client-go's leader record annotation (the format of client-go's former
-// ConfigMap lock) is what RBAC can grant them.
+// own in kube-node-lease, whatever RBAC grants. A ConfigMap in
+// LeaseNamespace with client-go's leader record annotation (the format of
+// client-go's former ConfigMap lock) is what RBAC can grant.
+//
+// Nodes only read it, though: RBAC cannot tell one pool's record from
+// another's, nor admission the requesting node's pool, so a node allowed
+// to write ConfigMaps in LeaseNamespace could write every pool's. The
+// records are written on the node's behalf by a RecordWriter: in
+// tether-edge the gateway, through the tunnel, after checking that the
+// node is in the pool and that the record names it (gateway/election).
 
-// electionAnnotation is the ConfigMap annotation that holds the record
-// (client-go's resourcelock.LeaderElectionRecordAnnotationKey).
-const electionAnnotation = "control-plane.alpha.kubernetes.io/leader"
+// ElectionAnnotation is the ConfigMap annotation that holds the election
+// record (client-go's resourcelock.LeaderElectionRecordAnnotationKey).
+const ElectionAnnotation = "control-plane.alpha.kubernetes.io/leader"
 
-// electionRecord is client-go's resourcelock.LeaderElectionRecord with
+// ElectionRecord is client-go's resourcelock.LeaderElectionRecord with
 // the same JSON names and types, so that records written by client-go's
 // leader election (which earlier versions of tether-edge ran) and by this
 // package read alike. client-go's fields for coordinated leader election,
 // strategy and preferredHolder, are not written; client-go reads them as
 // empty.
-type electionRecord struct {
+type ElectionRecord struct {
 	// HolderIdentity is the node that holds the record; "" when none
 	// does (released): any candidate may take it at once.
 	HolderIdentity       string      `json:"holderIdentity"`
@@ -41,6 +48,87 @@ type electionRecord struct {
 	LeaderTransitions    int         `json:"leaderTransitions"`
 }
 
+// DecodeElectionRecord is cm's election record (its ElectionAnnotation);
+// a ConfigMap without the annotation holds an empty one.
+func DecodeElectionRecord(cm *corev1.ConfigMap) (ElectionRecord, error) {
+	rec, _, err := decodeRecord(cm)
+	return rec, err
+}
+
+// SetElectionRecord writes rec into cm's ElectionAnnotation.
+func SetElectionRecord(cm *corev1.ConfigMap, rec ElectionRecord) error {
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[ElectionAnnotation] = string(raw)
+	return nil
+}
+
+// SyncRecord is the leader-informer-sync record,
+// LeaseNamespace/SyncLeaseName(pool): a ConfigMap whose data names the
+// leader and when its watches were last seen synced.
+type SyncRecord struct {
+	HolderIdentity       string    // data holderIdentity
+	RenewTime            time.Time // data renewTime, RFC 3339 with nanoseconds
+	LeaseDurationSeconds int       // data leaseDurationSeconds
+}
+
+// Data is the record as the ConfigMap's data.
+func (r SyncRecord) Data() map[string]string {
+	return map[string]string{"holderIdentity": r.HolderIdentity, "renewTime": r.RenewTime.UTC().Format(time.RFC3339Nano),
+		"leaseDurationSeconds": strconv.Itoa(r.LeaseDurationSeconds)}
+}
+
+// DecodeSyncRecord is cm's sync record; every key must be there.
+func DecodeSyncRecord(cm *corev1.ConfigMap) (SyncRecord, error) {
+	d := cm.Data
+	for _, k := range []string{"holderIdentity", "renewTime", "leaseDurationSeconds"} {
+		if _, ok := d[k]; !ok {
+			return SyncRecord{}, fmt.Errorf("sync record without %s", k)
+		}
+	}
+	renew, err := time.Parse(time.RFC3339Nano, d["renewTime"])
+	if err != nil {
+		return SyncRecord{}, fmt.Errorf("sync record renewTime: %w", err)
+	}
+	secs, err := strconv.Atoi(d["leaseDurationSeconds"])
+	if err != nil {
+		return SyncRecord{}, fmt.Errorf("sync record leaseDurationSeconds: %w", err)
+	}
+	return SyncRecord{HolderIdentity: d["holderIdentity"], RenewTime: renew, LeaseDurationSeconds: secs}, nil
+}
+
+// RecordKind says which of its pool's records a write is for.
+type RecordKind uint8
+
+// The records of a pool, both ConfigMaps in LeaseNamespace.
+const (
+	RecordElection RecordKind = 1 // LeaseName(pool): who leads
+	RecordSync     RecordKind = 2 // SyncLeaseName(pool): the leader's sync mark
+)
+
+// RecordWrite is one write of a pool's record.
+type RecordWrite struct {
+	Kind RecordKind
+	Pool string
+	// Create asks to create ConfigMap, which does not exist; otherwise it
+	// is updated from its ResourceVersion, which must be the stored one.
+	Create    bool
+	ConfigMap *corev1.ConfigMap
+}
+
+// RecordWriter writes a pool's records on this node's behalf and returns
+// them as stored. Errors are the apiserver's where it answered (a changed
+// record is a conflict, apierrors.IsConflict); the elector treats any
+// error as a failed try.
+type RecordWriter interface {
+	WriteRecord(ctx context.Context, w RecordWrite) (*corev1.ConfigMap, error)
+}
+
 // ConfigMapGetter reads the ConfigMaps of LeaseNamespace: the
 // clientset's CoreV1().ConfigMaps(LeaseNamespace) or kube's
 // ConfigMaps(LeaseNamespace).
@@ -48,63 +136,80 @@ type ConfigMapGetter interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error)
 }
 
-// configMaps are the ConfigMaps of LeaseNamespace as the elector reads
-// and writes them.
-type configMaps interface {
-	ConfigMapGetter
+// ConfigMapWriter writes the ConfigMaps of LeaseNamespace, as
+// ConfigMapGetter reads them.
+type ConfigMapWriter interface {
 	Create(ctx context.Context, cm *corev1.ConfigMap, opts metav1.CreateOptions) (*corev1.ConfigMap, error)
 	Update(ctx context.Context, cm *corev1.ConfigMap, opts metav1.UpdateOptions) (*corev1.ConfigMap, error)
 }
 
-var _ configMaps = (*kube.ConfigMaps)(nil)
+var (
+	_ ConfigMapGetter = (*kube.ConfigMaps)(nil)
+	_ ConfigMapWriter = (*kube.ConfigMaps)(nil)
+)
 
-// recordLock reads and writes the record in the ConfigMap
-// LeaseNamespace/name.
+// ClientRecords is a RecordWriter that writes with a client of its own,
+// whose identity RBAC must let write ConfigMaps in LeaseNamespace: an
+// administrator's or the gateway's, not a node's (the shipped
+// pool-rbac.yaml lets nodes only read them).
+type ClientRecords struct{ ConfigMaps ConfigMapWriter }
+
+var _ RecordWriter = ClientRecords{}
+
+// WriteRecord implements RecordWriter.
+func (c ClientRecords) WriteRecord(ctx context.Context, w RecordWrite) (*corev1.ConfigMap, error) {
+	if w.Create {
+		return c.ConfigMaps.Create(ctx, w.ConfigMap, metav1.CreateOptions{})
+	}
+	return c.ConfigMaps.Update(ctx, w.ConfigMap, metav1.UpdateOptions{})
+}
+
+// recordLock reads the election record in the ConfigMap
+// LeaseNamespace/LeaseName(pool) and has it written.
 type recordLock struct {
-	cms  configMaps
+	get  ConfigMapGetter
+	w    RecordWriter
+	pool string
 	name string
 	cm   *corev1.ConfigMap // as last read or written: the next update's base
 }
 
 func (l *recordLock) String() string { return LeaseNamespace + "/" + l.name }
 
-// get reads the record, and its annotation as read (the elector compares
+// read reads the record, and its annotation as read (the elector compares
 // it with the last one to see a change).
-func (l *recordLock) get(ctx context.Context) (electionRecord, []byte, error) {
-	cm, err := l.cms.Get(ctx, l.name, metav1.GetOptions{})
+func (l *recordLock) read(ctx context.Context) (ElectionRecord, []byte, error) {
+	cm, err := l.get.Get(ctx, l.name, metav1.GetOptions{})
 	if err != nil {
-		return electionRecord{}, nil, err
+		return ElectionRecord{}, nil, err
 	}
 	l.cm = cm
 	rec, raw, err := decodeRecord(cm)
 	if err != nil {
-		return electionRecord{}, nil, fmt.Errorf("election record %s: %w", l, err)
+		return ElectionRecord{}, nil, fmt.Errorf("election record %s: %w", l, err)
 	}
 	return rec, raw, nil
 }
 
 // decodeRecord is cm's record; a ConfigMap without the annotation holds
 // an empty one.
-func decodeRecord(cm *corev1.ConfigMap) (electionRecord, []byte, error) {
-	raw := []byte(cm.Annotations[electionAnnotation])
-	var rec electionRecord
+func decodeRecord(cm *corev1.ConfigMap) (ElectionRecord, []byte, error) {
+	raw := []byte(cm.Annotations[ElectionAnnotation])
+	var rec ElectionRecord
 	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &rec); err != nil {
-			return electionRecord{}, nil, err
+			return ElectionRecord{}, nil, err
 		}
 	}
 	return rec, raw, nil
 }
 
-func (l *recordLock) create(ctx context.Context, rec electionRecord) error {
-	raw, err := json.Marshal(rec)
-	if err != nil {
+func (l *recordLock) create(ctx context.Context, rec ElectionRecord) error {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: l.name, Namespace: LeaseNamespace}}
+	if err := SetElectionRecord(cm, rec); err != nil {
 		return err
 	}
-	cm, err := l.cms.Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: l.name, Namespace: LeaseNamespace,
-			Annotations: map[string]string{electionAnnotation: string(raw)}},
-	}, metav1.CreateOptions{})
+	cm, err := l.w.WriteRecord(ctx, RecordWrite{Kind: RecordElection, Pool: l.pool, Create: true, ConfigMap: cm})
 	if err != nil {
 		return err
 	}
@@ -113,22 +218,17 @@ func (l *recordLock) create(ctx context.Context, rec electionRecord) error {
 }
 
 // update writes rec on the ConfigMap as last read or written.
-func (l *recordLock) update(ctx context.Context, rec electionRecord) error {
+func (l *recordLock) update(ctx context.Context, rec ElectionRecord) error {
 	if l.cm == nil {
 		return errors.New("election record not read before update")
 	}
-	raw, err := json.Marshal(rec)
-	if err != nil {
+	cm := l.cm.DeepCopy()
+	if err := SetElectionRecord(cm, rec); err != nil {
 		return err
 	}
-	cm := l.cm.DeepCopy()
-	if cm.Annotations == nil {
-		cm.Annotations = map[string]string{}
-	}
-	cm.Annotations[electionAnnotation] = string(raw)
 	// The update carries the read's resourceVersion: a concurrent
 	// writer makes it fail with a conflict, as a Lease update would.
-	cm, err = l.cms.Update(ctx, cm, metav1.UpdateOptions{})
+	cm, err := l.w.WriteRecord(ctx, RecordWrite{Kind: RecordElection, Pool: l.pool, ConfigMap: cm})
 	if err != nil {
 		return err
 	}

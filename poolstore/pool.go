@@ -28,11 +28,16 @@ type Options struct {
 	PeerConfig
 	// Pool is the pool's name (the nodes' PoolLabel value).
 	Pool string
-	// Client reaches the cloud apiserver with the node's identity: the
-	// election, the sync record, and the leader's watches. Dynamic reads
-	// configured resources beyond DefaultResources.
+	// Client reaches the cloud apiserver with the node's identity: it
+	// reads the election and sync records, and runs the leader's watches.
+	// Dynamic reads configured resources beyond DefaultResources.
 	Client  *kube.Client
 	Dynamic dynamic.Interface
+	// Records writes the election and sync records on this node's behalf
+	// (tether-edge: the gateway, through the tunnel). nil: this node never
+	// campaigns and follows the leader the others elect; a node identity
+	// may only read the records (pool-rbac.yaml).
+	Records RecordWriter
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource
 	Store     *Store
@@ -95,7 +100,7 @@ func New(o Options) (*Pool, error) {
 		o.Peers = func() []string { return nil }
 	}
 	p := &Pool{o: o, log: o.Logger}
-	if p.elector, err = NewElector(ElectionOptions{Client: o.Client, Pool: o.Pool, Node: o.Self,
+	if p.elector, err = NewElector(ElectionOptions{Client: o.Client, Records: o.Records, FollowOnly: o.Records == nil, Pool: o.Pool, Node: o.Self,
 		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod, Logger: p.log}); err != nil {
 		return nil, err
 	}
@@ -119,7 +124,7 @@ func New(o Options) (*Pool, error) {
 // search for the leader until ctx ends.
 func (p *Pool) Run(ctx context.Context) error {
 	p.log.Info("node pool", "listen", p.o.Listener.Addr().String(), "resources", len(p.o.Resources),
-		"replica", p.o.Store.Path(), "objects", p.o.Store.Len())
+		"replica", p.o.Store.Path(), "objects", p.o.Store.Len(), "campaigns", p.o.Records != nil)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.elector.Run(ctx, p.lead) })
 	g.Go(func() error { return p.server.Serve(ctx, p.o.Listener) })
@@ -139,7 +144,7 @@ func (p *Pool) lead(ctx context.Context) {
 	p.setTerm(true)
 	defer p.setTerm(false)
 	p.log.Info("pool term started", "epoch", epoch)
-	NewSource(SourceOptions{Client: p.o.Client, Dynamic: p.o.Dynamic, Resources: p.o.Resources,
+	NewSource(SourceOptions{Client: p.o.Client, Records: p.o.Records, Dynamic: p.o.Dynamic, Resources: p.o.Resources,
 		Store: p.o.Store, Pool: p.o.Pool, Node: p.o.Self, Logger: p.log}).Run(ctx)
 }
 

@@ -46,9 +46,12 @@ const syncLeaseSeconds = 30
 // SourceOptions configure a Source.
 type SourceOptions struct {
 	// Client reads the known resources (in protobuf: the cheapest on the
-	// uplink) and renews the sync Lease; Dynamic reads the others.
-	Client    *kube.Client
-	Dynamic   dynamic.Interface
+	// uplink) and the sync record; Dynamic reads the others.
+	Client  *kube.Client
+	Dynamic dynamic.Interface
+	// Records writes the sync record on this node's behalf, as it does the
+	// election record (ElectionOptions.Records); nil: Client writes it.
+	Records   RecordWriter
 	Resources []schema.GroupVersionResource
 	Store     *Store
 	Pool      string
@@ -135,22 +138,27 @@ func (s *Source) markSynced(ctx context.Context) {
 
 // renewSyncLease writes the leader-informer-sync record,
 // LeaseNamespace/SyncLeaseName(pool): a ConfigMap (see lock.go) naming this
-// node and the time its watches were last seen synced.
+// node and the time its watches were last seen synced. It is read with
+// Client and written with Records, as the election record is.
 func (s *Source) renewSyncLease(ctx context.Context, now time.Time) error {
 	cms := s.o.Client.ConfigMaps(LeaseNamespace)
+	w := s.o.Records
+	if w == nil {
+		w = ClientRecords{ConfigMaps: cms}
+	}
 	name := SyncLeaseName(s.o.Pool)
-	data := map[string]string{"holderIdentity": s.o.Node, "renewTime": now.UTC().Format(time.RFC3339Nano),
-		"leaseDurationSeconds": strconv.Itoa(syncLeaseSeconds)}
+	data := SyncRecord{HolderIdentity: s.o.Node, RenewTime: now, LeaseDurationSeconds: syncLeaseSeconds}.Data()
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: data}, metav1.CreateOptions{})
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: LeaseNamespace}, Data: data}
+		_, err = w.WriteRecord(ctx, RecordWrite{Kind: RecordSync, Pool: s.o.Pool, Create: true, ConfigMap: cm})
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	cm.Data = data
-	_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	_, err = w.WriteRecord(ctx, RecordWrite{Kind: RecordSync, Pool: s.o.Pool, ConfigMap: cm})
 	return err
 }
 

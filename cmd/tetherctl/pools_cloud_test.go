@@ -22,7 +22,8 @@ import (
 
 // TestPoolsFromCloud runs `tetherctl pools` against a real kube-apiserver
 // with the shipped RBAC: pool shop elects edge-1 through poolstore's own
-// election (with edge-1's node identity) and has a sync record, delegated
+// election (edge-1's node identity reads the record, an administrator
+// writes it as the gateway does for edges) and has a sync record, delegated
 // Leases and a taint; pool yard has an expired election record, pool lab
 // none. The gateway's identity reads it all; a user without RBAC is told
 // what is missing.
@@ -63,13 +64,19 @@ func TestPoolsFromCloud(t *testing.T) {
 		}
 	}
 
-	// shop's election, as tether-edge runs it.
+	// shop's election, as tether-edge runs it (the gateway's writes stood
+	// for by an administrator's).
 	_, nodeConfig, _ := cp.NodeClient(t, "edge-1")
 	nodeClient, err := kube.NewForConfig(nodeConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: nodeClient, Pool: "shop", Node: "edge-1"})
+	adminKube, err := kube.NewForConfig(cp.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: nodeClient, Pool: "shop", Node: "edge-1",
+		Records: poolstore.ClientRecords{ConfigMaps: adminKube.ConfigMaps(poolstore.LeaseNamespace)}})
 	if err != nil {
 		t.Fatal(err)
 	}
