@@ -49,12 +49,15 @@ type Config struct {
 	ACMERenewCheckInterval time.Duration `json:"-"`
 	ACMERenewalWindowRatio float64       `json:"-"`
 
-	DNSListen    string   `json:"dns-listen"`
-	DNSZones     []string `json:"dns-zone,omitempty"`
-	AdminListen  string   `json:"admin-listen"`
-	Profiling    bool     `json:"profiling,omitempty"`
-	Mode         string   `json:"mode"`
-	VIPCIDR      string   `json:"vip-cidr,omitempty"`
+	DNSListen   string   `json:"dns-listen"`
+	DNSZones    []string `json:"dns-zone,omitempty"`
+	AdminListen string   `json:"admin-listen"`
+	Profiling   bool     `json:"profiling,omitempty"`
+	Mode        string   `json:"mode"`
+	VIPCIDR     string   `json:"vip-cidr,omitempty"`
+	// EdgeCIDRs, when set, are the only ranges an edge node's address is
+	// routed from in node-ip mode (see nodewatch.Policy).
+	EdgeCIDRs    []string `json:"edge-cidrs,omitempty"`
 	NetRules     string   `json:"netrules"`
 	EdgeSelector string   `json:"edge-selector"`
 
@@ -225,6 +228,9 @@ func (c *Config) Validate() error {
 	} else if mode == nodewatch.ModeVIP {
 		bad("--vip-cidr is required with --mode=vip")
 	}
+	if _, err := c.edgeCIDRs(); err != nil {
+		bad("%w", err)
+	}
 	switch c.NetRules {
 	case netrules.KindAuto, netrules.KindNFTables, netrules.KindIPTables, netrules.KindNone:
 	default:
@@ -301,4 +307,27 @@ func (c *Config) validateACME(bad func(string, ...any)) {
 	} else if _, port, err := net.SplitHostPort(c.ACMEHTTPListen); err != nil || port == "" {
 		bad("--acme-http-listen %q: want host:port or :port", c.ACMEHTTPListen)
 	}
+}
+
+// edgeCIDRs parses EdgeCIDRs.
+func (c Config) edgeCIDRs() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.EdgeCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("--edge-cidrs %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// routePolicy is what the node watcher accepts as an edge node's address.
+func (c Config) routePolicy() nodewatch.Policy {
+	p := nodewatch.Policy{Mode: nodewatch.Mode(c.Mode)}
+	p.EdgeCIDRs, _ = c.edgeCIDRs() // checked by Validate
+	if v, err := netip.ParsePrefix(c.VIPCIDR); err == nil {
+		p.VIPCIDR = v.Masked()
+	}
+	return p
 }

@@ -157,7 +157,11 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("--edge-selector: %w", err)
 	}
-	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: log, ResyncPeriod: 10 * time.Minute})
+	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: log, ResyncPeriod: 10 * time.Minute,
+		Policy: cfg.routePolicy(), GatewayHost: hostAddrs})
+	if err := g.metrics.Register(g.watcher); err != nil {
+		return nil, fmt.Errorf("register node watcher metrics: %w", err)
+	}
 	if cfg.EnableUpdateTrigger {
 		g.updateTrigger = topology.New(client, topology.Options{Logger: log.With("part", "update-trigger")})
 	}
@@ -449,6 +453,25 @@ func (p watcherPools) NodePool(_ context.Context, node string) (string, bool, er
 	}
 	n, ok := snap.Lookup(node)
 	return n.Pool, ok, nil
+}
+
+// hostAddrs returns the addresses of the host's interfaces (in the
+// gateway's network namespace): the node watcher never routes one of them
+// to an edge.
+func hostAddrs() ([]netip.Addr, error) {
+	ifas, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("interface addresses: %w", err)
+	}
+	out := make([]netip.Addr, 0, len(ifas))
+	for _, ifa := range ifas {
+		if n, ok := ifa.(*net.IPNet); ok {
+			if a, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out, nil
 }
 
 // kubeClient builds a client from a kubeconfig file, or from the in-cluster

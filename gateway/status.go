@@ -4,6 +4,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/internal/version"
 )
 
@@ -20,6 +21,9 @@ type Status struct {
 	// EdgeNodes counts the edge nodes in the cluster, connected or not.
 	EdgeNodes int          `json:"edgeNodes"`
 	Edges     []EdgeStatus `json:"edges"`
+	// AddressRefusals are the addresses edge nodes claim that this replica
+	// does not route to them, with the reason (nodewatch.Resolve).
+	AddressRefusals []nodewatch.Refusal `json:"addressRefusals,omitempty"`
 }
 
 // EdgeStatus is one connected edge.
@@ -49,6 +53,8 @@ func (g *Gateway) Status() Status {
 		Mode:      g.cfg.Mode,
 		EdgeNodes: snap.Edge(),
 		Edges:     []EdgeStatus{},
+
+		AddressRefusals: snap.Routing(nodewatch.Mode(g.cfg.Mode)).Refused(),
 	}
 	if err := g.Ready(); err != nil {
 		st.NotReady = err.Error()

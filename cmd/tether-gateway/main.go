@@ -58,6 +58,7 @@ func registerFlags(fs *flag.FlagSet, c *gateway.Config) {
 	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "also serve the Go runtime's profiles (CPU, heap, goroutines, execution trace) under /debug/pprof/ on the admin address; whoever reaches that address can read them and load the process, so keep it off or the address private")
 	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
 	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
+	fs.Var(config.NewStringList(&c.EdgeCIDRs), "edge-cidrs", "`prefixes` (comma-separated or repeated) the edge sites' node addresses lie in; in node-ip mode an edge node's address outside them is never redirected to it (default: any address that is not a cloud node's or the gateway host's)")
 	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")
 	fs.StringVar(&c.EdgeSelector, "edge-selector", c.EdgeSelector, "label `selector` that tells edge nodes from cloud nodes")
 	fs.Var(&c.EdgePorts, "edge-ports", "edge `ports` (comma-separated) whose traffic to an edge node's address is redirected to --proxy-port; the edges' --allow-ports decide what they accept")

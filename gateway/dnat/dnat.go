@@ -174,19 +174,18 @@ func (r *Reconciler) flushConntrack(ctx context.Context) {
 	r.log.Debug("conntrack flushed", "took", r.o.Clock.Since(start))
 }
 
-// desired is the rule set for s: each edge node's reach addresses.
+// desired is the rule set for s: each edge node's routed addresses, and
+// nothing the snapshot's Routes refuse (an address of a cloud node or of
+// the gateway host, one two edges claim, one outside the edge ranges).
 func (r *Reconciler) desired(s *nodewatch.Snapshot) netrules.Desired {
 	d := netrules.Desired{
 		Edges:     make(map[string][]netip.Addr),
 		Ports:     r.o.Ports,
 		ProxyPort: r.o.ProxyPort,
 	}
+	routes := s.Routing(r.o.Mode)
 	for _, name := range slices.Sorted(maps.Keys(s.Nodes)) {
-		n := s.Nodes[name]
-		if !n.Edge {
-			continue
-		}
-		if addrs := n.Reach(r.o.Mode); len(addrs) > 0 {
+		if addrs := routes.Of(name); len(addrs) > 0 {
 			d.Edges[name] = addrs
 		}
 	}

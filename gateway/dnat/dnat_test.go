@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -250,5 +251,66 @@ func TestReconcilerFlushesConntrackAfterApply(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, rules.Calls()); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+}
+
+// TestRulesOnlyForRoutedAddresses: the rules redirect what the snapshot's
+// Routes give each edge and nothing they refuse: not a cloud node's address
+// an edge claims, not an address two edges claim with no first holder.
+func TestRulesOnlyForRoutedAddresses(t *testing.T) {
+	fake := &netrules.Fake{}
+	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263})
+	r.Update(snapshot(
+		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}},
+		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a1}},
+		nodewatch.Node{Name: "edge-3", Edge: true, InternalIPs: []netip.Addr{a2, c1}},
+		nodewatch.Node{Name: "cloud-1", InternalIPs: []netip.Addr{c1}},
+	))
+	eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
+	d, _ := fake.Desired()
+	want := map[string][]netip.Addr{"edge-3": {a2}}
+	if !maps.EqualFunc(d.Edges, want, slices.Equal) {
+		t.Errorf("rules for %v, want %v", d.Edges, want)
+	}
+}
+
+// TestVIPForgedAnnotationReplaced: an edge that writes another edge's VIP
+// on itself does not get it: the first holder keeps the VIP and its rules,
+// and the forger is assigned an address of its own, which overwrites its
+// annotation.
+func TestVIPForgedAnnotationReplaced(t *testing.T) {
+	fake := &netrules.Fake{}
+	link := &fakeLink{}
+	patcher := &fakePatcher{set: map[string]netip.Addr{}}
+	cidr := netip.MustParsePrefix("100.100.0.0/24")
+	vips := &VIPs{CIDR: cidr, Link: link, Patcher: patcher}
+	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeVIP, Ports: []uint16{10250}, ProxyPort: 10263, VIPs: vips})
+	policy := nodewatch.Policy{Mode: nodewatch.ModeVIP, VIPCIDR: cidr}
+	v1 := netip.MustParseAddr("100.100.0.7")
+	honest := nodewatch.Node{Name: "edge-b", Edge: true, InternalIPs: []netip.Addr{a1}, VIP: v1}
+	first := snapshot(honest)
+	first.Routes = nodewatch.Resolve(first.Nodes, policy, nil, nil)
+	// The forger sorts first: name order would hand it v1.
+	second := snapshot(honest, nodewatch.Node{Name: "edge-a", Edge: true, InternalIPs: []netip.Addr{a2}, VIP: v1})
+	second.Routes = nodewatch.Resolve(second.Nodes, policy, nil, first.Routes)
+	r.Update(second)
+
+	eventually(t, "a VIP of its own recorded for the forger", func() bool {
+		patcher.mu.Lock()
+		defer patcher.mu.Unlock()
+		return patcher.set["edge-a"].IsValid()
+	})
+	patcher.mu.Lock()
+	defer patcher.mu.Unlock()
+	if got := patcher.set["edge-a"]; got == v1 || !cidr.Contains(got) {
+		t.Errorf("forger assigned %v", got)
+	}
+	if _, ok := patcher.set["edge-b"]; ok {
+		t.Errorf("the first holder's VIP was rewritten to %v", patcher.set["edge-b"])
+	}
+	eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
+	d, _ := fake.Desired()
+	if want := map[string][]netip.Addr{"edge-b": {v1}}; !maps.EqualFunc(d.Edges, want, slices.Equal) {
+		t.Errorf("rules for %v, want %v", d.Edges, want)
 	}
 }

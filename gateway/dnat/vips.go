@@ -43,20 +43,26 @@ type VIPs struct {
 }
 
 // Sync records missing or changed VIPs and puts the recorded ones of s on
-// the link. Snapshots lag the patches: an address appears on the link (and
+// the link. A VIP the snapshot does not route to its node (nodewatch.Resolve
+// refused it) is replaced. Snapshots lag the patches: an address appears on the link (and
 // in the rules) once its annotation comes back through the watcher.
 func (v *VIPs) Sync(ctx context.Context, s *nodewatch.Snapshot) error {
 	var nodes []string
 	recorded := map[string]netip.Addr{}
 	var held []netip.Addr
+	routes := s.Routing(nodewatch.ModeVIP)
 	for _, name := range slices.Sorted(maps.Keys(s.Nodes)) {
 		n := s.Nodes[name]
 		if !n.Edge {
 			continue
 		}
 		nodes = append(nodes, name)
-		if n.VIP.IsValid() {
-			recorded[name] = n.VIP
+		// Only a VIP the snapshot routes to the node counts as recorded: one
+		// the node shares with another (a forged annotation, or a race the
+		// node did not win first) or that lies outside the CIDR is assigned
+		// anew, and the new address overwrites the annotation.
+		if vips := routes.Of(name); len(vips) > 0 {
+			recorded[name] = vips[0]
 		}
 	}
 	want, assignErr := vip.Assign(v.CIDR, nodes, recorded)

@@ -128,3 +128,24 @@ func waitUntil(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestRecordsFollowRoutes: DNS and the hosts ConfigMap answer an edge node
+// only with the addresses the gateway routes to it: not a cloud node's
+// address it claims, not one it shares with another edge (with no first
+// holder), in both address modes.
+func TestRecordsFollowRoutes(t *testing.T) {
+	snap := &nodewatch.Snapshot{Version: 1, Nodes: map[string]nodewatch.Node{
+		"edge-1":  {Name: "edge-1", Edge: true, InternalIPs: addrs("10.0.0.1"), VIP: netip.MustParseAddr("100.64.0.1")},
+		"edge-2":  {Name: "edge-2", Edge: true, InternalIPs: addrs("10.0.0.1", "10.0.0.2"), VIP: netip.MustParseAddr("100.64.0.1")},
+		"evil":    {Name: "evil", Edge: true, InternalIPs: addrs("172.16.0.1")},
+		"cloud-1": {Name: "cloud-1", InternalIPs: addrs("172.16.0.1")},
+	}}
+	got := renderHosts(records(snap, nodewatch.ModeNodeIP, true))
+	want := "172.16.0.1\tcloud-1\n10.0.0.2\tedge-2\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("node-ip (-want +got):\n%s", diff)
+	}
+	if got := renderHosts(records(snap, nodewatch.ModeVIP, false)); got != "" {
+		t.Errorf("vip mode answers a VIP two edges claim: %q", got)
+	}
+}

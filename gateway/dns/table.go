@@ -46,15 +46,20 @@ type record struct {
 }
 
 // records returns the names to serve from snap, sorted by node name: edge
-// nodes with the addresses that reach them in mode, cloud nodes with their
+// nodes with the addresses the snapshot routes to them (in mode; never an
+// address it refuses, such as one two edges claim), cloud nodes with their
 // own addresses when cloud is set. Nodes without an address are left out.
 func records(snap *nodewatch.Snapshot, mode nodewatch.Mode, cloud bool) []record {
+	routes := snap.Routing(mode)
 	rs := make([]record, 0, len(snap.Nodes))
 	for _, n := range snap.Nodes {
 		if !n.Edge && !cloud {
 			continue
 		}
 		addrs := n.Reach(mode)
+		if n.Edge {
+			addrs = routes.Of(n.Name)
+		}
 		if len(addrs) == 0 {
 			continue
 		}

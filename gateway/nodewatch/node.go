@@ -61,6 +61,9 @@ type Node struct {
 	// in the order the API gives them; when a node has no InternalIP its
 	// ExternalIP addresses stand in.
 	InternalIPs []netip.Addr
+	// ExternalIPs are the node's ExternalIP addresses. The gateway never
+	// routes an address of a cloud node, of either kind, to an edge.
+	ExternalIPs []netip.Addr
 	// VIP is the tether.io/vip annotation when present and a valid address;
 	// the zero Addr otherwise.
 	VIP netip.Addr
@@ -83,7 +86,7 @@ func (n Node) Reach(mode Mode) []netip.Addr {
 // Equal reports whether two Nodes hold the same data.
 func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.Edge == o.Edge && n.Pool == o.Pool &&
-		n.VIP == o.VIP && slices.Equal(n.InternalIPs, o.InternalIPs)
+		n.VIP == o.VIP && slices.Equal(n.InternalIPs, o.InternalIPs) && slices.Equal(n.ExternalIPs, o.ExternalIPs)
 }
 
 // fromObject converts a Node object. The returned warning is non-empty when
@@ -94,11 +97,12 @@ func fromObject(obj *corev1.Node, edge labels.Selector) (n Node, warning string)
 		Edge: edge.Matches(labels.Set(obj.Labels)),
 		Pool: obj.Labels[PoolLabel],
 	}
+	var w string
 	n.InternalIPs, warning = addresses(obj.Status.Addresses, corev1.NodeInternalIP)
+	n.ExternalIPs, w = addresses(obj.Status.Addresses, corev1.NodeExternalIP)
+	warning = join(warning, w)
 	if len(n.InternalIPs) == 0 {
-		var w string
-		n.InternalIPs, w = addresses(obj.Status.Addresses, corev1.NodeExternalIP)
-		warning = join(warning, w)
+		n.InternalIPs = n.ExternalIPs
 	}
 	if v, ok := obj.Annotations[VIPAnnotation]; ok {
 		a, err := netip.ParseAddr(v)

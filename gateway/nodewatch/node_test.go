@@ -28,7 +28,7 @@ func TestFromObject(t *testing.T) {
 				map[string]string{VIPAnnotation: "100.64.0.7"},
 				addr(corev1.NodeHostName, "edge-1"), addr(corev1.NodeInternalIP, "10.0.0.1"),
 				addr(corev1.NodeExternalIP, "203.0.113.1"), addr(corev1.NodeInternalIP, "fd00::1")),
-			want: Node{Name: "edge-1", Edge: true, Pool: "shop", InternalIPs: ips("10.0.0.1", "fd00::1"), VIP: ip("100.64.0.7")},
+			want: Node{Name: "edge-1", Edge: true, Pool: "shop", InternalIPs: ips("10.0.0.1", "fd00::1"), ExternalIPs: ips("203.0.113.1"), VIP: ip("100.64.0.7")},
 		},
 		{
 			name: "edge label must be true",
@@ -50,7 +50,7 @@ func TestFromObject(t *testing.T) {
 		{
 			name: "ExternalIP stands in when there is no InternalIP",
 			obj:  node("n", nil, nil, addr(corev1.NodeExternalIP, "203.0.113.9"), addr(corev1.NodeHostName, "n")),
-			want: Node{Name: "n", InternalIPs: ips("203.0.113.9")},
+			want: Node{Name: "n", InternalIPs: ips("203.0.113.9"), ExternalIPs: ips("203.0.113.9")},
 		},
 		{
 			name: "duplicates dropped, IPv4-mapped unmapped, invalid ignored with a warning",

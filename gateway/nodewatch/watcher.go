@@ -8,6 +8,13 @@
 // to every subscriber in order. A burst of events (the initial list, a
 // relist) is coalesced into a few snapshots rather than one per event.
 // Nothing is published before the informer has synced.
+//
+// Each snapshot carries the routing decision (Routes, see Resolve): which
+// edge node each address reaches. The publisher resolves it from the new
+// Nodes, the previous decision (an address stays with the node that held
+// it first) and the gateway host's own addresses, which it reads again on
+// every publish and every HostCheckEvery. New refusals are logged once and
+// counted by reason.
 package nodewatch
 
 import (
@@ -16,11 +23,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -39,6 +48,15 @@ type Options struct {
 	// ResyncPeriod is the informer's resync period; 0 disables resyncs.
 	// A resync that changes nothing publishes nothing.
 	ResyncPeriod time.Duration
+	// Policy decides which addresses edge nodes may be reached at (mode,
+	// ranges); the zero Policy is node-ip mode with no range limit.
+	Policy Policy
+	// GatewayHost returns the gateway host's own addresses, which are
+	// never routed to an edge; nil skips that check (tests on loopback).
+	GatewayHost func() ([]netip.Addr, error)
+	// HostCheckEvery is how often GatewayHost is read again between
+	// publishes (an address added to the host later). Default 30 s.
+	HostCheckEvery time.Duration
 }
 
 // Watcher watches Nodes and publishes Snapshots.
@@ -47,6 +65,14 @@ type Watcher struct {
 	edge   labels.Selector
 	log    *slog.Logger
 	resync time.Duration
+	opts   Options
+
+	refusalsNow   *prometheus.GaugeVec
+	refusalsTotal *prometheus.CounterVec
+	// Touched only by the publisher: the gateway host's addresses as last
+	// read, and the refusals of the last published snapshot.
+	local   []netip.Addr
+	refused map[Refusal]bool
 
 	snap   atomic.Pointer[Snapshot]
 	synced chan struct{} // closed once the first snapshot is published
@@ -66,14 +92,34 @@ type subscriber struct {
 
 // New returns a Watcher; call Run to start it.
 func New(client kubernetes.Interface, opts Options) *Watcher {
+	if opts.Policy.Mode == "" {
+		opts.Policy.Mode = ModeNodeIP
+	}
+	if opts.HostCheckEvery <= 0 {
+		opts.HostCheckEvery = 30 * time.Second
+	}
 	w := &Watcher{
-		client: client,
-		edge:   opts.EdgeSelector,
-		log:    opts.Logger,
-		resync: opts.ResyncPeriod,
-		synced: make(chan struct{}),
-		kick:   make(chan struct{}, 1),
-		nodes:  make(map[string]Node),
+		client:  client,
+		edge:    opts.EdgeSelector,
+		log:     opts.Logger,
+		resync:  opts.ResyncPeriod,
+		opts:    opts,
+		synced:  make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		nodes:   make(map[string]Node),
+		refused: map[Refusal]bool{},
+		refusalsNow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tether_gateway_address_refusals",
+			Help: "Addresses edge nodes claim that the gateway does not route to them now, by reason: conflict (another edge node claims it), cloud_node, gateway_host, outside_ranges, not_unicast.",
+		}, []string{"reason"}),
+		refusalsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_address_refusals_total",
+			Help: "Address claims of edge nodes the gateway refused to route, each counted once when it appears, by reason (see tether_gateway_address_refusals).",
+		}, []string{"reason"}),
+	}
+	for _, r := range Reasons() {
+		w.refusalsNow.WithLabelValues(string(r))
+		w.refusalsTotal.WithLabelValues(string(r))
 	}
 	if w.edge == nil {
 		w.edge = DefaultEdgeSelector()
@@ -81,8 +127,20 @@ func New(client kubernetes.Interface, opts Options) *Watcher {
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
-	w.snap.Store(&Snapshot{Nodes: map[string]Node{}})
+	w.snap.Store(&Snapshot{Nodes: map[string]Node{}, Routes: &Routes{mode: opts.Policy.Mode}})
 	return w
+}
+
+// Describe and Collect make the Watcher a prometheus.Collector of its
+// address refusal metrics.
+func (w *Watcher) Describe(ch chan<- *prometheus.Desc) {
+	w.refusalsNow.Describe(ch)
+	w.refusalsTotal.Describe(ch)
+}
+
+func (w *Watcher) Collect(ch chan<- prometheus.Metric) {
+	w.refusalsNow.Collect(ch)
+	w.refusalsTotal.Collect(ch)
 }
 
 // Snapshot returns the latest published snapshot; before the first sync it
@@ -216,23 +274,34 @@ func (w *Watcher) wake() {
 }
 
 // publishLoop publishes the first snapshot at once, then one per wake-up
-// with changes, and delivers the latest snapshot to subscribers that have
-// not seen it.
+// with changes (of the Nodes or of the gateway host's addresses), and
+// delivers the latest snapshot to subscribers that have not seen it.
 func (w *Watcher) publishLoop(ctx context.Context) {
 	w.wake()
+	hostCheck := time.NewTicker(w.opts.HostCheckEvery)
+	defer hostCheck.Stop()
 	announced := false
 	for {
+		hostChanged := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.kick:
+			hostChanged = w.readHost()
+		case <-hostCheck.C:
+			if hostChanged = w.readHost(); !hostChanged {
+				continue
+			}
 		}
 		w.mu.Lock()
 		snap := w.snap.Load()
-		if w.dirty || snap.Version == 0 {
-			snap = &Snapshot{Nodes: maps.Clone(w.nodes), Version: snap.Version + 1}
+		if w.dirty || hostChanged || snap.Version == 0 {
+			nodes := maps.Clone(w.nodes)
+			routes := Resolve(nodes, w.opts.Policy, w.local, snap.Routes)
+			snap = &Snapshot{Nodes: nodes, Routes: routes, Version: snap.Version + 1}
 			w.dirty = false
 			w.snap.Store(snap)
+			w.reportRefusals(routes)
 		}
 		subs := slices.Clone(w.subs)
 		w.mu.Unlock()
@@ -247,5 +316,54 @@ func (w *Watcher) publishLoop(ctx context.Context) {
 				s.fn(snap)
 			}
 		}
+	}
+}
+
+// readHost reads the gateway host's addresses and reports whether they
+// changed. A failure keeps the previous ones and is logged.
+func (w *Watcher) readHost() bool {
+	if w.opts.GatewayHost == nil {
+		return false
+	}
+	addrs, err := w.opts.GatewayHost()
+	if err != nil {
+		w.log.Warn("read the gateway host's addresses; keeping the previous ones", "err", err)
+		return false
+	}
+	if addrs == nil {
+		addrs = []netip.Addr{}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
+	if w.local != nil && slices.Equal(addrs, w.local) {
+		return false
+	}
+	w.local = addrs
+	return true
+}
+
+// reportRefusals logs and counts the refusals of routes that the previous
+// snapshot did not have, logs the ones that ended, and sets the gauges.
+func (w *Watcher) reportRefusals(routes *Routes) {
+	now := make(map[Refusal]bool, len(routes.Refused()))
+	counts := map[Reason]int{}
+	for _, r := range routes.Refused() {
+		now[r] = true
+		counts[r.Reason]++
+		if w.refused[r] {
+			continue
+		}
+		w.refusalsTotal.WithLabelValues(string(r.Reason)).Inc()
+		w.log.Warn("not routing an address an edge node claims", "node", r.Node, "address", r.Addr,
+			"reason", string(r.Reason), "holder", r.Holder)
+	}
+	for r := range w.refused {
+		if !now[r] {
+			w.log.Info("address refusal ended", "node", r.Node, "address", r.Addr, "reason", string(r.Reason))
+		}
+	}
+	w.refused = now
+	for _, reason := range Reasons() {
+		w.refusalsNow.WithLabelValues(string(reason)).Set(float64(counts[reason]))
 	}
 }

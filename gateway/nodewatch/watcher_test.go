@@ -2,16 +2,21 @@ package nodewatch
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/tether-edge/tether/gateway/internal/metrictest"
 )
 
 // TestWatcherFake checks the publishing logic against client-go's fake
@@ -146,4 +151,87 @@ func waitFor(t *testing.T, ch <-chan *Snapshot, ok func(*Snapshot) bool) *Snapsh
 			return s
 		}
 	}
+}
+
+// TestWatcherAddressClaims runs the routing decision through the watcher:
+// a node that claims another edge's address later does not get it, whatever
+// its name; the refusal is counted once, however many snapshots carry it;
+// an address that appears on the gateway host is withdrawn from the edge
+// that claimed it at the next host check, without a Node event.
+func TestWatcherAddressClaims(t *testing.T) {
+	client := fake.NewClientset(
+		node("edge-b", map[string]string{EdgeLabel: "true"}, nil, addr(corev1.NodeInternalIP, "10.1.0.11")),
+		node("edge-a", map[string]string{EdgeLabel: "true"}, nil, addr(corev1.NodeInternalIP, "10.1.0.12")),
+	)
+	var mu sync.Mutex
+	host := ips("192.0.2.1")
+	w := New(client, Options{
+		HostCheckEvery: 10 * time.Millisecond,
+		GatewayHost: func() ([]netip.Addr, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(host), nil
+		},
+	})
+	got := make(chan *Snapshot, 100)
+	w.Subscribe(func(s *Snapshot) { got <- s })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	s := next(t, got)
+	if n, _ := s.Routing(ModeNodeIP).Owner(ip("10.1.0.11")); n != "edge-b" {
+		t.Fatalf("owner of 10.1.0.11 after sync: %q", n)
+	}
+
+	// edge-a sorts first and now claims edge-b's address too.
+	nodes := client.CoreV1().Nodes()
+	a, _ := nodes.Get(ctx, "edge-a", metav1.GetOptions{})
+	a.Status.Addresses = []corev1.NodeAddress{addr(corev1.NodeInternalIP, "10.1.0.11")}
+	if _, err := nodes.UpdateStatus(ctx, a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s = waitFor(t, got, func(s *Snapshot) bool { return len(s.Nodes["edge-a"].InternalIPs) == 1 && s.Nodes["edge-a"].InternalIPs[0] == ip("10.1.0.11") })
+	if n, _ := s.Routing(ModeNodeIP).Owner(ip("10.1.0.11")); n != "edge-b" {
+		t.Errorf("owner of 10.1.0.11 after edge-a claimed it: %q, want edge-b", n)
+	}
+	want := []Refusal{{Addr: ip("10.1.0.11"), Node: "edge-a", Reason: ReasonConflict, Holder: "edge-b"}}
+	if diff := cmp.Diff(want, s.Routing(ModeNodeIP).Refused(), addrCmp); diff != "" {
+		t.Errorf("refusals (-want +got):\n%s", diff)
+	}
+
+	// Another change republishes; the conflict is still counted once.
+	b, _ := nodes.Get(ctx, "edge-b", metav1.GetOptions{})
+	b.Labels[PoolLabel] = "shop"
+	if _, err := nodes.Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, got, func(s *Snapshot) bool { return s.Nodes["edge-b"].Pool == "shop" })
+	if n := metric(t, w, "tether_gateway_address_refusals_total", "reason=conflict"); n != 1 {
+		t.Errorf("conflicts counted %v times, want once", n)
+	}
+	if n := metric(t, w, "tether_gateway_address_refusals", "reason=conflict"); n != 1 {
+		t.Errorf("conflicts now: %v, want 1", n)
+	}
+
+	// The host gains edge-b's address: the next host check withdraws it.
+	mu.Lock()
+	host = append(host, ip("10.1.0.11"))
+	mu.Unlock()
+	s = waitFor(t, got, func(s *Snapshot) bool { _, ok := s.Routing(ModeNodeIP).Owner(ip("10.1.0.11")); return !ok })
+	if n := metric(t, w, "tether_gateway_address_refusals", "reason=gateway_host"); n != 2 {
+		t.Errorf("gateway_host refusals now: %v, want both claims (%+v)", n, s.Routing(ModeNodeIP).Refused())
+	}
+}
+
+func metric(t *testing.T, w *Watcher, name string, labels ...string) float64 {
+	t.Helper()
+	v, err := metrictest.Value(w, name, labels...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -155,9 +155,6 @@ func New(open Opener, opts Options) (*Proxy, error) {
 func (p *Proxy) Update(snap *nodewatch.Snapshot) {
 	rt := buildRoutes(snap, p.opts.Mode, p.zones)
 	p.routes.Store(rt)
-	if len(rt.conflicts) > 0 {
-		p.log.Warn("edge nodes share addresses; the first by name gets the traffic", "conflicts", rt.conflicts)
-	}
 	p.log.Debug("proxy routes updated", "addresses", len(rt.byAddr), "names", len(rt.byName), "version", snap.Version)
 }
 

@@ -17,15 +17,14 @@ type route struct {
 // routes is an immutable index built from one nodewatch Snapshot.
 type routes struct {
 	// byAddr maps each address that reaches an edge node in the active mode
-	// (its InternalIPs in node-ip mode, its VIP in vip mode) to the node.
+	// to the node: exactly the snapshot's Routes, which leave out every
+	// address that is not uniquely that edge's (nodewatch.Resolve).
 	byAddr map[netip.Addr]route
 	// byName maps each edge node's name to the node.
 	byName map[string]route
 	// zones are the DNS zones a name may carry after the node name,
 	// lowercase and without leading or trailing dots.
 	zones []string
-	// conflicts lists addresses claimed by more than one edge node.
-	conflicts []string
 }
 
 // normalizeZones returns zones as routes keeps them.
@@ -42,11 +41,13 @@ func normalizeZones(zones []string) []string {
 // buildRoutes indexes the edge nodes of snap. Where an edge node is reached
 // through a VIP, the edge is asked to dial the node's first InternalIP:
 // the VIP exists only on the gateway. A node reached by name is dialled at
-// its first InternalIP in either mode. When two nodes claim an address, the
-// one whose name sorts first keeps it (as netrules does).
+// its first InternalIP in either mode: its name is its own (the tunnel
+// registers under the name in its certificate), whatever addresses it
+// claims.
 func buildRoutes(snap *nodewatch.Snapshot, mode nodewatch.Mode, zones []string) *routes {
+	rs := snap.Routing(mode)
 	rt := &routes{
-		byAddr: make(map[netip.Addr]route),
+		byAddr: make(map[netip.Addr]route, rs.Len()),
 		byName: make(map[string]route),
 		zones:  zones,
 	}
@@ -56,17 +57,10 @@ func buildRoutes(snap *nodewatch.Snapshot, mode nodewatch.Mode, zones []string) 
 		}
 		home := n.InternalIPs[0]
 		rt.byName[strings.ToLower(name)] = route{node: name, dial: home}
-		for _, a := range n.Reach(mode) {
-			a = a.Unmap()
+		for _, a := range rs.Of(name) {
 			dial := a
 			if mode == nodewatch.ModeVIP {
 				dial = home
-			}
-			if prev, ok := rt.byAddr[a]; ok {
-				rt.conflicts = append(rt.conflicts, a.String()+" ("+prev.node+", "+name+")")
-				if prev.node < name {
-					continue
-				}
 			}
 			rt.byAddr[a] = route{node: name, dial: dial}
 		}

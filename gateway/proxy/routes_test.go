@@ -21,7 +21,8 @@ func testSnapshot() *nodewatch.Snapshot {
 		{Name: "edge-2", Edge: true, InternalIPs: addrs("10.0.0.2")},
 		{Name: "edge-noaddr", Edge: true, VIP: netip.MustParseAddr("100.64.0.9")},
 		{Name: "cloud-1", InternalIPs: addrs("10.1.0.1")},
-		// Two sites reusing a range: the first name keeps the address.
+		// Two sites reusing a range in node-ip mode: with no history (both
+		// appear at once) neither gets the address; never the first by name.
 		{Name: "site-b", Edge: true, InternalIPs: addrs("192.168.1.10")},
 		{Name: "site-a", Edge: true, InternalIPs: addrs("192.168.1.10")},
 	}
@@ -50,7 +51,7 @@ func TestRoutes(t *testing.T) {
 		{nodeIP, "10.0.0.2", ok("edge-2", "10.0.0.2")},
 		{nodeIP, "100.64.0.1", none}, // VIPs only in vip mode
 		{nodeIP, "10.1.0.1", none},   // cloud nodes need no gateway
-		{nodeIP, "192.168.1.10", ok("site-a", "192.168.1.10")},
+		{nodeIP, "192.168.1.10", none},
 		{vip, "100.64.0.1", ok("edge-1", "10.0.0.1")}, // the edge dials the node's own address
 		{vip, "10.0.0.1", none},
 		{vip, "100.64.0.9", none}, // a node without addresses cannot be dialled
@@ -59,8 +60,20 @@ func TestRoutes(t *testing.T) {
 			t.Errorf("addr(%s) = %+v, want %+v", tc.addr, got, tc.want)
 		}
 	}
-	if len(nodeIP.conflicts) != 1 {
-		t.Errorf("conflicts = %q, want the one shared address", nodeIP.conflicts)
+
+	// With the watcher's history, the node that held the address first
+	// keeps it, though the other sorts first.
+	held := testSnapshot()
+	delete(held.Nodes, "site-a")
+	first := nodewatch.Resolve(held.Nodes, nodewatch.Policy{Mode: nodewatch.ModeNodeIP}, nil, nil)
+	later := testSnapshot()
+	later.Routes = nodewatch.Resolve(later.Nodes, nodewatch.Policy{Mode: nodewatch.ModeNodeIP}, nil, first)
+	if got, _ := buildRoutes(later, nodewatch.ModeNodeIP, zones).addr(netip.MustParseAddr("192.168.1.10")); got != ok("site-b", "192.168.1.10") {
+		t.Errorf("contested address with history routes to %+v, want the first holder site-b", got)
+	}
+	// Routes of another mode route nothing.
+	if got := buildRoutes(later, nodewatch.ModeVIP, zones); len(got.byAddr) != 0 {
+		t.Errorf("node-ip routes used in vip mode: %v", got.byAddr)
 	}
 
 	for _, tc := range []struct {
