@@ -194,7 +194,9 @@ func TestWatcherAddressClaims(t *testing.T) {
 	if _, err := nodes.UpdateStatus(ctx, a, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s = waitFor(t, got, func(s *Snapshot) bool { return len(s.Nodes["edge-a"].InternalIPs) == 1 && s.Nodes["edge-a"].InternalIPs[0] == ip("10.1.0.11") })
+	s = waitFor(t, got, func(s *Snapshot) bool {
+		return len(s.Nodes["edge-a"].InternalIPs) == 1 && s.Nodes["edge-a"].InternalIPs[0] == ip("10.1.0.11")
+	})
 	if n, _ := s.Routing(ModeNodeIP).Owner(ip("10.1.0.11")); n != "edge-b" {
 		t.Errorf("owner of 10.1.0.11 after edge-a claimed it: %q, want edge-b", n)
 	}
