@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/internal/admin"
 )
 
@@ -146,5 +148,37 @@ func TestUsage(t *testing.T) {
 		if code != tc.code || !strings.Contains(errOut, tc.out) {
 			t.Errorf("tetherctl %q: exit %d, stderr %q; want %d and %q", tc.args, code, errOut, tc.code, tc.out)
 		}
+	}
+}
+
+// TestStatusAddressRefusals: the addresses a gateway does not route to the
+// edge that claims them are listed once per claim, with the replicas that
+// refuse it.
+func TestStatusAddressRefusals(t *testing.T) {
+	refusals := []nodewatch.Refusal{
+		{Addr: netip.MustParseAddr("10.1.0.11"), Node: "edge-evil", Reason: nodewatch.ReasonConflict, Holder: "edge-a1"},
+		{Addr: netip.MustParseAddr("10.0.0.5"), Node: "edge-evil", Reason: nodewatch.ReasonCloudNode},
+	}
+	gw1 := serveStatus(t, gateway.Status{Replica: "gw1", Edges: []gateway.EdgeStatus{}, AddressRefusals: refusals})
+	gw2 := serveStatus(t, gateway.Status{Replica: "gw2", Edges: []gateway.EdgeStatus{}, AddressRefusals: refusals[:1]})
+	code, out, errOut := runCtl("status", "--gateway", gw1+","+gw2)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	_, table, ok := strings.Cut(out, "2 address claims not routed")
+	if !ok {
+		t.Fatalf("no address refusals in:\n%s", out)
+	}
+	var got [][]string
+	for _, l := range strings.Split(strings.TrimSpace(table), "\n")[1:] {
+		got = append(got, strings.Fields(l))
+	}
+	want := [][]string{
+		{"ADDRESS", "CLAIMED", "BY", "REASON", "ROUTED", "TO", "REPLICAS"},
+		{"10.0.0.5", "edge-evil", "cloud_node", "none", "gw1"},
+		{"10.1.0.11", "edge-evil", "conflict", "edge-a1", "gw1,gw2"},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("refusals (-want +got):\n%s\n%s", d, out)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -154,14 +155,16 @@ func unwrapURLError(err error) error {
 	return err
 }
 
+// edgeRow is one edge connection of one replica.
+type edgeRow struct {
+	replica string
+	e       gateway.EdgeStatus
+}
+
 // writeTable prints a line per gateway, then one table of every edge
 // connection, sorted by node and replica.
 func writeTable(w io.Writer, gws []gatewayStatus, now time.Time) {
-	type row struct {
-		replica string
-		e       gateway.EdgeStatus
-	}
-	var rows []row
+	var rows []edgeRow
 	for _, g := range gws {
 		ready := "ready"
 		if !g.Ready {
@@ -170,17 +173,53 @@ func writeTable(w io.Writer, gws []gatewayStatus, now time.Time) {
 		fmt.Fprintf(w, "gateway %s: replica %s, version %s, mode %s, %s; %d of %d edge nodes connected\n",
 			g.Gateway, g.Replica, g.Version, g.Mode, ready, len(g.Edges), g.EdgeNodes)
 		for _, e := range g.Edges {
-			rows = append(rows, row{g.Replica, e})
+			rows = append(rows, edgeRow{g.Replica, e})
 		}
 	}
-	slices.SortFunc(rows, func(a, b row) int {
+	slices.SortFunc(rows, func(a, b edgeRow) int {
 		return cmp.Or(cmp.Compare(a.e.Node, b.e.Node), cmp.Compare(a.replica, b.replica))
 	})
 	fmt.Fprintln(w)
 	if len(rows) == 0 {
 		fmt.Fprintln(w, "no edges connected")
+	} else {
+		writeEdges(w, rows, now)
+	}
+	writeRefusals(w, gws)
+}
+
+// writeRefusals prints the addresses edge nodes claim that a gateway does
+// not route to them, once per claim with the replicas that refuse it.
+func writeRefusals(w io.Writer, gws []gatewayStatus) {
+	type key struct{ addr, node, reason, holder string }
+	replicas := map[key][]string{}
+	for _, g := range gws {
+		for _, r := range g.AddressRefusals {
+			k := key{r.Addr.String(), r.Node, string(r.Reason), r.Holder}
+			replicas[k] = append(replicas[k], g.Replica)
+		}
+	}
+	if len(replicas) == 0 {
 		return
 	}
+	keys := slices.SortedFunc(maps.Keys(replicas), func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.node, b.node), cmp.Compare(a.reason, b.reason))
+	})
+	fmt.Fprintf(w, "\n%d address claims not routed (a node claims an address that is not uniquely its own edge address):\n", len(keys))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ADDRESS\tCLAIMED BY\tREASON\tROUTED TO\tREPLICAS")
+	for _, k := range keys {
+		holder := k.holder
+		if holder == "" {
+			holder = "none"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.addr, k.node, k.reason, holder, strings.Join(replicas[k], ","))
+	}
+	tw.Flush()
+}
+
+// writeEdges prints the table of edge connections.
+func writeEdges(w io.Writer, rows []edgeRow, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tPOOL\tREPLICA\tRTT\tSTREAMS\tBYTES UP\tBYTES DOWN\tCONNECTED SINCE")
 	for _, r := range rows {
