@@ -60,6 +60,7 @@ func newServerMetrics(reg prometheus.Registerer) (*serverMetrics, error) {
 
 // followerMetrics are the replication client's.
 type followerMetrics struct {
+	refused   *prometheus.CounterVec
 	frames    *prometheus.CounterVec
 	bytes     prometheus.Counter
 	resyncs   prometheus.Counter
@@ -69,6 +70,9 @@ type followerMetrics struct {
 
 func newFollowerMetrics(reg prometheus.Registerer) (*followerMetrics, error) {
 	m := &followerMetrics{
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNS, Subsystem: metricsSub, Name: "leaders_refused_total",
+			Help: "Leaders this follower refused to replicate from, by reason: unknown_node, other_pool (the leader is not a member of this node's pool), no_pool (this node's pool is unknown), counted once a leader until a stream opens; too_many_objects, too_large (the replica would pass its bounds), sync_in_future (a sync mark ahead of this node's clock), counted per stream ended."},
+			[]string{"reason"}),
 		frames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricsNS, Subsystem: metricsSub, Name: "frames_received_total",
 			Help: "Replication frames received from the leader, by type: snapshot, objects, changes, sync."},
 			[]string{"type"}),
@@ -84,7 +88,10 @@ func newFollowerMetrics(reg prometheus.Registerer) (*followerMetrics, error) {
 	for _, t := range frameTypes {
 		m.frames.WithLabelValues(t)
 	}
-	return m, register(reg, m.frames, m.bytes, m.resyncs, m.connected, m.lag)
+	for _, r := range leaderRefusalReasons {
+		m.refused.WithLabelValues(r)
+	}
+	return m, register(reg, m.refused, m.frames, m.bytes, m.resyncs, m.connected, m.lag)
 }
 
 // register registers cs with reg, if any.

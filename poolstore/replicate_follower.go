@@ -34,6 +34,22 @@ type FollowerOptions struct {
 	// BackoffMax (30 s), jittered; it starts over after a stream lived
 	// BackoffReset (1 min) or when the leader changes.
 	BackoffInitial, BackoffMax, BackoffReset time.Duration
+	// MaxObjects and MaxBytes (of the objects' JSON) bound what a leader
+	// can make this node hold: a snapshot larger, or changes that could
+	// take the replica past either, end the stream, and the replica stays
+	// as it was (not replaced by a part of the snapshot). Defaults 100,000
+	// objects and 256 MiB: the default resources of a cluster at
+	// Kubernetes' scalability limits (10,000 Services, 150,000 Pods behind
+	// them) are about 32,000 objects and 110 MB (an endpoint is ~280
+	// bytes in an EndpointSlice and ~190 in Endpoints, a Service 1.5 KB,
+	// managedFields included).
+	MaxObjects int
+	MaxBytes   int64
+	// MaxSyncAhead: a sync frame whose syncedAt is later than this node's
+	// clock plus this, or that gives a negative age, ends the stream, so
+	// that a leader cannot make the replica look fresh for ever. Node
+	// clocks must agree within it. Default 1 min.
+	MaxSyncAhead time.Duration
 	// Registerer, if set, gets the follower's metrics.
 	Registerer prometheus.Registerer
 }
@@ -66,6 +82,10 @@ type Follower struct {
 	// wantSnapshot asks the next stream for a snapshot (after a gap).
 	// Only Run's goroutine uses it.
 	wantSnapshot bool
+	// refusedLeader is the leader and reason last refused for its
+	// membership (logged and counted once); "" once a stream opened. Only
+	// Run's goroutine uses it.
+	refusedLeader string
 
 	mu sync.Mutex
 	st FollowerStatus
@@ -76,6 +96,26 @@ var (
 	errLeaderChanged = errors.New("the pool leader changed")
 	errStale         = errors.New("no frame from the leader for too long")
 )
+
+// Defaults of FollowerOptions' bounds of the replica.
+const (
+	DefaultMaxObjects = 100_000
+	DefaultMaxBytes   = 256 << 20
+)
+
+// Reasons a follower refuses a leader, the "reason" label of
+// tether_edge_pool_leaders_refused_total, besides the membership reasons
+// of peers_refused_total (refusedUnknownNode: Members does not know the
+// leader's pool; refusedOtherPool; refusedNoPool: this node's own pool is
+// unknown), for which it does not connect.
+const (
+	refusedTooManyObjects = "too_many_objects" // the replica would pass MaxObjects
+	refusedTooLarge       = "too_large"        // the replica would pass MaxBytes
+	refusedSyncInFuture   = "sync_in_future"   // a sync mark ahead of this node's clock
+)
+
+var leaderRefusalReasons = []string{refusedUnknownNode, refusedOtherPool, refusedNoPool,
+	refusedTooManyObjects, refusedTooLarge, refusedSyncInFuture}
 
 // NewFollower checks o and registers the metrics; Run does the work.
 func NewFollower(o FollowerOptions) (*Follower, error) {
@@ -92,6 +132,13 @@ func NewFollower(o FollowerOptions) (*Follower, error) {
 	o.BackoffInitial = cmpOr(o.BackoffInitial, 200*time.Millisecond)
 	o.BackoffMax = cmpOr(o.BackoffMax, 30*time.Second)
 	o.BackoffReset = cmpOr(o.BackoffReset, time.Minute)
+	if o.MaxObjects <= 0 {
+		o.MaxObjects = DefaultMaxObjects
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	o.MaxSyncAhead = cmpOr(o.MaxSyncAhead, time.Minute)
 	f := &Follower{o: o, client: client, log: o.Logger}
 	if f.m, err = newFollowerMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("pool follower metrics: %w", err)
@@ -111,8 +158,28 @@ func (f *Follower) DelegateToLeader(ctx context.Context, lease []byte) error {
 	case f.o.Self:
 		return errors.New("delegate heartbeat: this node is the leader")
 	default:
+		if err := f.checkLeader(leader); err != nil {
+			return fmt.Errorf("delegate heartbeat: %w", err)
+		}
 		return f.client.SendHeartbeat(ctx, leader, lease)
 	}
+}
+
+// checkLeader refuses (a *refusal) a leader that Members does not place
+// in this node's own pool.
+func (f *Follower) checkLeader(leader string) error {
+	own, ok := f.o.Members.Pool(f.o.Self)
+	if !ok {
+		return &refusal{refusedNoPool, fmt.Errorf("this node's pool is unknown: not following %s", leader)}
+	}
+	theirs, ok := f.o.Members.Pool(leader)
+	switch {
+	case !ok:
+		return &refusal{refusedUnknownNode, fmt.Errorf("leader %s is no known member of a pool", leader)}
+	case theirs != own:
+		return &refusal{refusedOtherPool, fmt.Errorf("leader %s is in pool %q, this node in %q", leader, theirs, own)}
+	}
+	return nil
 }
 
 // Status is a copy of the follower's status.
@@ -150,6 +217,13 @@ func (f *Follower) Run(ctx context.Context) error {
 		if leader != last {
 			bo, last = template, leader
 		}
+		if err := f.checkLeader(leader); err != nil {
+			f.refused(leader, err)
+			if !sleep(ctx, f.o.Clock, f.o.CheckInterval) {
+				return nil
+			}
+			continue
+		}
 		started := f.o.Clock.Now()
 		err := f.follow(ctx, leader)
 		if ctx.Err() != nil {
@@ -159,6 +233,7 @@ func (f *Follower) Run(ctx context.Context) error {
 			bo = template
 		}
 		f.setError(err)
+		f.refused(leader, err)
 		d := bo.Step()
 		f.log.Info("pool replication stream ended; reconnecting", "leader", leader, "err", err, "in", d)
 		if !sleep(ctx, f.o.Clock, d) {
@@ -227,6 +302,10 @@ func (f *Follower) watch(ctx context.Context, cancel context.CancelCauseFunc, le
 			cancel(fmt.Errorf("%w: from %s to %q", errLeaderChanged, leader, now))
 			return
 		}
+		if err := f.checkLeader(leader); err != nil {
+			cancel(err)
+			return
+		}
 		f.mu.Lock()
 		last := f.st.LastFrame
 		f.mu.Unlock()
@@ -238,11 +317,12 @@ func (f *Follower) watch(ctx context.Context, cancel context.CancelCauseFunc, le
 }
 
 // apply reads frames and applies them to the store until the stream ends
-// or a frame cannot be applied.
+// or a frame cannot be applied or is refused (a *refusal).
 func (f *Follower) apply(r *frameReader) error {
 	store := f.o.Store
 	var snap *Snapshot   // being received
 	var want int         // its number of objects
+	var size int64       // and of bytes so far
 	var synced time.Time // the leader's SyncedAt last marked
 	for {
 		fr, n, err := r.next()
@@ -255,17 +335,29 @@ func (f *Follower) apply(r *frameReader) error {
 		f.received(fr, n)
 		switch fr.Type {
 		case frameSnapshot:
+			if fr.Count < 0 {
+				return fmt.Errorf("protocol error: a snapshot of %d objects", fr.Count)
+			}
+			if fr.Count > f.o.MaxObjects {
+				return &refusal{refusedTooManyObjects, fmt.Errorf("a snapshot of %d objects, more than %d", fr.Count, f.o.MaxObjects)}
+			}
 			snap = &Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources,
-				Objects: make([]Change, 0, min(max(fr.Count, 0), 1<<16))}
-			want = fr.Count
+				Objects: make([]Change, 0, min(fr.Count, 1<<16))}
+			want, size = fr.Count, 0
 		case frameObjects:
 			if snap == nil || len(snap.Objects)+len(fr.Items) > want {
 				return errors.New("protocol error: objects beyond a snapshot")
+			}
+			if size += objectBytes(fr.Items); size > f.o.MaxBytes {
+				return &refusal{refusedTooLarge, fmt.Errorf("a snapshot of more than %d bytes of objects", f.o.MaxBytes)}
 			}
 			snap.Objects = append(snap.Objects, fr.Items...)
 		case frameChanges:
 			if snap != nil {
 				return errors.New("protocol error: changes inside a snapshot")
+			}
+			if err := f.checkGrowth(fr.Items); err != nil {
+				return err
 			}
 			if err := store.ApplyChanges(fr.Epoch, fr.Items); err != nil {
 				if errors.Is(err, ErrGap) {
@@ -274,9 +366,14 @@ func (f *Follower) apply(r *frameReader) error {
 				return fmt.Errorf("apply replicated changes: %w", err)
 			}
 		case frameSync:
+			now := f.o.Clock.Now()
+			if fr.AgeMillis < 0 || fr.SyncedAt.After(now.Add(f.o.MaxSyncAhead)) {
+				return &refusal{refusedSyncInFuture, fmt.Errorf("sync mark %s (age %d ms) ahead of this node's clock %s by more than %s",
+					fr.SyncedAt.UTC().Format(time.RFC3339Nano), fr.AgeMillis, now.UTC().Format(time.RFC3339Nano), f.o.MaxSyncAhead)}
+			}
 			if !fr.SyncedAt.IsZero() && !fr.SyncedAt.Equal(synced) {
 				// The leader's sync as old on this clock as on its own.
-				store.MarkSynced(f.o.Clock.Now().Add(-time.Duration(fr.AgeMillis) * time.Millisecond))
+				store.MarkSynced(now.Add(-time.Duration(fr.AgeMillis) * time.Millisecond))
 				synced = fr.SyncedAt
 			}
 		default:
@@ -290,6 +387,55 @@ func (f *Follower) apply(r *frameReader) error {
 			snap = nil
 		}
 		f.m.lag.Set(float64(f.lag(fr.Rev)))
+	}
+}
+
+// checkGrowth refuses changes that could take the replica past
+// MaxObjects or MaxBytes (counting each Added and Modified object as
+// new: a frame's worth above the real growth at most).
+func (f *Follower) checkGrowth(cs []Change) error {
+	var objs int
+	for _, c := range cs {
+		if c.Type == Added || c.Type == Modified {
+			objs++
+		}
+	}
+	if n := f.o.Store.Len() + objs; n > f.o.MaxObjects {
+		return &refusal{refusedTooManyObjects, fmt.Errorf("changes that could take the replica to %d objects, more than %d", n, f.o.MaxObjects)}
+	}
+	if n := f.o.Store.Bytes() + objectBytes(cs); n > f.o.MaxBytes {
+		return &refusal{refusedTooLarge, fmt.Errorf("changes that could take the replica to %d bytes of objects, more than %d", n, f.o.MaxBytes)}
+	}
+	return nil
+}
+
+// objectBytes is the size of the objects in cs.
+func objectBytes(cs []Change) int64 {
+	var n int64
+	for _, c := range cs {
+		n += int64(len(c.Object))
+	}
+	return n
+}
+
+// refused counts and logs err if it is a refusal of leader: a stream
+// refused each time, a leader's membership once until a stream opens.
+func (f *Follower) refused(leader string, err error) {
+	r, ok := errors.AsType[*refusal](err)
+	if !ok {
+		return
+	}
+	switch r.reason {
+	case refusedUnknownNode, refusedOtherPool, refusedNoPool:
+		f.setError(err)
+		if key := leader + "\x00" + r.reason; key != f.refusedLeader {
+			f.refusedLeader = key
+			f.m.refused.WithLabelValues(r.reason).Inc()
+			f.log.Warn("pool leader refused: not a member of this node's pool; not replicating from it", "leader", leader, "reason", r.reason, "err", r.err)
+		}
+	default:
+		f.m.refused.WithLabelValues(r.reason).Inc()
+		f.log.Warn("pool replication stream refused; the replica keeps what it had", "leader", leader, "reason", r.reason, "err", r.err)
 	}
 }
 
@@ -313,6 +459,7 @@ func (f *Follower) loaded(snap *Snapshot) {
 }
 
 func (f *Follower) connected(leader string) {
+	f.refusedLeader = ""
 	f.m.connected.Set(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -242,3 +242,57 @@ func converged(t testing.TB, leader *node, followers ...*node) {
 		})
 	}
 }
+
+// view is a Members that tells some nodes' pools otherwise than the
+// cluster's (a follower whose trusted view differs from what the leader
+// or its server believe); "" is no pool.
+type view struct {
+	Members
+	mu    sync.Mutex
+	pools map[string]string
+}
+
+func (v *view) Pool(node string) (string, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if p, ok := v.pools[node]; ok {
+		return p, p != ""
+	}
+	return v.Members.Pool(node)
+}
+
+func (v *view) set(node, pool string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.pools[node] = pool
+}
+
+// follower runs only a Follower of name (member of pool) on store, with
+// o's bounds, Members and Clock (the cluster's and the real clock if not
+// set); it stops when the test ends.
+func (c *cluster) follower(name, pool string, store *Store, o FollowerOptions) *Follower {
+	c.t.Helper()
+	c.members.set(name, pool, "")
+	cfg := c.peer(name, c.nodeCert(name), c.ca.Pool())
+	cfg.Clock, cfg.Logger = o.Clock, o.Logger
+	if o.Members != nil {
+		cfg.Members = o.Members
+	}
+	o.PeerConfig, o.Store, o.Leader = cfg, store, c.leaderName
+	o.CheckInterval = cmpOr(o.CheckInterval, 10*time.Millisecond)
+	o.StaleAfter = cmpOr(o.StaleAfter, 2*time.Second)
+	o.BackoffInitial = cmpOr(o.BackoffInitial, 10*time.Millisecond)
+	o.BackoffMax = cmpOr(o.BackoffMax, 100*time.Millisecond)
+	f, err := NewFollower(o)
+	if err != nil {
+		c.t.Fatalf("%v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var done sync.WaitGroup
+	done.Go(func() { f.Run(ctx) })
+	c.t.Cleanup(func() {
+		cancel()
+		done.Wait()
+	})
+	return f
+}

@@ -116,6 +116,7 @@ type Store struct {
 	changed   chan struct{}
 	syncedAt  time.Time
 	closed    bool
+	size      int64 // the objects' JSON bytes
 
 	// Pending writes to the file: keys ("resource\x00namespace/name")
 	// whose state changed, resources whose RV changed, and whether
@@ -158,6 +159,7 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("open pool store %s: %w", path, err)
 	}
 	s.db = db
+	s.size = sizeOf(s.resources)
 	for r, res := range s.resources {
 		s.baseRV[r] = res.rv
 	}
@@ -314,6 +316,7 @@ func (s *Store) Load(snap Snapshot) error {
 		return ErrClosed
 	}
 	s.epoch, s.rev, s.resources = snap.Epoch, snap.Rev, resources
+	s.size = sizeOf(resources)
 	s.resetLog()
 	s.rewrite = true
 	s.notify()
@@ -365,6 +368,9 @@ func decodeChanges(cs []Change) ([]*Object, error) {
 			}
 			if o.Namespace != c.Namespace || o.Name != c.Name {
 				return nil, fmt.Errorf("change %d: object %s/%s under key %s/%s", c.Rev, o.Namespace, o.Name, c.Namespace, c.Name)
+			}
+			if o.RV != c.RV {
+				return nil, fmt.Errorf("change %d: object %s/%s at resourceVersion %d, the change says %d", c.Rev, o.Namespace, o.Name, o.RV, c.RV)
 			}
 			objs[i] = o
 		case Deleted, Bookmark:
@@ -509,6 +515,24 @@ func (s *Store) Len() int {
 	return n
 }
 
+// Bytes is the size of the replica's objects, their JSON.
+func (s *Store) Bytes() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.size
+}
+
+// sizeOf is the size of the objects' JSON in resources.
+func sizeOf(resources map[string]*resource) int64 {
+	var n int64
+	for _, res := range resources {
+		for _, o := range res.objs {
+			n += int64(len(o.Raw))
+		}
+	}
+	return n
+}
+
 // MarkSynced records that the leader's watches were all synced at t (on
 // the leader itself, or as a sync frame of the replication stream).
 func (s *Store) MarkSynced(t time.Time) {
@@ -573,11 +597,16 @@ func (s *Store) record(name string, res *resource, c Change, o *Object) {
 	s.rev = c.Rev
 	k := objKey(c.Namespace, c.Name)
 	switch c.Type {
-	case Added, Modified:
-		res.objs[k] = o
-		s.dirtyObjs[name+"\x00"+k] = true
-	case Deleted:
-		delete(res.objs, k)
+	case Added, Modified, Deleted:
+		if old := res.objs[k]; old != nil {
+			s.size -= int64(len(old.Raw))
+		}
+		if c.Type == Deleted {
+			delete(res.objs, k)
+		} else {
+			res.objs[k] = o
+			s.size += int64(len(o.Raw))
+		}
 		s.dirtyObjs[name+"\x00"+k] = true
 	}
 	if c.RV > res.rv {
