@@ -2,81 +2,94 @@ package poolstore
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	testclock "k8s.io/utils/clock/testing"
 )
 
-// FuzzReplicationStream feeds arbitrary bytes to the follower's side of
-// the replication stream: the frame reader, and the checks a snapshot and
-// a batch of changes pass before they touch the replica. Nothing may
-// panic, and what passes must be consistent: a snapshot that decodes
-// holds only objects of the resources it lists, keyed by their own names,
-// and changes that decode carry objects named as their keys.
-// (The store itself is not in the loop: coverage-guided fuzzing of the
-// whole package with its bbolt writes crawls; store_test.go and
-// replicate_test.go apply real streams.)
+// FuzzReplicationStream feeds arbitrary bytes to the follower's side of the
+// replication stream, Follower.apply itself, into a real store (one per
+// fuzzing process, emptied before each input; its file is written in the
+// background, as in production). Nothing may panic, every stream ends
+// with an error (its end is one), and the replica stays within its bounds
+// and consistent: a sync mark never ahead of the follower's clock, its
+// size what its objects weigh, and its own snapshot one a follower would
+// take.
 func FuzzReplicationStream(f *testing.F) {
 	a, b := slice("ns", "a", 5, "app", "x"), slice("ns", "b", 6)
 	objects := []Change{{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns", Name: "a", RV: 5, Object: a},
 		{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns", Name: "b", RV: 6, Object: b}}
-	var seed bytes.Buffer
-	enc := json.NewEncoder(&seed)
-	enc.Encode(frame{Type: frameSnapshot, Epoch: "l/1", Rev: 3, Resources: map[string]uint64{slices_: 10}, Count: 2})
-	enc.Encode(frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: objects})
-	enc.Encode(frame{Type: frameSync, Epoch: "l/1", Rev: 3, SyncedAt: time.Unix(1e9, 0), AgeMillis: 5})
-	f.Add(seed.Bytes())
-	seed.Reset()
-	enc.Encode(frame{Type: frameChanges, Epoch: "l/1", Rev: 5, Items: []Change{
-		{Rev: 4, Resource: slices_, Type: Modified, Namespace: "ns", Name: "a", RV: 11, Object: slice("ns", "a", 11)},
-		{Rev: 5, Resource: slices_, Type: Deleted, Namespace: "ns", Name: "b", RV: 12, Object: b},
-		{Rev: 6, Resource: slices_, Type: Bookmark, RV: 13}}})
-	f.Add(seed.Bytes())
+	now := time.Unix(1e9, 0)
+	seed := func(frames ...frame) {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		for _, fr := range frames {
+			enc.Encode(fr)
+		}
+		f.Add(buf.Bytes())
+	}
+	snapshot := frame{Type: frameSnapshot, Epoch: "l/1", Rev: 3, Resources: map[string]uint64{slices_: 10}, Count: 2}
+	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: objects},
+		frame{Type: frameSync, Epoch: "l/1", Rev: 3, SyncedAt: now.Add(-time.Second), AgeMillis: 5},
+		frame{Type: frameChanges, Epoch: "l/1", Rev: 6, Items: []Change{
+			{Rev: 4, Resource: slices_, Type: Modified, Namespace: "ns", Name: "a", RV: 11, Object: slice("ns", "a", 11)},
+			{Rev: 5, Resource: slices_, Type: Deleted, Namespace: "ns", Name: "b", RV: 12, Object: b},
+			{Rev: 6, Resource: slices_, Type: Bookmark, RV: 13}}})
+	seed(frame{Type: frameSync, SyncedAt: now.Add(time.Hour)})
+	seed(frame{Type: frameSync, SyncedAt: now, AgeMillis: -60_000})
+	seed(frame{Type: frameSnapshot, Epoch: "l/1", Resources: map[string]uint64{slices_: 10}, Count: 9})
+	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: []Change{
+		{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns", Name: "a", RV: 5, Object: slice("ns", "a", 5, "pad", strings.Repeat("x", 5000))}}})
 	f.Add([]byte("{\"type\":\"objects\",\"items\":[{}]}\n"))
 
+	const maxObjects, maxBytes = 8, 4 << 10
+	store, err := Open(filepath.Join(f.TempDir(), FileName), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { store.Close() })
+	clk := testclock.NewFakeClock(now)
+	fol, err := NewFollower(FollowerOptions{
+		PeerConfig: PeerConfig{Self: "f", Members: &members{pools: map[string]string{}, addrs: map[string]string{}}, Clock: clk,
+			Certificate: func() (*tls.Certificate, error) { return nil, errors.New("no dialling here") },
+			CAs:         x509.NewCertPool},
+		Store: store, Leader: func() string { return "" }, MaxObjects: maxObjects, MaxBytes: maxBytes})
+	if err != nil {
+		f.Fatal(err)
+	}
+
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		r := newFrameReader(bytes.NewReader(stream))
-		var snap *Snapshot
-		for range 64 {
-			fr, _, err := r.next()
-			if err != nil {
-				return
-			}
-			switch fr.Type {
-			case frameSnapshot:
-				snap = &Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources}
-			case frameObjects:
-				if snap != nil {
-					snap.Objects = append(snap.Objects, fr.Items...)
-				}
-			case frameChanges:
-				objs, err := decodeChanges(fr.Items)
-				if err != nil {
-					continue
-				}
-				for i, c := range fr.Items {
-					if o := objs[i]; o != nil && (o.Namespace != c.Namespace || o.Name != c.Name) {
-						t.Fatalf("change %d passed with object %s/%s under %s/%s", c.Rev, o.Namespace, o.Name, c.Namespace, c.Name)
-					}
-				}
-			}
-			if snap == nil {
-				continue
-			}
-			resources, err := decodeSnapshot(*snap)
-			if err != nil {
-				continue
-			}
-			for name, res := range resources {
-				if _, listed := snap.Resources[name]; !listed {
-					t.Fatalf("snapshot passed with resource %q it does not list", name)
-				}
-				for k, o := range res.objs {
-					if k != objKey(o.Namespace, o.Name) || o.RV > res.rv {
-						t.Fatalf("snapshot passed with %s at key %s (rv %d > %d)", objKey(o.Namespace, o.Name), k, o.RV, res.rv)
-					}
-				}
-			}
+		if err := store.Load(Snapshot{}); err != nil {
+			t.Fatal(err)
+		}
+		store.MarkSynced(time.Time{})
+		fol.wantSnapshot = false
+		if err := fol.apply(newFrameReader(bytes.NewReader(stream))); err == nil {
+			t.Fatal("apply ended without an error")
+		}
+		if store.Len() > maxObjects || store.Bytes() > maxBytes {
+			t.Fatalf("the replica holds %d objects, %d bytes; bounds %d, %d", store.Len(), store.Bytes(), maxObjects, maxBytes)
+		}
+		if at := store.SyncedAt(); at.After(clk.Now()) {
+			t.Fatalf("replica synced at %v, after the follower's clock %v", at, clk.Now())
+		}
+		snap := store.Snapshot()
+		var size int64
+		for _, c := range snap.Objects {
+			size += int64(len(c.Object))
+		}
+		if size != store.Bytes() {
+			t.Fatalf("Bytes() = %d, the objects weigh %d", store.Bytes(), size)
+		}
+		if _, err := decodeSnapshot(snap); err != nil {
+			t.Fatalf("the replica's own snapshot would be refused: %v", err)
 		}
 	})
 }
