@@ -54,11 +54,17 @@ func TestKubernetesManifests(t *testing.T) {
 			{"get", "secrets", "tether-system", "", false},
 			{"list", "pods", "", "", false},
 			// Delegated heartbeats: node Leases, after reading the pool's
-			// election record; nothing else in tether-system.
+			// election record; the election records, written for the
+			// edges (RBAC cannot name them: any ConfigMap in tether-system,
+			// but no delete, list or watch); nothing else in tether-system.
 			{"update", "leases", "kube-node-lease", "edge-1", true},
 			{"delete", "leases", "kube-node-lease", "edge-1", false},
 			{"get", "configmaps", "tether-system", "pool-shop", true},
-			{"update", "configmaps", "tether-system", "pool-shop", false},
+			{"create", "configmaps", "tether-system", "", true},
+			{"update", "configmaps", "tether-system", "pool-shop", true},
+			{"update", "configmaps", "tether-system", "pool-shop-sync", true},
+			{"delete", "configmaps", "tether-system", "pool-shop", false},
+			{"list", "configmaps", "tether-system", "", false},
 			// --hosts-configmap kube-system/tether-nodes, and nothing else.
 			{"update", "configmaps", "kube-system", "tether-nodes", true},
 			{"create", "configmaps", "kube-system", "", true},

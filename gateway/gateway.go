@@ -34,6 +34,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/dnat"
 	"github.com/tether-edge/tether/gateway/dns"
+	"github.com/tether-edge/tether/gateway/election"
 	"github.com/tether-edge/tether/gateway/heartbeat"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/pooltaint"
@@ -177,6 +178,18 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The pools' election records are written for the edges, which may
+	// only read them: a node's only if it is in the pool and the record
+	// names it.
+	elections, err := election.New(election.Options{
+		Client:     client,
+		Nodes:      watcherPools{g.watcher},
+		Logger:     log.With("part", "election-records"),
+		Registerer: g.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
 	if cfg.DelegatedHeartbeatTaint {
 		g.poolTaint, err = pooltaint.New(client, pooltaint.Options{
 			Threshold:  cfg.DelegatedHeartbeatTaintRenewals,
@@ -201,6 +214,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		Logger:            log,
 		Registerer:        g.metrics,
 		Heartbeats:        g.heartbeats,
+		Elections:         elections,
 	})
 	if err != nil {
 		return nil, err

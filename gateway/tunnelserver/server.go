@@ -29,13 +29,15 @@
 // only, with the number left out reported on the next line.
 //
 // The gateway opens one stream per proxied TCP connection. An edge may
-// open streams of one kind only, delegated heartbeats, and only when
-// Options.Heartbeats is set: at most tunnel.MaxStreamsToGateway at once
+// open streams of two kinds only, delegated heartbeats (when
+// Options.Heartbeats is set) and election record writes (when
+// Options.Elections is): at most tunnel.MaxStreamsToGateway at once
 // (QUIC's MaxIncomingStreams; without a handler it is negative and the
-// edge may open none). Each must bring its tunnel.DelegateRequest within
-// edgeRequestTimeout; a malformed one is answered with tunnel.BadRequest.
+// edge may open none). Each must bring its request
+// (tunnel.ReadEdgeRequest) within edgeRequestTimeout; a malformed one, or
+// one of a kind no handler serves, is answered with tunnel.BadRequest.
 // The handler is told the sender from the connection's verified
-// certificate, never from the request, and its tunnel.Reply is sent back.
+// certificate, never from the request, and its reply is sent back.
 //
 // Shutdown, when Serve's context ends: stop accepting, let the open streams
 // finish for up to Options.ShutdownGrace, then close every connection with
@@ -49,6 +51,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -100,8 +103,10 @@ type Options struct {
 	// verified again (see the package doc); 0 means DefaultRecheckInterval.
 	RecheckInterval time.Duration
 	// Heartbeats, if set, answers the delegate-heartbeat streams edges
-	// open; without it edges may open no stream.
+	// open, and Elections their election record writes; without either
+	// edges may open no stream.
 	Heartbeats Heartbeats
+	Elections  Elections
 }
 
 // Heartbeats answers delegated heartbeats (package gateway/heartbeat).
@@ -110,6 +115,15 @@ type Heartbeats interface {
 	// verified client certificate: OK once the Lease is written, or a
 	// refusal. ctx ends when the stream's time is up or the tunnel closes.
 	Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply
+}
+
+// Elections writes pool election records for edges (package
+// gateway/election).
+type Elections interface {
+	// Elect answers req from sender, the node named by the edge's
+	// verified client certificate: OK with the record as stored, or a
+	// refusal. ctx ends when the stream's time is up or the tunnel closes.
+	Elect(ctx context.Context, sender string, req tunnel.ElectionRequest) tunnel.ElectionReply
 }
 
 // Bounds of a stream an edge opens: its request must arrive within
@@ -135,6 +149,7 @@ type Server struct {
 	evictions *prometheus.CounterVec
 
 	heartbeats  Heartbeats
+	elections   Elections
 	edgeStreams *prometheus.CounterVec
 
 	wg     sync.WaitGroup // connection handlers
@@ -189,8 +204,8 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
 	cfg := tunnel.QUICConfig(opts.Limits)
 	cfg.MaxIncomingStreams = -1 // the gateway opens every stream...
-	if opts.Heartbeats != nil {
-		cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway // ...but delegated heartbeats
+	if opts.Heartbeats != nil || opts.Elections != nil {
+		cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway // ...but the edges' requests
 	}
 	s := &Server{
 		reg:   reg,
@@ -211,9 +226,10 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 			Help: "Tunnel connections by result: registered; refused during the TLS handshake: no_certificate, unknown_ca, expired, bad_certificate; refused after it: not_a_node (verified certificate that names no node).",
 		}, []string{"result"}),
 		heartbeats: opts.Heartbeats,
+		elections:  opts.Elections,
 		edgeStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_edge_streams_total",
-			Help: "Streams edges opened toward the gateway (delegated heartbeats), by result: served (handed to the heartbeat handler, whose metrics say more), bad_request (malformed, another kind, or not sent within 5s), aborted (ended before its request).",
+			Help: "Streams edges opened toward the gateway (delegated heartbeats, election record writes), by result: served (handed to the heartbeat or election handler, whose metrics say more), bad_request (malformed, another kind, or not sent within 5s), aborted (ended before its request).",
 		}, []string{"result"}),
 	}
 	if s.grace <= 0 {
@@ -315,7 +331,7 @@ func (s *Server) handle(conn *quic.Conn) {
 	log := s.log.With("node", e.Node(), "remote", remote)
 	cert := conn.ConnectionState().TLS.PeerCertificates[0] // Register found it
 	log.Info("edge connected", "cert_serial", cert.SerialNumber.Text(16), "cert_not_after", cert.NotAfter)
-	if s.heartbeats != nil {
+	if s.heartbeats != nil || s.elections != nil {
 		s.serveEdgeStreams(conn, e.Node(), remote, log)
 	}
 	<-conn.Context().Done()
@@ -376,11 +392,14 @@ func (s *Server) serveEdgeStreams(conn *quic.Conn, node, remote string, log *slo
 	}
 }
 
-// serveEdgeStream reads one delegate-heartbeat request, hands it to the
-// handler with the sender's node name and writes the handler's reply.
+// serveEdgeStream reads one request, hands it to its handler with the
+// sender's node name and writes the handler's reply.
 func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, remote string, log *slog.Logger) {
 	qs.SetReadDeadline(time.Now().Add(edgeRequestTimeout))
-	req, err := tunnel.ReadDelegateRequest(qs)
+	req, err := tunnel.ReadEdgeRequest(qs)
+	if err == nil && ((req.Delegate != nil && s.heartbeats == nil) || (req.Election != nil && s.elections == nil)) {
+		err = fmt.Errorf("%w: this gateway serves no such request", tunnel.ErrBadHeader)
+	}
 	if err != nil {
 		if !errors.Is(err, tunnel.ErrBadHeader) && !errors.Is(err, os.ErrDeadlineExceeded) {
 			s.edgeStreams.WithLabelValues(streamAborted).Inc()
@@ -391,21 +410,27 @@ func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, rem
 		}
 		s.edgeStreams.WithLabelValues(streamBadRequest).Inc()
 		s.refused("edge stream refused: bad request", "node", node, "remote", remote, "err", err)
-		s.reply(qs, tunnel.Reply{Code: tunnel.BadRequest, Message: err.Error()}, log)
+		rep := tunnel.Reply{Code: tunnel.BadRequest, Message: err.Error()}
+		s.reply(qs, func(w io.Writer) error { return tunnel.WriteReply(w, rep) }, log)
 		return
 	}
 	s.edgeStreams.WithLabelValues(streamServed).Inc()
 	hctx, cancel := context.WithTimeout(ctx, edgeHandleTimeout)
-	rep := s.heartbeats.Delegate(hctx, node, req)
-	cancel()
-	s.reply(qs, rep, log)
+	defer cancel()
+	if req.Delegate != nil {
+		rep := s.heartbeats.Delegate(hctx, node, *req.Delegate)
+		s.reply(qs, func(w io.Writer) error { return tunnel.WriteReply(w, rep) }, log)
+		return
+	}
+	rep := s.elections.Elect(hctx, node, *req.Election)
+	s.reply(qs, func(w io.Writer) error { return tunnel.WriteElectionReply(w, rep) }, log)
 }
 
-// reply writes rep and ends the stream: FIN after the reply, and nothing
-// more is read.
-func (s *Server) reply(qs *quic.Stream, rep tunnel.Reply, log *slog.Logger) {
+// reply writes a reply with write and ends the stream: FIN after the
+// reply, and nothing more is read.
+func (s *Server) reply(qs *quic.Stream, write func(io.Writer) error, log *slog.Logger) {
 	qs.SetWriteDeadline(time.Now().Add(edgeRequestTimeout))
-	if err := tunnel.WriteReply(qs, rep); err != nil {
+	if err := write(qs); err != nil {
 		log.Debug("write reply to edge stream", "err", err)
 		qs.CancelWrite(0)
 	} else {

@@ -1,0 +1,397 @@
+// Package election writes the records of the node pools' leader
+// elections on behalf of the edges, which may only read them.
+//
+// A pool's election record is the ConfigMap tether-system/pool-<pool>
+// (poolstore.LeaseName; client-go's leader record in its annotation), and
+// its leader's sync mark tether-system/pool-<pool>-sync
+// (poolstore.SyncLeaseName; holder and renewTime in its data). They are
+// ConfigMaps because NodeRestriction lets a node identity write no Lease
+// but its own. If nodes wrote them, any node could write any pool's: RBAC
+// cannot tell the pools' ConfigMaps apart (create cannot be limited by
+// name, and pools come and go), and a ValidatingAdmissionPolicy cannot
+// either, for CEL has no lookups and so cannot know the requesting node's
+// pool. So nodes only read them (packaging/kubernetes/pool-rbac.yaml), and
+// an edge campaigns through its tunnel: it sends the record it would
+// write (tunnel.ElectionRequest) and the gateway, trusted already and
+// reached by every edge, writes it with its own RBAC once it has checked
+// that the sender may:
+//
+//  1. the sender, named by its verified client certificate and never by
+//     the request, has a Node (else tunnel.UnknownNode) with a pool label
+//     (NotInPool) equal to the request's pool (OtherPool). The label is
+//     trusted: an admission policy keeps nodes from changing it;
+//  2. the ConfigMap is the pool's record of the kind asked, by name:
+//     tether-system/pool-<pool> for the election record,
+//     tether-system/pool-<pool>-sync for the sync record, nothing else
+//     (BadRecord); it holds a well-formed record (BadRecord), and an
+//     update names the resourceVersion it is based on (BadRecord);
+//  3. the election record names the sender as holder (else NotHolder), or
+//     releases (no holder) a record that names the sender now (NotLeader;
+//     the current record is read); the sync record names the sender
+//     (NotHolder), and the sender holds the pool's election record
+//     (NotLeader), unexpired by the gateway's clock (LeaderExpired).
+//
+// Then the record's times are clamped to the gateway's clock (renewTime
+// and acquireTime no later than now), so that a node cannot write a
+// renewal from the future, and the record is written: created as a
+// ConfigMap of that name holding the record and nothing else, or updated
+// on the object the cluster holds, of which only the record (the election
+// annotation, or the sync record's three data keys) changes, with the
+// resourceVersion the edge sent, so that optimistic concurrency still
+// decides between candidates: a write based on an older version (or a
+// create of an existing record, or an update of a deleted one) is
+// answered Conflict, and the edge's elector reads the record again. Labels,
+// other annotations and other data are the cluster's; nothing else the
+// edge sent is written. The reply carries the record as stored (name,
+// namespace, uid, resourceVersion, creationTimestamp and the record), for
+// the edge's next update.
+//
+// Within its pool a node may take the record whenever it likes, as any
+// candidate may: expiry is judged by the candidates (each by its own
+// clock, from when it saw the record change, as client-go's leader
+// election does), not by the gateway, which keeps no memory of records.
+//
+// Every answer is counted in tether_gateway_election_writes_total by
+// result (ok or the refusal's code); every refusal is logged with the
+// node, the pool, the record and the reason (a conflict, routine between
+// candidates, at info; the others at warn). Nothing is written on a
+// refusal.
+package election
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// NodePools tells the pool of a node.
+type NodePools interface {
+	// NodePool returns the value of the node's poolstore.PoolLabel ("" when
+	// it has none); found is false when there is no such Node.
+	NodePool(ctx context.Context, node string) (pool string, found bool, err error)
+}
+
+// Options configure New.
+type Options struct {
+	// Client reads and writes the ConfigMaps of tether-system with the
+	// gateway's identity. Required.
+	Client kubernetes.Interface
+	// Nodes tells the senders' pools. Required.
+	Nodes NodePools
+	// Clock clamps the records' times and decides whether an election
+	// record has expired; nil means the real clock.
+	Clock clock.PassiveClock
+	// Logger receives refusals and, at debug, writes; nil discards.
+	Logger *slog.Logger
+	// Registerer, if set, gets tether_gateway_election_writes_total.
+	Registerer prometheus.Registerer
+}
+
+// Handler answers the edges' election requests; it implements the tunnel
+// server's Elections.
+type Handler struct {
+	client  kubernetes.Interface
+	nodes   NodePools
+	clock   clock.PassiveClock
+	log     *slog.Logger
+	results *prometheus.CounterVec
+}
+
+// New returns a Handler.
+func New(o Options) (*Handler, error) {
+	if o.Client == nil || o.Nodes == nil {
+		return nil, errors.New("election records: a Kubernetes client and the nodes' pools are required")
+	}
+	h := &Handler{client: o.Client, nodes: o.Nodes, clock: o.Clock, log: o.Logger,
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_election_writes_total",
+			Help: "Pool election records written for edges, by result: ok (created or updated), or the refusal: conflict (written since the version the edge based its write on), bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_request, unavailable (apiserver error).",
+		}, []string{"result"}),
+	}
+	if h.clock == nil {
+		h.clock = clock.RealClock{}
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	for _, c := range tunnel.ElectionCodes() {
+		h.results.WithLabelValues(c.String())
+	}
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(h.results); err != nil {
+			return nil, fmt.Errorf("register election record metrics: %w", err)
+		}
+	}
+	return h, nil
+}
+
+// refusal is why a record was not written.
+type refusal struct {
+	code tunnel.Code
+	msg  string
+}
+
+func (r *refusal) Error() string { return r.code.String() + ": " + r.msg }
+
+func refuse(code tunnel.Code, format string, args ...any) *refusal {
+	return &refusal{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// Elect checks req from sender and writes its record (see the package
+// doc).
+func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionRequest) tunnel.ElectionReply {
+	stored, err := h.elect(ctx, sender, req)
+	var body []byte
+	if err == nil {
+		if body, err = json.Marshal(stored); err == nil && len(body) > tunnel.MaxConfigMapLen {
+			err = refuse(tunnel.Unavailable, "record %s/%s written, but of %d bytes as stored", stored.Namespace, stored.Name, len(body))
+		}
+	}
+	var r *refusal
+	if err != nil && !errors.As(err, &r) {
+		r = refuse(tunnel.Unavailable, "%v", err)
+	}
+	attrs := []any{"node", sender, "pool", req.Pool, "record", req.Record.String(), "op", req.Op.String()}
+	if r != nil {
+		h.results.WithLabelValues(r.code.String()).Inc()
+		level := slog.LevelWarn
+		if r.code == tunnel.Conflict {
+			level = slog.LevelInfo
+		}
+		h.log.Log(ctx, level, "election record write refused", append(attrs, "reason", r.code.String(), "err", r.msg)...)
+		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.code, Message: r.msg}}
+	}
+	h.results.WithLabelValues(tunnel.OK.String()).Inc()
+	h.log.Debug("election record written", append(attrs, "resource_version", stored.ResourceVersion)...)
+	return tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.OK}, ConfigMap: body}
+}
+
+// elect returns the record as stored (only what the reply carries); the
+// error is a *refusal, or an apiserver error.
+func (h *Handler) elect(ctx context.Context, sender string, req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
+	if err := h.checkMember(ctx, sender, req.Pool); err != nil {
+		return nil, err
+	}
+	sent, err := parseConfigMap(req)
+	if err != nil {
+		return nil, err
+	}
+	var cur *corev1.ConfigMap // the stored object an update is made on
+	if req.Op == tunnel.ElectionUpdate {
+		if cur, err = h.configMaps().Get(ctx, sent.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return nil, refuse(tunnel.Conflict, "record %s/%s is gone (deleted since version %s)", sent.Namespace, sent.Name, sent.ResourceVersion)
+		} else if err != nil {
+			return nil, refuse(tunnel.Unavailable, "read record %s/%s: %v", sent.Namespace, sent.Name, err)
+		}
+	}
+	now := h.clock.Now()
+	var write *corev1.ConfigMap
+	switch req.Record {
+	case tunnel.RecordElection:
+		write, err = h.electionRecord(sender, sent, cur, now)
+	default:
+		write, err = h.syncRecord(ctx, sender, req.Pool, sent, cur, now)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var stored *corev1.ConfigMap
+	if cur == nil {
+		stored, err = h.configMaps().Create(ctx, write, metav1.CreateOptions{})
+	} else {
+		stored, err = h.configMaps().Update(ctx, write, metav1.UpdateOptions{})
+	}
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsAlreadyExists(err), apierrors.IsNotFound(err):
+		return nil, refuse(tunnel.Conflict, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
+	case apierrors.IsInvalid(err):
+		return nil, refuse(tunnel.BadRecord, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
+	case err != nil:
+		return nil, refuse(tunnel.Unavailable, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
+	}
+	return reply(stored, req.Record), nil
+}
+
+func (h *Handler) configMaps() typedcorev1.ConfigMapInterface {
+	return h.client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+}
+
+// checkMember refuses unless sender's Node is in pool.
+func (h *Handler) checkMember(ctx context.Context, sender, pool string) error {
+	got, found, err := h.nodes.NodePool(ctx, sender)
+	switch {
+	case err != nil:
+		return refuse(tunnel.Unavailable, "pool of %s: %v", sender, err)
+	case !found:
+		return refuse(tunnel.UnknownNode, "%s has no Node", sender)
+	case got == "":
+		return refuse(tunnel.NotInPool, "%s has no %s label", sender, poolstore.PoolLabel)
+	case got != pool:
+		return refuse(tunnel.OtherPool, "%s is in pool %q, not %q", sender, got, pool)
+	}
+	return nil
+}
+
+// parseConfigMap decodes the sent ConfigMap and checks that it is the
+// pool's record of the kind asked.
+func parseConfigMap(req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
+	var cm corev1.ConfigMap
+	if err := json.Unmarshal(req.ConfigMap, &cm); err != nil {
+		return nil, refuse(tunnel.BadRecord, "not a ConfigMap: %v", err)
+	}
+	if (cm.APIVersion != "" && cm.APIVersion != "v1") || (cm.Kind != "" && cm.Kind != "ConfigMap") {
+		return nil, refuse(tunnel.BadRecord, "a %s %s, not a ConfigMap", cm.APIVersion, cm.Kind)
+	}
+	want := poolstore.LeaseName(req.Pool)
+	if req.Record == tunnel.RecordSync {
+		want = poolstore.SyncLeaseName(req.Pool)
+	}
+	if (cm.Namespace != "" && cm.Namespace != poolstore.LeaseNamespace) || cm.Name != want {
+		return nil, refuse(tunnel.BadRecord, "ConfigMap %s/%s is not pool %s's %s record %s/%s", cm.Namespace, cm.Name,
+			req.Pool, req.Record, poolstore.LeaseNamespace, want)
+	}
+	cm.Namespace = poolstore.LeaseNamespace
+	if req.Op == tunnel.ElectionUpdate && cm.ResourceVersion == "" {
+		return nil, refuse(tunnel.BadRecord, "an update of %s/%s names no resourceVersion", cm.Namespace, cm.Name)
+	}
+	return &cm, nil
+}
+
+// electionRecord checks the election record sent and returns the object
+// to write: cur (nil to create one) with the record, clamped to now.
+func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now time.Time) (*corev1.ConfigMap, error) {
+	if _, ok := sent.Annotations[poolstore.ElectionAnnotation]; !ok {
+		return nil, refuse(tunnel.BadRecord, "%s/%s has no %s annotation", sent.Namespace, sent.Name, poolstore.ElectionAnnotation)
+	}
+	rec, err := poolstore.DecodeElectionRecord(sent)
+	if err != nil {
+		return nil, refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
+	}
+	if rec.LeaseDurationSeconds < 0 || rec.LeaderTransitions < 0 {
+		return nil, refuse(tunnel.BadRecord, "election record %s/%s: negative leaseDurationSeconds or leaderTransitions", sent.Namespace, sent.Name)
+	}
+	switch rec.HolderIdentity {
+	case sender:
+	case "":
+		// A release: only the holder's.
+		if cur == nil {
+			return nil, refuse(tunnel.NotHolder, "a new election record %s/%s must name %s as holder", sent.Namespace, sent.Name, sender)
+		}
+		held, err := poolstore.DecodeElectionRecord(cur)
+		if err != nil {
+			return nil, refuse(tunnel.Unavailable, "stored election record %s/%s: %v", cur.Namespace, cur.Name, err)
+		}
+		if held.HolderIdentity != sender {
+			return nil, refuse(tunnel.NotLeader, "%s may not release %s/%s, held by %q", sender, cur.Namespace, cur.Name, held.HolderIdentity)
+		}
+	default:
+		return nil, refuse(tunnel.NotHolder, "election record %s/%s names %s as holder, not the sender %s", sent.Namespace, sent.Name, rec.HolderIdentity, sender)
+	}
+	clampTime(&rec.RenewTime, now)
+	clampTime(&rec.AcquireTime, now)
+	out := newObject(sent, cur)
+	if err := poolstore.SetElectionRecord(out, rec); err != nil {
+		return nil, refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
+	}
+	return out, nil
+}
+
+// syncRecord checks the sync record sent and returns the object to write:
+// cur (nil to create one) with the record, clamped to now.
+func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur *corev1.ConfigMap, now time.Time) (*corev1.ConfigMap, error) {
+	rec, err := poolstore.DecodeSyncRecord(sent)
+	if err != nil {
+		return nil, refuse(tunnel.BadRecord, "%s/%s: %v", sent.Namespace, sent.Name, err)
+	}
+	if rec.LeaseDurationSeconds < 0 {
+		return nil, refuse(tunnel.BadRecord, "%s/%s: negative leaseDurationSeconds", sent.Namespace, sent.Name)
+	}
+	if rec.HolderIdentity != sender {
+		return nil, refuse(tunnel.NotHolder, "sync record %s/%s names %q as holder, not the sender %s", sent.Namespace, sent.Name, rec.HolderIdentity, sender)
+	}
+	if err := h.checkLeader(ctx, sender, pool, now); err != nil {
+		return nil, err
+	}
+	if rec.RenewTime.After(now) {
+		rec.RenewTime = now
+	}
+	out := newObject(sent, cur)
+	if out.Data == nil {
+		out.Data = map[string]string{}
+	}
+	for k, v := range rec.Data() {
+		out.Data[k] = v
+	}
+	return out, nil
+}
+
+// checkLeader refuses unless sender holds pool's election record,
+// unexpired at now.
+func (h *Handler) checkLeader(ctx context.Context, sender, pool string, now time.Time) error {
+	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName(pool)
+	el, err := poolstore.ReadElection(ctx, h.configMaps(), pool)
+	switch {
+	case apierrors.IsNotFound(err):
+		return refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)
+	case err != nil:
+		return refuse(tunnel.Unavailable, "read election record %s: %v", ref, err)
+	case el.Holder != sender:
+		return refuse(tunnel.NotLeader, "pool %s is led by %s, not %s (election record %s)", pool, el.Holder, sender, ref)
+	case !now.Before(el.Expires):
+		return refuse(tunnel.LeaderExpired, "election record %s expired at %s (now %s)", ref,
+			el.Expires.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// newObject is the object a write starts from: a copy of cur, the stored
+// one, with the resourceVersion the edge based its write on; or, to
+// create one, a ConfigMap with nothing but sent's name.
+func newObject(sent, cur *corev1.ConfigMap) *corev1.ConfigMap {
+	if cur == nil {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: poolstore.LeaseNamespace}}
+	}
+	out := cur.DeepCopy()
+	out.ResourceVersion = sent.ResourceVersion
+	return out
+}
+
+// clampTime sets t to now if it is later.
+func clampTime(t *metav1.Time, now time.Time) {
+	if t.After(now) {
+		*t = metav1.NewTime(now)
+	}
+}
+
+// reply is what the edge gets back of the stored record: its identity,
+// its version and the record.
+func reply(stored *corev1.ConfigMap, kind tunnel.RecordKind) *corev1.ConfigMap {
+	out := &corev1.ConfigMap{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: stored.Name, Namespace: stored.Namespace, UID: stored.UID,
+			ResourceVersion: stored.ResourceVersion, CreationTimestamp: stored.CreationTimestamp},
+	}
+	if kind == tunnel.RecordElection {
+		out.Annotations = map[string]string{poolstore.ElectionAnnotation: stored.Annotations[poolstore.ElectionAnnotation]}
+		return out
+	}
+	out.Data = map[string]string{}
+	for k := range (poolstore.SyncRecord{}).Data() {
+		out.Data[k] = stored.Data[k]
+	}
+	return out
+}
