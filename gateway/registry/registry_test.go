@@ -24,8 +24,13 @@ type harness struct {
 	ln *quic.Listener
 }
 
+// newHarness starts the listener. It is called first in each test, so
+// the leak check it starts runs after all the test's cleanups: every
+// connection and stream the test opened has ended, and with them their
+// goroutines and sockets.
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	testenv.CheckLeaks(t)
 	ca := testenv.MustCA(t, "tether test CA")
 	srv, err := ca.ServerCert("gateway", "gateway", "127.0.0.1")
 	if err != nil {
