@@ -26,6 +26,16 @@
 // a write, so that a request retried on another replica, or overtaken by
 // the node's own renewal, never moves renewTime back.
 //
+// Times are the gateway's: a sent renewTime later than the gateway's
+// clock is written as the gateway's now (reason "sent_in_future"), so
+// that a leader cannot keep a member looking alive for a day with one
+// renewal; and a stored renewTime later than the gateway's clock (written
+// by the node itself, or before this check) does not count as newer, so
+// that it cannot make every honest renewal after it look old
+// ("stored_in_future"). Both are counted in
+// tether_gateway_delegated_heartbeats_clamped_total by reason, and
+// logged.
+//
 // Every answer is counted in tether_gateway_delegated_heartbeats_total by
 // result (ok or the refusal's code) and every refusal is logged with the
 // node, the sender and the reason. Nothing is written on a refusal.
@@ -83,12 +93,13 @@ type Options struct {
 	Client kubernetes.Interface
 	// Nodes tells the nodes' pools; nil means APINodes{Client}.
 	Nodes NodePools
-	// Clock decides whether an election record has expired; nil means the
-	// real clock.
+	// Clock decides whether an election record has expired, and is the
+	// latest renewTime written; nil means the real clock.
 	Clock clock.PassiveClock
 	// Logger receives refusals (warn) and writes (debug); nil discards.
 	Logger *slog.Logger
-	// Registerer, if set, gets tether_gateway_delegated_heartbeats_total.
+	// Registerer, if set, gets tether_gateway_delegated_heartbeats_total
+	// and tether_gateway_delegated_heartbeats_clamped_total.
 	Registerer prometheus.Registerer
 }
 
@@ -100,7 +111,15 @@ type Handler struct {
 	clock   clock.PassiveClock
 	log     *slog.Logger
 	results *prometheus.CounterVec
+	clamped *prometheus.CounterVec
 }
+
+// Why a renewTime was not taken as it came, the "reason" label of
+// tether_gateway_delegated_heartbeats_clamped_total.
+const (
+	clampedSent   = "sent_in_future"   // the sent renewTime, written as now
+	clampedStored = "stored_in_future" // the Lease's, not counted as newer
+)
 
 // New returns a Handler.
 func New(o Options) (*Handler, error) {
@@ -112,6 +131,10 @@ func New(o Options) (*Handler, error) {
 			Name: "tether_gateway_delegated_heartbeats_total",
 			Help: "Delegated heartbeats (node Lease renewals a pool leader sent for a member) by result: ok (written), or the refusal: not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable (apiserver error).",
 		}, []string{"result"}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_delegated_heartbeats_clamped_total",
+			Help: "Delegated heartbeats whose times were later than the gateway's clock, by reason: sent_in_future (the sent renewTime, written as the gateway's now), stored_in_future (the Lease's own renewTime, overwritten rather than taken as newer).",
+		}, []string{"reason"}),
 	}
 	if h.nodes == nil {
 		h.nodes = APINodes{Client: o.Client}
@@ -125,9 +148,14 @@ func New(o Options) (*Handler, error) {
 	for _, c := range tunnel.DelegateCodes() {
 		h.results.WithLabelValues(c.String())
 	}
+	for _, r := range []string{clampedSent, clampedStored} {
+		h.clamped.WithLabelValues(r)
+	}
 	if o.Registerer != nil {
-		if err := o.Registerer.Register(h.results); err != nil {
-			return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
+		for _, c := range []prometheus.Collector{h.results, h.clamped} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
+			}
 		}
 	}
 	return h, nil
@@ -183,7 +211,7 @@ func (h *Handler) delegate(ctx context.Context, sender string, req tunnel.Delega
 	if err := h.checkLeader(ctx, sender, pool); err != nil {
 		return pool, false, err
 	}
-	written, err = h.write(ctx, sent)
+	written, err = h.write(ctx, sender, sent)
 	return pool, written, err
 }
 
@@ -244,10 +272,19 @@ func (h *Handler) checkLeader(ctx context.Context, sender, pool string) error {
 
 // write updates (or creates) the delegated node's Lease from sent and
 // reports whether it wrote: a Lease already renewed at or after sent's
-// renewTime is left alone.
-func (h *Handler) write(ctx context.Context, sent *coordinationv1.Lease) (bool, error) {
+// renewTime is left alone. Times are clamped to the gateway's clock (see
+// the package doc).
+func (h *Handler) write(ctx context.Context, sender string, sent *coordinationv1.Lease) (bool, error) {
+	now := metav1.NewMicroTime(h.clock.Now())
+	if sent.Spec.RenewTime.After(now.Time) {
+		h.clamped.WithLabelValues(clampedSent).Inc()
+		h.log.Warn("delegated heartbeat from the future: written as the gateway's now", "node", sent.Name, "sender", sender,
+			"renew_time", sent.Spec.RenewTime.UTC().Format(time.RFC3339Nano), "now", now.UTC().Format(time.RFC3339Nano))
+		sent.Spec.RenewTime = &now
+	}
 	leases := h.client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	written := false
+	var storedAhead *metav1.MicroTime // the Lease's renewTime, when later than now
 	retriable := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
 	err := retry.OnError(retry.DefaultRetry, retriable, func() error {
 		cur, err := leases.Get(ctx, sent.Name, metav1.GetOptions{})
@@ -263,7 +300,10 @@ func (h *Handler) write(ctx context.Context, sent *coordinationv1.Lease) (bool, 
 		if err != nil {
 			return err
 		}
-		if cur.Spec.RenewTime != nil && !cur.Spec.RenewTime.Before(sent.Spec.RenewTime) {
+		storedAhead = nil
+		if cur.Spec.RenewTime != nil && cur.Spec.RenewTime.After(now.Time) {
+			storedAhead = cur.Spec.RenewTime
+		} else if cur.Spec.RenewTime != nil && !cur.Spec.RenewTime.Before(sent.Spec.RenewTime) {
 			return nil
 		}
 		apply(cur, sent)
@@ -275,6 +315,11 @@ func (h *Handler) write(ctx context.Context, sent *coordinationv1.Lease) (bool, 
 	})
 	if err != nil {
 		return false, refuse(tunnel.Unavailable, "write Lease %s/%s: %v", corev1.NamespaceNodeLease, sent.Name, err)
+	}
+	if written && storedAhead != nil {
+		h.clamped.WithLabelValues(clampedStored).Inc()
+		h.log.Warn("node Lease was renewed in the future: overwritten by a delegated heartbeat", "node", sent.Name, "sender", sender,
+			"renew_time", storedAhead.UTC().Format(time.RFC3339Nano), "now", now.UTC().Format(time.RFC3339Nano))
 	}
 	return written, nil
 }

@@ -154,7 +154,7 @@ func micro(t time.Time) time.Time { return t.Truncate(time.Microsecond) }
 // or updated, with the annotation and the renewal time it sent.
 func TestDelegate(t *testing.T) {
 	c := newCluster(t)
-	renew := micro(time.Now())
+	renew := micro(c.clock.Now())
 
 	// No Lease yet: created.
 	rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: "member", Lease: leaseJSON(t, corev1.NamespaceNodeLease, "member", renew)})
@@ -286,6 +286,86 @@ func TestUnavailable(t *testing.T) {
 	}
 	if _, err := c.lease("member"); !apierrors.IsNotFound(err) {
 		t.Fatalf("Lease of member: %v, want none written", err)
+	}
+}
+
+// TestRenewTimeClampedToGatewayClock: a renewal from the future is
+// written as the gateway's now, and a Lease renewed in the future does not
+// make the honest renewals after it look old.
+func TestRenewTimeClampedToGatewayClock(t *testing.T) {
+	c := newCluster(t)
+	start := micro(c.clock.Now())
+	clamped := func(reason string) float64 {
+		t.Helper()
+		v, err := metrictest.Value(c.h.clamped, "tether_gateway_delegated_heartbeats_clamped_total", "reason="+reason)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	delegate := func(node string, renew time.Time) {
+		t.Helper()
+		rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: node, Lease: leaseJSON(t, corev1.NamespaceNodeLease, node, renew)})
+		if rep.Code != tunnel.OK {
+			t.Fatalf("renewal of %s at %v: reply %+v, want OK", node, renew, rep)
+		}
+	}
+	renewTime := func(node string) time.Time {
+		t.Helper()
+		l, err := c.lease(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Spec.RenewTime.Time
+	}
+
+	// A day ahead: written as the gateway's now.
+	delegate("member", start.Add(24*time.Hour))
+	if got := renewTime("member"); !got.Equal(start) {
+		t.Fatalf("renewTime %v, want the gateway's now %v", got, start)
+	}
+	if n := clamped(clampedSent); n != 1 {
+		t.Fatalf("clamped sent_in_future %v, want 1", n)
+	}
+	// The honest renewals after it are written. (Seconds apart: the
+	// gateway's clock stays within the election record's term, which the
+	// elector renews on the real clock.)
+	for i := 1; i <= 3; i++ {
+		now := start.Add(time.Duration(i) * time.Second)
+		c.clock.SetTime(now)
+		delegate("member", now)
+		if got := renewTime("member"); !got.Equal(now) {
+			t.Fatalf("honest renewal %d: renewTime %v, want %v", i, got, now)
+		}
+	}
+	if n := clamped(clampedSent); n != 1 {
+		t.Fatalf("clamped sent_in_future %v, want still 1", n)
+	}
+
+	// A Lease renewed a day ahead by the node itself: the next honest
+	// delegated renewal replaces it; an older one after that does not.
+	now := micro(c.clock.Now())
+	ahead := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "member-2", Namespace: corev1.NamespaceNodeLease},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("member-2"), LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime: ptr.To(metav1.NewMicroTime(now.Add(24 * time.Hour)))},
+	}
+	if _, err := c.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(c.ctx, ahead, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	delegate("member-2", now)
+	if got := renewTime("member-2"); !got.Equal(now) {
+		t.Fatalf("renewTime %v, want the honest renewal's %v", got, now)
+	}
+	if n := clamped(clampedStored); n != 1 {
+		t.Fatalf("clamped stored_in_future %v, want 1", n)
+	}
+	delegate("member-2", now.Add(-time.Second))
+	if got := renewTime("member-2"); !got.Equal(now) {
+		t.Fatalf("an older renewal moved renewTime back to %v", got)
+	}
+	if got := c.count(tunnel.OK); got != 6 {
+		t.Errorf("ok count %v, want 6 (clamps are not refusals)", got)
 	}
 }
 
