@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/internal/accept"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -23,6 +24,9 @@ type metrics struct {
 	connections *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
 	active      prometheus.Gauge
+	// acceptErrors is the listener's series of
+	// tether_gateway_accept_errors_total; nil without a registerer.
+	acceptErrors prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register proxy metrics: %w", err)
 			}
+		}
+		var err error
+		if m.acceptErrors, err = accept.Counter(reg, "tether_gateway", "proxy"); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil

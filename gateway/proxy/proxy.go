@@ -42,6 +42,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/internal/accept"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -167,31 +168,18 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	if a, ok := ln.Addr().(*net.TCPAddr); ok {
 		listenPort = uint16(a.Port)
 	}
+	// Out of file descriptors and the like: Accept waits and retries, and
+	// fails only once ln is closed.
+	ln = accept.Listen(ln, accept.Options{Name: "proxy", Logger: p.log, Errors: p.metrics.acceptErrors})
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	p.log.Info("transparent listener up", "addr", ln.Addr().String(), "mode", p.opts.Mode)
 	var err error
-	backoff := time.Duration(0)
-accept:
 	for {
 		var c net.Conn
-		c, err = ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				break
-			}
-			// Out of file descriptors and the like: wait and retry, as
-			// net/http does.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			p.log.Warn("accept failed; retrying", "err", err, "in", backoff)
-			select {
-			case <-time.After(backoff):
-				continue
-			case <-ctx.Done():
-				break accept
-			}
+		if c, err = ln.Accept(); err != nil {
+			break
 		}
-		backoff = 0
 		tc, ok := c.(*net.TCPConn)
 		if !ok {
 			c.Close()

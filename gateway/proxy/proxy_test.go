@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
 	"github.com/tether-edge/tether/gateway/internal/edgetest"
@@ -27,6 +28,7 @@ import (
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/tunnelserver"
+	"github.com/tether-edge/tether/internal/accept/accepttest"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -111,6 +113,16 @@ func (e *env) edge(node string, allow func(tunnel.Request) tunnel.Code) *edgetes
 // address.
 func (e *env) proxy(opts Options) (*Proxy, string) {
 	e.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.proxyOn(ln, opts)
+}
+
+// proxyOn starts a proxy with opts on ln.
+func (e *env) proxyOn(ln net.Listener, opts Options) (*Proxy, string) {
+	e.t.Helper()
 	if opts.Zones == nil {
 		opts.Zones = []string{zone}
 	}
@@ -119,10 +131,6 @@ func (e *env) proxy(opts Options) (*Proxy, string) {
 		e.t.Fatal(err)
 	}
 	p.Update(e.snap)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(ctx, ln) }()
@@ -276,6 +284,52 @@ func TestProxyRoutesByHost(t *testing.T) {
 	got, _ := io.ReadAll(resp.Body)
 	if string(got) != hex.EncodeToString(sum[:]) {
 		t.Fatalf("backend hashed %q, want %x", got, sum)
+	}
+}
+
+// Accept failing as it does out of file descriptors does not end Serve:
+// each failure is counted under tether_gateway_accept_errors_total, and
+// the client that connected meanwhile is relayed once Accept works again.
+func TestProxyAcceptErrors(t *testing.T) {
+	e := newEnv(t)
+	port := e.backend("")
+	e.edge("edge-1", edgetest.AllowPorts(port))
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := accepttest.New(inner, true)
+	reg := prometheus.NewRegistry()
+	_, addr := e.proxyOn(fl, Options{DefaultPort: port, Registerer: reg})
+
+	body := make(chan string, 1)
+	go func() {
+		resp, err := e.client(addr).Get("http://edge-1/healthz")
+		if err != nil {
+			body <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body <- string(b)
+	}()
+	eventually(t, "Accept failed three times", func() bool { return fl.Failures() >= 3 })
+	fl.SetFailing(false)
+	if got := <-body; got != "ok from edge-1" {
+		t.Fatalf("GET through the proxy: %q", got)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted float64
+	for _, mf := range mfs {
+		if mf.GetName() == "tether_gateway_accept_errors_total" {
+			counted = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if counted < 3 || counted != float64(fl.Failures()) {
+		t.Errorf("tether_gateway_accept_errors_total{listener=\"proxy\"} = %v, want the %d failures", counted, fl.Failures())
 	}
 }
 
