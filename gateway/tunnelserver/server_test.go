@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -241,6 +242,7 @@ func TestShutdownGraceExpires(t *testing.T) {
 // recordingHeartbeats answers every delegated heartbeat with reply and
 // records what it was given.
 type recordingHeartbeats struct {
+	mu    sync.Mutex // guards reply, which a test may change while the server runs
 	reply tunnel.Reply
 	calls chan heartbeatCall
 	block chan struct{} // if set, Delegate waits for it to close
@@ -252,6 +254,9 @@ type heartbeatCall struct {
 }
 
 func (r *recordingHeartbeats) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
+	r.mu.Lock()
+	reply := r.reply
+	r.mu.Unlock()
 	r.calls <- heartbeatCall{sender, req}
 	if r.block != nil {
 		select {
@@ -259,7 +264,7 @@ func (r *recordingHeartbeats) Delegate(ctx context.Context, sender string, req t
 		case <-ctx.Done():
 		}
 	}
-	return r.reply
+	return reply
 }
 
 // delegate opens a stream on the edge's connection, writes raw and reads
@@ -312,7 +317,9 @@ func TestDelegateHeartbeatStream(t *testing.T) {
 		t.Fatalf("handler got %+v", call)
 	}
 
+	hb.mu.Lock()
 	hb.reply = tunnel.Reply{Code: tunnel.OK}
+	hb.mu.Unlock()
 	if rep, err := delegate(t, edge, raw); err != nil || rep.Code != tunnel.OK {
 		t.Fatalf("reply %+v, %v; want OK", rep, err)
 	}
