@@ -86,9 +86,10 @@ func TestKubernetesManifests(t *testing.T) {
 	}
 }
 
-// The edges, as any node: the pool election's records in tether-system
-// (ConfigMaps: NodeRestriction keeps nodes from every Lease but their
-// own), read-only access to what they serve, nothing else.
+// The edges, as any node: read-only access to the pool election's records
+// in tether-system (ConfigMaps, which the gateway writes for them: no
+// node may write any, or it could write every pool's) and to what they
+// serve, nothing else.
 func TestEdgeRBAC(t *testing.T) {
 	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -101,8 +102,11 @@ func TestEdgeRBAC(t *testing.T) {
 		verb, resource, namespace, name string
 		allowed                         bool
 	}{
-		{"update", "configmaps", "tether-system", "pool-shop", true},
-		{"create", "configmaps", "tether-system", "", true},
+		{"get", "configmaps", "tether-system", "pool-shop", true},
+		{"watch", "configmaps", "tether-system", "", true},
+		{"update", "configmaps", "tether-system", "pool-shop", false},
+		{"update", "configmaps", "tether-system", "pool-shop-sync", false},
+		{"create", "configmaps", "tether-system", "", false},
 		{"delete", "configmaps", "tether-system", "pool-shop", false},
 		{"update", "configmaps", "kube-system", "coredns", false},
 		{"get", "secrets", "tether-system", "", false},

@@ -112,8 +112,24 @@ func Run(ctx context.Context, cfg Config) error {
 		"allow_ports", cfg.AllowPorts.String(), "apiserver_proxy", ap != nil, "admin", cfg.AdminListen)
 	g, ctx := errgroup.WithContext(ctx)
 	var readies []func() error
+	// The pool reaches the cloud through the proxy, and has its election
+	// record written through the tunnel: on shutdown both stay until the
+	// pool has released its leadership, so that another node takes over
+	// at once.
+	poolDone := make(chan struct{})
+	if ap == nil || ap.pool == nil {
+		close(poolDone)
+	}
 	if tun != nil {
-		g.Go(func() error { return tun.Run(ctx) })
+		tunCtx, stopTunnel := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopTunnel()
+		g.Go(func() error {
+			<-ctx.Done()
+			<-poolDone
+			stopTunnel()
+			return nil
+		})
+		g.Go(func() error { return tun.Run(tunCtx) })
 		readies = append(readies, tun.Ready)
 		if tunCerts != nil {
 			g.Go(func() error {
@@ -126,12 +142,10 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if ap != nil {
-		// The pool reaches the cloud through the proxy: on shutdown the
-		// proxy and its health checks stay until the pool has released
-		// its leadership, so that another node takes over at once.
+		// The proxy and its health checks stay until the pool is done
+		// (above).
 		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopServing()
-		poolDone := make(chan struct{})
 		g.Go(func() error {
 			<-ctx.Done()
 			<-poolDone
@@ -162,8 +176,6 @@ func Run(ctx context.Context, cfg Config) error {
 				defer close(poolDone)
 				return ap.pool.Run(ctx, ap.ln.Addr())
 			})
-		} else {
-			close(poolDone)
 		}
 		readies = append(readies, ap.proxy.Ready)
 	}

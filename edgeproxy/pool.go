@@ -130,12 +130,17 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 	}
 	r.store = store
 	var delegate func(ctx context.Context, node string, lease []byte) error
+	var records poolstore.RecordWriter
 	if r.tun != nil {
 		delegate = r.tun.DelegateHeartbeat
+		records = edgetunnel.PoolRecords{Client: r.tun}
+	} else {
+		r.log.Warn("no --gateway: this node never leads its pool, it follows the leader the others elect (a node may only read the "+
+			"pool's election record, "+poolstore.LeaseNamespace+"/"+poolstore.LeaseName(pool)+"; the gateway writes it for the edges)", "pool", pool)
 	}
 	return poolstore.New(poolstore.Options{
 		PeerConfig: poolstore.PeerConfig{Self: r.node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},
-		Pool:       pool, Client: client, Dynamic: dyn, Resources: resources, Store: store, Listener: r.ln,
+		Pool:       pool, Client: client, Records: records, Dynamic: dyn, Resources: resources, Store: store, Listener: r.ln,
 		CloudHealthy: r.healthy, Peers: func() []string { return members.Nodes(pool) }, Delegate: delegate,
 		LeaseDuration: r.cfg.PoolLeaseDuration.Duration, RenewDeadline: r.cfg.PoolRenewDeadline.Duration,
 		RetryPeriod: r.cfg.PoolRetryPeriod.Duration, Registerer: r.reg,

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -85,7 +87,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.
 // TestElectionAndSource campaigns with three node identities against a
 // real apiserver (with the shipped RBAC): they read the records, and an
 // administrator's client writes them for them (the gateway's part in
-// tether-edge). One
+// tether-edge; nodes may not write them, which is checked first). One
 // leads and fills its store from the cloud; when it stops, another takes
 // over and has the same data.
 func TestElectionAndSource(t *testing.T) {
@@ -96,6 +98,17 @@ func TestElectionAndSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	createSlices(t, ctx, cp.Client, 0, 20)
+
+	// A node identity may read the records but write none.
+	nodeClient, _, _ := cp.NodeClient(t, "edge-0")
+	nodeCMs := nodeClient.CoreV1().ConfigMaps(LeaseNamespace)
+	waitFor(t, 10*time.Second, "RBAC lets a node read the records", func() bool {
+		_, err := nodeCMs.Get(ctx, LeaseName("p1"), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("a node created its pool's election record: %v; want forbidden", err)
+	}
 
 	admin, err := kube.NewForConfig(cp.Admin)
 	if err != nil {

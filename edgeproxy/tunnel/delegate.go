@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/quic-go/quic-go"
@@ -12,8 +13,8 @@ import (
 	"github.com/tether-edge/tether/tunnel"
 )
 
-// ErrNoGateway is returned (wrapped) by DelegateHeartbeat when no gateway
-// replica is connected.
+// ErrNoGateway is returned (wrapped) by DelegateHeartbeat and
+// WriteElectionRecord when no gateway replica is connected.
 var ErrNoGateway = errors.New("not connected to any gateway")
 
 // DelegateRefusedError is a gateway's refusal of a delegated heartbeat.
@@ -57,26 +58,58 @@ func (c *Client) DelegateHeartbeat(ctx context.Context, node string, lease []byt
 	if err != nil {
 		return fmt.Errorf("delegate heartbeat of %s: %w", node, err)
 	}
-	rs := c.connected()
-	if len(rs) == 0 {
-		return fmt.Errorf("delegate heartbeat of %s: %w", node, ErrNoGateway)
-	}
-	var errs []error
-	for _, r := range rs {
+	err = c.eachGateway(ctx, func(r *replica) error {
 		err := r.delegate(ctx, node, req)
 		c.metrics.heartbeat(err)
 		if err == nil {
 			r.log.Debug("heartbeat delegated", "node", node)
+		}
+		return err
+	}, func(r *replica, err error) {
+		r.log.Debug("heartbeat not delegated; trying another gateway replica", "node", node, "err", err)
+	})
+	if err != nil {
+		return fmt.Errorf("delegate heartbeat of %s: %w", node, err)
+	}
+	return nil
+}
+
+// eachGateway runs try on the connected replicas, lowest RTT first, until
+// one succeeds, a refusal that another replica would repeat comes back
+// (see retryElsewhere), or ctx ends; next is told of each failure that
+// leads to the next replica. With no replica connected it returns
+// ErrNoGateway, else the errors of the tries.
+func (c *Client) eachGateway(ctx context.Context, try func(*replica) error, next func(*replica, error)) error {
+	rs := c.connected()
+	if len(rs) == 0 {
+		return ErrNoGateway
+	}
+	var errs []error
+	for _, r := range rs {
+		err := try(r)
+		if err == nil {
 			return nil
 		}
 		errs = append(errs, err)
-		var re *DelegateRefusedError
-		if ctx.Err() != nil || (errors.As(err, &re) && !retryElsewhere(re.Code)) {
+		if code, refused := refusalCode(err); ctx.Err() != nil || (refused && !retryElsewhere(code)) {
 			break
 		}
-		r.log.Debug("heartbeat not delegated; trying another gateway replica", "node", node, "err", err)
+		next(r, err)
 	}
-	return fmt.Errorf("delegate heartbeat of %s: %w", node, errors.Join(errs...))
+	return errors.Join(errs...)
+}
+
+// refusalCode is the code of a gateway's refusal, if err is one.
+func refusalCode(err error) (tunnel.Code, bool) {
+	var dr *DelegateRefusedError
+	var er *ElectionRefusedError
+	switch {
+	case errors.As(err, &dr):
+		return dr.Code, true
+	case errors.As(err, &er):
+		return er.Code, true
+	}
+	return 0, false
 }
 
 // connected returns the replicas that have a connection, lowest RTT first.
@@ -113,6 +146,22 @@ func (r *replica) current() *quic.Conn {
 // delegate sends one delegate-heartbeat request (its wire form, req) on a
 // new stream to the replica and reads the reply.
 func (r *replica) delegate(ctx context.Context, node string, req []byte) error {
+	err := r.roundTrip(ctx, req, func(rd io.Reader) error {
+		_, err := tunnel.ReadReply(rd)
+		return err
+	})
+	var re *tunnel.RefusedError
+	if errors.As(err, &re) {
+		return &DelegateRefusedError{Gateway: r.ep.addr.String(), Node: node, Code: re.Code, Message: re.Message}
+	}
+	return err
+}
+
+// roundTrip sends req, the wire form of a request, on a new stream to the
+// replica and reads the reply with read, within Options.HeartbeatTimeout.
+// A refusal is returned as the *tunnel.RefusedError read returned; other
+// errors name the replica.
+func (r *replica) roundTrip(ctx context.Context, req []byte, read func(io.Reader) error) error {
 	gw := r.ep.addr.String()
 	conn := r.current()
 	if conn == nil {
@@ -134,12 +183,12 @@ func (r *replica) delegate(ctx context.Context, node string, req []byte) error {
 		return fmt.Errorf("gateway %s: send request: %w", gw, attemptErr(ctx, err))
 	}
 	s.Close() // nothing follows the request
-	_, err = tunnel.ReadReply(s)
+	err = read(s)
 	s.CancelRead(0) // nothing follows the reply either
 	var re *tunnel.RefusedError
 	switch {
 	case errors.As(err, &re):
-		return &DelegateRefusedError{Gateway: gw, Node: node, Code: re.Code, Message: re.Message}
+		return re
 	case err != nil:
 		return fmt.Errorf("gateway %s: %w", gw, attemptErr(ctx, err))
 	}

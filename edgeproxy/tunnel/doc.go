@@ -3,7 +3,9 @@
 // open, checks each requested destination against the node's allow list,
 // dials it and relays bytes (the wire protocol is package tunnel's). As
 // its pool's leader it also opens streams of its own on them to pass on
-// pool members' Lease renewals (Client.DelegateHeartbeat).
+// pool members' Lease renewals (Client.DelegateHeartbeat), and as a
+// member to have its pool's election records written
+// (Client.WriteElectionRecord), which node identities may only read.
 //
 // Lifetimes: Client.Run re-resolves the --gateway entries and runs one
 // supervisor per resolved replica address; a supervisor dials, serves the

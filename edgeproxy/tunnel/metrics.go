@@ -1,8 +1,6 @@
 package edgetunnel
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-edge/tether/tunnel"
@@ -15,6 +13,7 @@ type metrics struct {
 	byCode     map[tunnel.Code]prometheus.Counter
 	other      *prometheus.CounterVec
 	heartbeats *prometheus.CounterVec
+	elections  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
@@ -35,10 +34,17 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	if err := reg.Register(heartbeats); err != nil {
 		return nil, err
 	}
+	elections := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tether", Subsystem: "edge_tunnel", Name: "election_writes_total",
+		Help: "Pool election and sync records sent to a gateway replica to write (one per attempt), by result: ok, the gateway's refusal code (conflict, bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, unavailable, bad_request), or error (the stream failed).",
+	}, []string{"result"})
+	if err := reg.Register(elections); err != nil {
+		return nil, err
+	}
 	if err := reg.Register(&collector{c: c}); err != nil {
 		return nil, err
 	}
-	m := &metrics{byCode: make(map[tunnel.Code]prometheus.Counter), other: streams, heartbeats: heartbeats}
+	m := &metrics{byCode: make(map[tunnel.Code]prometheus.Counter), other: streams, heartbeats: heartbeats, elections: elections}
 	for _, code := range tunnel.Codes() {
 		m.byCode[code] = streams.WithLabelValues(code.String())
 	}
@@ -46,10 +52,15 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 		heartbeats.WithLabelValues(code.String())
 	}
 	heartbeats.WithLabelValues(resultError)
+	for _, code := range tunnel.ElectionCodes() {
+		elections.WithLabelValues(code.String())
+	}
+	elections.WithLabelValues(resultError)
 	return m, nil
 }
 
-// resultError is the heartbeat result of an attempt whose stream failed.
+// resultError is the result of a heartbeat or election attempt whose
+// stream failed.
 const resultError = "error"
 
 // heartbeat counts the result of one DelegateHeartbeat attempt.
@@ -57,15 +68,27 @@ func (m *metrics) heartbeat(err error) {
 	if m == nil {
 		return
 	}
-	var re *DelegateRefusedError
-	switch {
-	case err == nil:
-		m.heartbeats.WithLabelValues(tunnel.OK.String()).Inc()
-	case errors.As(err, &re):
-		m.heartbeats.WithLabelValues(re.Code.String()).Inc()
-	default:
-		m.heartbeats.WithLabelValues(resultError).Inc()
+	m.heartbeats.WithLabelValues(attemptResult(err)).Inc()
+}
+
+// election counts the result of one WriteElectionRecord attempt.
+func (m *metrics) election(err error) {
+	if m == nil {
+		return
 	}
+	m.elections.WithLabelValues(attemptResult(err)).Inc()
+}
+
+// attemptResult is the metric label of an attempt's result: ok, the
+// refusal's code, or error.
+func attemptResult(err error) string {
+	if err == nil {
+		return tunnel.OK.String()
+	}
+	if code, ok := refusalCode(err); ok {
+		return code.String()
+	}
+	return resultError
 }
 
 func (m *metrics) result(code tunnel.Code) {
