@@ -9,41 +9,60 @@ import (
 	"time"
 )
 
-// fake is the runtime as the test sets it, and a count of trims.
+// fake is the runtime as the test sets it. Run reads it only when the
+// test lets it (tick), so what Run decides after each read is known
+// before the test goes on, however slow the machine; the read right
+// after a trim needs no tick.
 type fake struct {
-	mu    sync.Mutex
-	st    Stats
-	trims int
-	kept  uint64        // what a trim does not give back
-	reads chan struct{} // receives after each read, while the test waits
+	mu        sync.Mutex
+	st        Stats
+	trims     []time.Time // when each trim began
+	kept      uint64      // what a trim does not give back
+	afterTrim bool        // the next read is the one after a trim
+
+	ticks chan chan int // a read takes one and answers the trims so far
+	stop  chan struct{}
 }
 
-func (f *fake) opts() Options {
-	return Options{Every: time.Millisecond, Quiet: 10, Min: 100, MinInterval: 20 * time.Millisecond,
+func newFake(kept uint64) *fake {
+	return &fake{kept: kept, ticks: make(chan chan int), stop: make(chan struct{})}
+}
+
+func (f *fake) opts(minInterval time.Duration) Options {
+	return Options{Every: time.Millisecond, Quiet: 10, Min: 100, MinInterval: minInterval,
 		read: func() Stats {
 			f.mu.Lock()
-			st := f.st
+			if f.afterTrim {
+				f.afterTrim = false
+				defer f.mu.Unlock()
+				return f.st
+			}
 			f.mu.Unlock()
 			select {
-			case f.reads <- struct{}{}:
-			default:
+			case answer := <-f.ticks:
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				answer <- len(f.trims)
+				return f.st
+			case <-f.stop:
+				return Stats{}
 			}
-			return st
 		},
 		free: func() {
 			f.mu.Lock()
-			f.trims++
+			f.trims = append(f.trims, time.Now())
 			f.st.Reclaimable = f.kept
+			f.afterTrim = true
 			f.mu.Unlock()
 		}}
 }
 
 // run runs Run on f until the test ends.
-func (f *fake) run(t *testing.T) {
+func (f *fake) run(t *testing.T, minInterval time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); Run(ctx, f.opts(), slog.New(slog.DiscardHandler)) }()
-	t.Cleanup(func() { cancel(); <-done })
+	go func() { defer close(done); Run(ctx, f.opts(minInterval), slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() { cancel(); close(f.stop); <-done })
 }
 
 func (f *fake) set(allocated, reclaimable uint64) {
@@ -53,81 +72,100 @@ func (f *fake) set(allocated, reclaimable uint64) {
 	f.mu.Unlock()
 }
 
-func (f *fake) trimCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.trims
+// tick lets Run read the figures once and returns how many trims Run
+// had made before that read: every earlier read's decision.
+func (f *fake) tick(t *testing.T) int {
+	t.Helper()
+	answer := make(chan int, 1)
+	select {
+	case f.ticks <- answer:
+		return <-answer
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run stopped reading the runtime's figures")
+		return 0
+	}
 }
 
-// wait waits for n reads.
-func (f *fake) wait(t *testing.T, n int) {
+// ticksWithout lets Run read n times and fails unless the count of trims
+// before each read is trims: no read but the last (whose decision the
+// next tick shows) made one.
+func (f *fake) ticksWithout(t *testing.T, n int, trims int, what string) {
 	t.Helper()
 	for range n {
-		select {
-		case <-f.reads:
-		case <-time.After(5 * time.Second):
-			t.Fatal("Run stopped reading the runtime's figures")
+		if got := f.tick(t); got != trims {
+			t.Fatalf("%d trims %s, want %d", got, what, trims)
 		}
 	}
 }
 
 func TestRunTrimsWhenQuietAndWorthIt(t *testing.T) {
-	f := &fake{reads: make(chan struct{})}
-	f.run(t)
+	f := newFake(0)
+	f.run(t, time.Hour)
+	f.tick(t) // Run's first read, its starting point
 
 	// Quiet, but nothing to give back.
 	f.set(0, 50)
-	f.wait(t, 5)
-	if n := f.trimCount(); n != 0 {
-		t.Fatalf("%d trims with %d bytes to give back", n, 50)
-	}
+	f.ticksWithout(t, 5, 0, "with 50 bytes to give back")
 	// Much to give back, but busy: no trim while it allocates.
 	for range 5 {
 		f.set(60, 60)
-		f.wait(t, 1)
+		f.ticksWithout(t, 1, 0, "while allocating")
 	}
-	if n := f.trimCount(); n != 0 {
-		t.Fatalf("%d trims while allocating", n)
-	}
-	// Quiet: one trim.
-	f.wait(t, 3)
-	if n := f.trimCount(); n != 1 {
+	// Quiet: one trim. The first tick's read sees no allocation since the
+	// last; the second tick shows what Run decided.
+	f.ticksWithout(t, 1, 0, "while allocating")
+	if n := f.tick(t); n != 1 {
 		t.Fatalf("%d trims once quiet, want 1", n)
 	}
-	// Worth it again at once: not before MinInterval.
+	// Worth it again at once, and quiet: not before MinInterval (an hour).
 	f.set(0, 500)
-	f.wait(t, 2)
-	if n := f.trimCount(); n != 1 {
-		t.Fatalf("%d trims within MinInterval of the last, want 1", n)
+	f.ticksWithout(t, 5, 1, "within MinInterval of the last")
+}
+
+// Once MinInterval has passed since the last trim, Run trims again; never
+// sooner, however the reads fall.
+func TestRunTrimsAgainAfterMinInterval(t *testing.T) {
+	const minInterval = 50 * time.Millisecond
+	f := newFake(0)
+	f.run(t, minInterval)
+	f.tick(t)
+	f.set(0, 500)
+	f.tick(t)
+	if n := f.tick(t); n != 1 {
+		t.Fatalf("%d trims, want 1", n)
 	}
-	time.Sleep(25 * time.Millisecond)
-	f.wait(t, 3)
-	if n := f.trimCount(); n != 2 {
-		t.Fatalf("%d trims after MinInterval, want 2", n)
+	f.set(0, 500)
+	for deadline := time.Now().Add(30 * time.Second); f.tick(t) < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no second trim 30 s after the first (MinInterval %v)", minInterval)
+		}
+	}
+	f.mu.Lock()
+	gap := f.trims[1].Sub(f.trims[0])
+	f.mu.Unlock()
+	if gap < minInterval {
+		t.Fatalf("second trim %v after the first, within MinInterval %v", gap, minInterval)
 	}
 }
 
 // What a trim could not give back does not count towards the next one.
 func TestRunIgnoresWhatATrimLeaves(t *testing.T) {
-	f := &fake{reads: make(chan struct{}), kept: 150}
-	f.run(t)
+	f := newFake(150)
+	f.run(t, time.Nanosecond) // every read is past MinInterval
+	f.tick(t)
 
 	f.set(0, 300)
-	f.wait(t, 3)
-	if n := f.trimCount(); n != 1 {
+	f.tick(t)
+	if n := f.tick(t); n != 1 {
 		t.Fatalf("%d trims with 300 bytes to give back, want 1", n)
 	}
 	// 150 left, more than Min (100), but what a trim leaves: quiet and
 	// past MinInterval, no second trim.
-	time.Sleep(25 * time.Millisecond)
-	f.wait(t, 5)
-	if n := f.trimCount(); n != 1 {
-		t.Fatalf("%d trims of what the last trim left, want 1", n)
-	}
+	f.ticksWithout(t, 5, 1, "of what the last trim left")
 	// Min more than that: worth a trim again.
 	f.set(0, 100)
-	f.wait(t, 3)
-	if n := f.trimCount(); n != 2 {
+	f.tick(t)
+	if n := f.tick(t); n != 2 {
 		t.Fatalf("%d trims with Min more than the floor, want 2", n)
 	}
 }
@@ -164,7 +202,8 @@ func TestRunReturnsTheHeap(t *testing.T) {
 	// The trim's collection counts as forced when it ends; the pages go
 	// back to the kernel after that, so the held heap is judged until the
 	// deadline, not at the first sight of the count.
-	deadline := time.Now().Add(5 * time.Second)
+	const within = 30 * time.Second
+	deadline := time.Now().Add(within)
 	for {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
@@ -175,9 +214,9 @@ func TestRunReturnsTheHeap(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			if trimmed {
-				t.Fatalf("5 s after the trim the heap holds %d MiB", held>>20)
+				t.Fatalf("%v after the trim the heap holds %d MiB", within, held>>20)
 			}
-			t.Fatalf("no trim 5 s after dropping 64 MiB: in use %d, idle %d, released %d", m.HeapInuse, m.HeapIdle, m.HeapReleased)
+			t.Fatalf("no trim %v after dropping 64 MiB: in use %d, idle %d, released %d", within, m.HeapInuse, m.HeapIdle, m.HeapReleased)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
