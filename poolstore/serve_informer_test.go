@@ -29,9 +29,10 @@ import (
 type requestLog struct {
 	h http.Handler
 
-	mu       sync.Mutex
-	requests []string // "list", "watch-list" (sendInitialEvents) or "watch"
-	expired  int
+	mu        sync.Mutex
+	requests  []string // "list", "watch-list" (sendInitialEvents) or "watch"
+	expired   int
+	bookmarks int
 }
 
 func (l *requestLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -73,19 +74,28 @@ func (l *requestLog) expiredCount() int {
 	return l.expired
 }
 
-// expiryWatcher counts the 410 Expired ERROR events written through it.
+func (l *requestLog) bookmarkCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.bookmarks
+}
+
+// expiryWatcher counts the 410 Expired ERROR events and the BOOKMARKs
+// written through it.
 type expiryWatcher struct {
 	http.ResponseWriter
 	log *requestLog
 }
 
 func (w *expiryWatcher) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.log.mu.Lock()
 	if bytes.Contains(p, []byte(`"type":"ERROR"`)) && bytes.Contains(p, []byte(`"code":410`)) {
-		w.log.mu.Lock()
 		w.log.expired++
-		w.log.mu.Unlock()
 	}
-	return w.ResponseWriter.Write(p)
+	w.log.bookmarks += bytes.Count(p, []byte(`"type":"BOOKMARK"`))
+	w.log.mu.Unlock()
+	return n, err
 }
 
 func (w *expiryWatcher) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -239,10 +249,12 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 }
 
 // TestInformerServices: the kinds the handler names for an empty list
-// and its bookmarks are those client-go decodes.
+// and its bookmarks are those client-go decodes: after some bookmarks, the
+// informer is still on its first watch and sees what comes next on it.
 func TestInformerServices(t *testing.T) {
 	s := servedStore(t)
-	cs := clientFor(t, NewHandler(s, HandlerOptions{BookmarkInterval: 10 * time.Millisecond}), "transport")
+	log := &requestLog{h: NewHandler(s, HandlerOptions{BookmarkInterval: 10 * time.Millisecond})}
+	cs := clientFor(t, log, "transport")
 	factory := informers.NewSharedInformerFactory(cs, 0)
 	inf := factory.Core().V1().Services()
 	added := make(chan string, 10)
@@ -257,7 +269,10 @@ func TestInformerServices(t *testing.T) {
 	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
 		t.Fatal("informer did not sync")
 	}
-	time.Sleep(50 * time.Millisecond) // a few bookmarks
+	// A few bookmarks written after the sync; the event that follows
+	// them on the same stream shows the informer read past them.
+	synced := log.bookmarkCount()
+	waitFor(t, 10*time.Second, "three bookmarks after the sync", func() bool { return log.bookmarkCount() >= synced+3 })
 	if got := inf.Informer().LastSyncResourceVersion(); got != "90" {
 		t.Fatalf("last sync resourceVersion %q, want 90", got)
 	}
@@ -266,5 +281,10 @@ func TestInformerServices(t *testing.T) {
 	case <-added:
 	case <-time.After(10 * time.Second):
 		t.Fatal("service not added")
+	}
+	// A bookmark client-go could not decode would have ended the watch
+	// and made it watch again.
+	if watches := log.count("watch") + log.count("watch-list"); watches != 1 {
+		t.Fatalf("requests %q: want a single watch", log.snapshot())
 	}
 }
