@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -180,6 +181,24 @@ var damage = map[string]func(good []byte) []byte{
 	},
 }
 
+// raceBuild is true in a test binary built with -race. Its checkptr
+// checks turn bbolt's reading of some scribbled bucket headers (a value
+// shorter than the header, copied for alignment, then cast) into a fatal
+// error that no recover catches; without them, bbolt's bounds check
+// panics there and Open recovers.
+var raceBuild = func() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}()
+
 // writeReplica fills the file at path with n objects of epoch "e".
 func writeReplica(t *testing.T, path string, n int) {
 	t.Helper()
@@ -197,6 +216,9 @@ func writeReplica(t *testing.T, path string, n int) {
 func TestDamagedFileMovedAside(t *testing.T) {
 	for name, breakIt := range damage {
 		t.Run(name, func(t *testing.T) {
+			if name == "scribbled" && raceBuild {
+				t.Skip("checkptr (-race) makes some scribbled bucket headers a fatal error in bbolt; see raceBuild")
+			}
 			path := filepath.Join(t.TempDir(), FileName)
 			writeReplica(t, path, 2000)
 			good, err := os.ReadFile(path)
