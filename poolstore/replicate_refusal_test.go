@@ -9,30 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
-
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // A follower replicates only from a leader its own trusted view places in
 // its pool: it checks before it connects, on every leader change and
@@ -56,7 +39,7 @@ func TestFollowerVerifiesLeaderMembership(t *testing.T) {
 
 			v := &view{Members: c.members, pools: map[string]string{"l": tc.leader, "f": tc.self}}
 			clk := testclock.NewFakeClock(time.Now())
-			var logs syncBuffer
+			var logs testenv.LogBuffer
 			store := open(t, filepath.Join(t.TempDir(), FileName))
 			f := c.follower("f", "a", store, FollowerOptions{PeerConfig: PeerConfig{Members: v, Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 			refused := f.m.refused.WithLabelValues(tc.reason)
