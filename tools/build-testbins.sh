@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Builds the real components Tether's tests run — kube-apiserver, kube-proxy,
-# kube-controller-manager, etcd and Pebble (the ACME test server) — from their Go
-# modules (pinned in tools/kube, tools/etcd and tools/pebble) into a cache
-# directory keyed by version, so a warm machine never rebuilds them.
+# kube-controller-manager, etcd, Pebble (the ACME test server) and promtool (the
+# alerting rules' unit tests) — from their Go modules (pinned in tools/kube,
+# tools/etcd, tools/pebble and tools/promtool) into a cache directory keyed by
+# version, so a warm machine never rebuilds them.
 #
 #   tools/build-testbins.sh            build what is missing, print the bin dir
 #   TETHER_CACHE_DIR=/x tools/...      cache somewhere else (default ~/.cache/tether)
 #
-# A cold build takes about 10 minutes on 2 cores; progress is printed to stderr.
+# A cold build takes about 15 minutes on 2 cores; progress is printed to stderr.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 kube_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/kube/go.mod")
 etcd_version=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$here/etcd/go.mod")
 pebble_version=$(awk '$1 == "require" && $2 == "github.com/letsencrypt/pebble/v2" {print $3}' "$here/pebble/go.mod")
+promtool_version=$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" {print $3}' "$here/promtool/go.mod")
 cache=${TETHER_CACHE_DIR:-${HOME:-/root}/.cache/tether}
 kube_dir="$cache/kube-$kube_version"
 etcd_dir="$cache/etcd-$etcd_version"
 pebble_dir="$cache/pebble-$pebble_version"
+promtool_dir="$cache/promtool-$promtool_version"
 mkdir -p "$cache"
 
 say() { printf 'testbins: %s\n' "$*" >&2; }
@@ -54,6 +57,8 @@ build "$kube_dir" kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserv
 build "$kube_dir" kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "under a minute once kube-apiserver is built"
 build "$kube_dir" kube-controller-manager "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager "about 2 minutes once kube-apiserver is built"
 build "$pebble_dir" pebble "$here/pebble" github.com/letsencrypt/pebble/v2/cmd/pebble "about 30 s cold"
+build "$promtool_dir" promtool "$here/promtool" github.com/prometheus/prometheus/cmd/promtool "about 5 minutes cold"
 
-printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nETCD=%s\nPEBBLE=%s\n' \
-	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$pebble_dir/pebble"
+printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\n' \
+	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$pebble_dir/pebble" \
+	"$promtool_dir/promtool"
