@@ -5,21 +5,17 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"runtime"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/miekg/dns"
 	"golang.org/x/sync/errgroup"
-)
 
-// tcpIdleTimeout closes a TCP connection that sends no query for this long
-// (RFC 7766 suggests seconds).
-const tcpIdleTimeout = 10 * time.Second
+	"github.com/tether-edge/tether/internal/accept"
+)
 
 // udpReadBuffer is the UDP receive buffer Serve asks for: room for
 // thousands of queued queries, so that bursts are not dropped.
@@ -48,15 +44,19 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	_, _ = w.Write(out)
 }
 
-// session is the per-goroutine state of the raw query path: messages and a
-// buffer reused from one query to the next.
+// session is the state of the raw query path: messages and buffers reused
+// from one query to the next, the largest message in and the largest
+// answer out. Each UDP reader keeps one; TCP connections share a pool.
 type session struct {
 	req, resp dns.Msg
 	opt       dns.OPT
+	in        []byte
 	buf       []byte
 }
 
-func newSession() *session { return &session{buf: make([]byte, dns.MaxMsgSize+2)} }
+func newSession() *session {
+	return &session{in: make([]byte, dns.MaxMsgSize), buf: make([]byte, dns.MaxMsgSize+2)}
+}
 
 // handle answers the raw query in, from src, and returns the raw
 // response, which is valid until the next call, or nil when in gets no
@@ -164,10 +164,15 @@ func listenBoth(ctx context.Context, addr, host string, samePort bool) (net.Pack
 
 // Serve answers queries arriving on pc (UDP) and ln (TCP), either of which
 // may be nil, until ctx is done; it then closes them and every TCP
-// connection and returns nil. It returns an error if a socket fails.
+// connection and returns nil. A failed accept or read is retried after a
+// backoff (internal/accept) and counted, never returned: Serve returns an
+// error only if a socket is closed under it before ctx is done.
 func (s *Server) Serve(ctx context.Context, pc net.PacketConn, ln net.Listener) error {
 	g, gctx := errgroup.WithContext(ctx)
 	var conns sync.WaitGroup
+	if ln != nil {
+		ln = accept.Listen(ln, accept.Options{Name: listenerTCP, Logger: s.log, Errors: s.metrics.acceptErrors(listenerTCP)})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		if pc != nil {
@@ -184,8 +189,9 @@ func (s *Server) Serve(ctx context.Context, pc net.PacketConn, ln net.Listener) 
 		}
 	}
 	if pc != nil {
+		backoff := accept.NewBackoff(accept.Options{Name: listenerUDP, Logger: s.log, Errors: s.metrics.acceptErrors(listenerUDP)})
 		for range max(2, runtime.GOMAXPROCS(0)) {
-			g.Go(func() error { return s.serveUDP(gctx, pc) })
+			g.Go(func() error { return s.serveUDP(gctx, pc, backoff) })
 		}
 	}
 	if ln != nil {
@@ -199,9 +205,11 @@ func (s *Server) Serve(ctx context.Context, pc net.PacketConn, ln net.Listener) 
 	return err
 }
 
-func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
+// serveUDP reads and answers queries on pc until ctx is done; the readers
+// of one socket share backoff.
+func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn, backoff *accept.Backoff) error {
 	ss := newSession()
-	in := make([]byte, dns.MaxMsgSize)
+	in := ss.in
 	uc, _ := pc.(*net.UDPConn)
 	for {
 		var (
@@ -216,11 +224,12 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 			n, from, err = pc.ReadFrom(in)
 		}
 		if err != nil {
-			if goOn, err := loopError(ctx, err, "read dns query"); !goOn {
+			if goOn, err := readError(ctx, err, backoff); !goOn {
 				return err
 			}
 			continue
 		}
+		backoff.Succeeded()
 		src := ap.Addr()
 		if uc == nil {
 			src = addrOf(from)
@@ -240,62 +249,19 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 	}
 }
 
-func (s *Server) serveTCP(ctx context.Context, ln net.Listener, conns *sync.WaitGroup) error {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if goOn, err := loopError(ctx, err, "accept dns connection"); !goOn {
-				return err
-			}
-			continue
-		}
-		conns.Add(1)
-		go func() {
-			defer conns.Done()
-			stop := context.AfterFunc(ctx, func() { c.Close() })
-			defer stop()
-			defer c.Close()
-			s.serveConn(c)
-		}()
-	}
-}
-
-// loopError tells a serving loop what a read or accept error means: go on
-// after a timeout, stop quietly once ctx is done, stop with the error
-// otherwise.
-func loopError(ctx context.Context, err error, doing string) (goOn bool, _ error) {
+// readError tells a UDP reader what a read error means: stop quietly once
+// ctx is done, stop with the error if the socket was closed under it, go
+// on at once after a timeout, and after a backoff otherwise.
+func readError(ctx context.Context, err error, backoff *accept.Backoff) (goOn bool, _ error) {
 	if ctx.Err() != nil {
 		return false, nil
+	}
+	if errors.Is(err, net.ErrClosed) {
+		return false, fmt.Errorf("read dns query: %w", err)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		return true, nil
 	}
-	return false, fmt.Errorf("%s: %w", doing, err)
-}
-
-// serveConn answers the queries of one TCP connection in order until the
-// client closes it, stays idle too long or sends garbage.
-func (s *Server) serveConn(c net.Conn) {
-	ss := newSession()
-	in := make([]byte, dns.MaxMsgSize)
-	src := addrOf(c.RemoteAddr())
-	for {
-		c.SetReadDeadline(time.Now().Add(tcpIdleTimeout))
-		if _, err := io.ReadFull(c, in[:2]); err != nil {
-			return
-		}
-		n := int(binary.BigEndian.Uint16(in[:2]))
-		if _, err := io.ReadFull(c, in[:n]); err != nil {
-			return
-		}
-		out := s.handle(ss, in[:n], true, src)
-		if out == nil {
-			return
-		}
-		c.SetWriteDeadline(time.Now().Add(tcpIdleTimeout))
-		if _, err := c.Write(out); err != nil {
-			return
-		}
-	}
+	return backoff.Wait(ctx.Done(), err), nil
 }

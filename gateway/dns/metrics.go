@@ -3,13 +3,26 @@ package dns
 import (
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-edge/tether/internal/accept"
 )
 
-// metrics counts queries by response code. A nil *metrics counts nothing.
+// The names of the server's sockets in tether_gateway_accept_errors_total.
+const (
+	listenerTCP = "dns_tcp"
+	listenerUDP = "dns_udp"
+)
+
+// metrics counts queries by response code, TCP connections, and failed
+// accepts and reads. A nil *metrics counts nothing.
 type metrics struct {
 	byRcode [dns.RcodeBadCookie + 1]prometheus.Counter
 	other   prometheus.Counter
 	none    prometheus.Counter // queries that got no answer
+
+	tcpOpen                prometheus.Gauge
+	refusedMax, refusedSrc prometheus.Counter
+	acceptTCP, acceptUDP   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -28,7 +41,64 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dns.RcodeNameError, dns.RcodeNotImplemented, dns.RcodeRefused, dns.RcodeBadVers} {
 		m.byRcode[rc] = v.WithLabelValues(dns.RcodeToString[rc])
 	}
+
+	m.tcpOpen = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "tether",
+		Subsystem: "gateway_dns",
+		Name:      "tcp_connections",
+		Help:      "Open DNS TCP connections.",
+	})
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "tether",
+		Subsystem: "gateway_dns",
+		Name:      "tcp_refusals_total",
+		Help:      "DNS TCP connections reset at once, by reason: max_connections (the server's cap) or max_connections_per_source (the cap per client address).",
+	}, []string{"reason"})
+	reg.MustRegister(m.tcpOpen, refusals)
+	m.refusedMax = refusals.WithLabelValues(ReasonMaxConns)
+	m.refusedSrc = refusals.WithLabelValues(ReasonMaxConnsPerSource)
+	var err error
+	if m.acceptTCP, err = accept.Counter(reg, "tether_gateway", listenerTCP); err != nil {
+		panic(err) // as MustRegister does
+	}
+	if m.acceptUDP, err = accept.Counter(reg, "tether_gateway", listenerUDP); err != nil {
+		panic(err)
+	}
 	return m
+}
+
+// acceptErrors is the series of tether_gateway_accept_errors_total for
+// listener; nil counts nothing.
+func (m *metrics) acceptErrors(listener string) prometheus.Counter {
+	switch {
+	case m == nil:
+		return nil
+	case listener == listenerTCP:
+		return m.acceptTCP
+	}
+	return m.acceptUDP
+}
+
+func (m *metrics) tcpOpened() {
+	if m != nil {
+		m.tcpOpen.Inc()
+	}
+}
+
+func (m *metrics) tcpClosed() {
+	if m != nil {
+		m.tcpOpen.Dec()
+	}
+}
+
+func (m *metrics) tcpRefused(reason string) {
+	switch {
+	case m == nil:
+	case reason == ReasonMaxConns:
+		m.refusedMax.Inc()
+	default:
+		m.refusedSrc.Inc()
+	}
 }
 
 func (m *metrics) answered(rcode int) {

@@ -26,10 +26,16 @@ const (
 // resolver, a zone transfer): at most one line per source address per
 // interval, each counting the refusals of that source left unlogged since
 // its previous line. Only refusals take its lock; answers never do.
+//
+// The server keeps two: one for queries answered REFUSED, one for TCP
+// connections refused past the connection limits.
 type refusalLog struct {
 	log   *slog.Logger
 	clock clock.PassiveClock
 	every time.Duration
+	// line starts a source's line; sweepLine its last one, with only the
+	// count of unlogged refusals.
+	line, sweepLine string
 
 	mu      sync.Mutex
 	sources map[netip.Addr]*refusalSource // the zero Addr is "other"
@@ -40,14 +46,38 @@ type refusalSource struct {
 	suppressed int       // refusals not logged since the last line
 }
 
+// newRefusalLog returns the log of refused queries.
 func newRefusalLog(log *slog.Logger, clk clock.PassiveClock, every time.Duration) *refusalLog {
-	return &refusalLog{log: log, clock: clk, every: every, sources: map[netip.Addr]*refusalSource{}}
+	return &refusalLog{log: log, clock: clk, every: every, line: "dns query refused", sweepLine: "dns queries refused",
+		sources: map[netip.Addr]*refusalSource{}}
+}
+
+// newConnRefusalLog returns the log of refused TCP connections.
+func newConnRefusalLog(log *slog.Logger, clk clock.PassiveClock, every time.Duration) *refusalLog {
+	l := newRefusalLog(log, clk, every)
+	l.line, l.sweepLine = "dns tcp connection refused", "dns tcp connections refused"
+	return l
 }
 
 // refused records that req, from src (the zero Addr if unknown), was
 // answered REFUSED, and logs it unless src had a line logged less than an
 // interval ago.
 func (l *refusalLog) refused(src netip.Addr, req *dns.Msg) {
+	l.note(src, func(src netip.Addr, suppressed int) []any { return refusalAttrs(src, req, suppressed) })
+}
+
+// refusedConn records that a TCP connection from src was refused for
+// reason, and logs it unless src had a line logged less than an interval
+// ago.
+func (l *refusalLog) refusedConn(src netip.Addr, reason string) {
+	l.note(src, func(src netip.Addr, suppressed int) []any {
+		return []any{"source", sourceString(src), "reason", reason, "suppressed", suppressed}
+	})
+}
+
+// note records a refusal from src and logs it with attrs unless src had a
+// line logged less than an interval ago.
+func (l *refusalLog) note(src netip.Addr, attrs func(src netip.Addr, suppressed int) []any) {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -67,7 +97,7 @@ func (l *refusalLog) refused(src netip.Addr, req *dns.Msg) {
 		e.suppressed++
 		return
 	}
-	l.log.Info("dns query refused", refusalAttrs(src, req, e.suppressed)...)
+	l.log.Info(l.line, attrs(src, e.suppressed)...)
 	e.next, e.suppressed = now.Add(l.every), 0
 }
 
@@ -79,7 +109,7 @@ func (l *refusalLog) sweep(now time.Time) {
 			continue
 		}
 		if e.suppressed > 0 {
-			l.log.Info("dns queries refused", "source", sourceString(src), "suppressed", e.suppressed)
+			l.log.Info(l.sweepLine, "source", sourceString(src), "suppressed", e.suppressed)
 		}
 		delete(l.sources, src)
 	}

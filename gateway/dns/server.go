@@ -65,7 +65,18 @@ type Options struct {
 	RefusalLogInterval time.Duration
 	// Clock times the refusal log; nil means the real clock.
 	Clock clock.PassiveClock
-	// Registerer, if set, gets the dns_queries_total counter by rcode.
+	// MaxTCPConns caps the TCP connections open at once, and
+	// MaxTCPConnsPerSource those from one client address; a connection
+	// past either is reset at once, counted and logged like a refused
+	// query. 0 means DefaultMaxTCPConns, DefaultMaxTCPConnsPerSource.
+	MaxTCPConns          int
+	MaxTCPConnsPerSource int
+	// TCPIdleTimeout closes a TCP connection that has not sent a whole
+	// query this long after it connected or got its last answer; 0 means
+	// DefaultTCPIdleTimeout.
+	TCPIdleTimeout time.Duration
+	// Registerer, if set, gets the server's metrics: queries by rcode, TCP
+	// connections open and refused, failed accepts and reads.
 	Registerer prometheus.Registerer
 }
 
@@ -90,6 +101,10 @@ func (o Options) Validate() error {
 	if o.RefusalLogInterval < 0 {
 		errs = append(errs, fmt.Errorf("refusal log interval %s is negative", o.RefusalLogInterval))
 	}
+	if o.MaxTCPConns < 0 || o.MaxTCPConnsPerSource < 0 || o.TCPIdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("TCP limits (%d connections, %d per source, %s idle) must not be negative",
+			o.MaxTCPConns, o.MaxTCPConnsPerSource, o.TCPIdleTimeout))
+	}
 	if o.MaxUDPSize != 0 && (o.MaxUDPSize < 512 || o.MaxUDPSize > 65535) {
 		errs = append(errs, fmt.Errorf("max UDP size %d out of range (512 to 65535)", o.MaxUDPSize))
 	}
@@ -98,11 +113,13 @@ func (o Options) Validate() error {
 
 // Server answers node-name queries. Its methods are safe for concurrent use.
 type Server struct {
-	opts     Options
-	log      *slog.Logger
-	table    atomic.Pointer[table]
-	metrics  *metrics
-	refusals *refusalLog
+	opts         Options
+	log          *slog.Logger
+	table        atomic.Pointer[table]
+	metrics      *metrics
+	refusals     *refusalLog // refused queries
+	connRefusals *refusalLog // refused TCP connections
+	tcp          *tcpConns
 }
 
 var _ dns.Handler = (*Server)(nil)
@@ -128,6 +145,15 @@ func New(opts Options) *Server {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
+	if opts.MaxTCPConns == 0 {
+		opts.MaxTCPConns = DefaultMaxTCPConns
+	}
+	if opts.MaxTCPConnsPerSource == 0 {
+		opts.MaxTCPConnsPerSource = DefaultMaxTCPConnsPerSource
+	}
+	if opts.TCPIdleTimeout == 0 {
+		opts.TCPIdleTimeout = DefaultTCPIdleTimeout
+	}
 	zones := make([]string, 0, len(opts.Zones))
 	for _, z := range opts.Zones {
 		z = strings.ToLower(dns.Fqdn(z))
@@ -137,7 +163,9 @@ func New(opts Options) *Server {
 	}
 	opts.Zones = zones
 	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer),
-		refusals: newRefusalLog(opts.Logger, opts.Clock, opts.RefusalLogInterval)}
+		refusals:     newRefusalLog(opts.Logger, opts.Clock, opts.RefusalLogInterval),
+		connRefusals: newConnRefusalLog(opts.Logger, opts.Clock, opts.RefusalLogInterval),
+		tcp:          newTCPConns(opts.MaxTCPConns, opts.MaxTCPConnsPerSource)}
 	s.Update(&nodewatch.Snapshot{})
 	return s
 }
