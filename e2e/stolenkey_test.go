@@ -31,9 +31,16 @@ import (
 // identity, tries each way a node's key could reach beyond its own node. Its
 // name sorts before every honest node's, so a tie broken by name order would
 // go its way. Honest clients, which verify nothing (curl -k), must keep
-// reaching the right kubelet throughout.
+// reaching the right kubelet throughout. It runs with each netrules
+// backend.
 func TestStolenNodeKey(t *testing.T) {
 	testenv.RequireRoot(t)
+	for _, backend := range []string{"nftables", "iptables"} {
+		t.Run(backend, func(t *testing.T) { stolenNodeKey(t, backend) })
+	}
+}
+
+func stolenNodeKey(t *testing.T, backend string) {
 	w := world.New(t, bins, world.Options{Sites: []testenv.SiteSpec{
 		{Name: "site-a", Hosts: []string{"edge-a1", "edge-a2"}, LAN: netip.MustParsePrefix("192.168.1.0/24")},
 		{Name: "site-x", Hosts: []string{"edge-0"}, LAN: netip.MustParsePrefix("192.168.9.0/24")},
@@ -69,7 +76,7 @@ func TestStolenNodeKey(t *testing.T) {
 	}
 
 	gw := w.Gateways[0]
-	w.StartGateway(t, gw, "--netrules", "nftables", "--dns-listen", ":53", "--dns-zone", world.Zone)
+	w.StartGateway(t, gw, "--netrules", backend, "--dns-listen", ":53", "--dns-zone", world.Zone)
 	// Every edge runs tether-edge with its apiserver proxy and its pool;
 	// the thief runs the real one too, as a thief would.
 	for _, e := range w.Edges {
