@@ -132,6 +132,9 @@ func New(cfg Config) (_ *Gateway, err error) {
 			return nil, fmt.Errorf("ACME HTTP-01 challenge listener (--acme-http-listen): %w", err)
 		}
 		closers = append(closers, g.acmeLn.Close)
+		if g.acmeLn, err = g.retrying("acme_http", g.acmeLn); err != nil {
+			return nil, err
+		}
 	}
 	if g.certs, err = loadTLS(cfg, log, client, g.acmeLn); err != nil {
 		return nil, err
@@ -259,6 +262,9 @@ func New(cfg Config) (_ *Gateway, err error) {
 			return nil, fmt.Errorf("admin listener: %w", err)
 		}
 		closers = append(closers, g.adminLn.Close)
+		if g.adminLn, err = g.retrying("admin", g.adminLn); err != nil {
+			return nil, err
+		}
 	}
 	return g, nil
 }

@@ -1,0 +1,24 @@
+package gateway
+
+import (
+	"net"
+
+	"github.com/tether-edge/tether/internal/accept"
+)
+
+// retrying wraps ln, the listener of one of the gateway's HTTP servers
+// (admin, ACME HTTP-01), so that a failed accept (EMFILE and the like) is
+// retried after a backoff, logged once per streak and counted as
+// tether_gateway_accept_errors_total{listener=name}: the server then ends
+// only when it is shut down, never the gateway with it. The proxy and the
+// DNS server wrap their own listeners the same way. The QUIC tunnel
+// listener needs nothing of the kind: its one UDP socket takes no file
+// descriptor per edge, quic-go retries temporary read errors itself, and
+// its Accept fails only once the listener is closed.
+func (g *Gateway) retrying(name string, ln net.Listener) (net.Listener, error) {
+	errs, err := accept.Counter(g.metrics, "tether_gateway", name)
+	if err != nil {
+		return nil, err
+	}
+	return accept.Listen(ln, accept.Options{Name: name, Logger: g.log, Errors: errs}), nil
+}
