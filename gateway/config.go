@@ -28,7 +28,12 @@ import (
 // names and the keys of the YAML file (/etc/tether/gateway.yaml);
 // durations are written as Go durations ("15s").
 type Config struct {
-	Kubeconfig   string   `json:"kubeconfig,omitempty"`
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// KubeAPIQPS and KubeAPIBurst are the Kubernetes client's rate limit
+	// (client-go's token bucket): its average requests per second and the
+	// requests it may send at once above that.
+	KubeAPIQPS   float64  `json:"kube-api-qps"`
+	KubeAPIBurst int      `json:"kube-api-burst"`
 	TunnelListen string   `json:"tunnel-listen"`
 	ProxyPort    int      `json:"proxy-port"`
 	ClientCA     string   `json:"client-ca"`
@@ -93,6 +98,15 @@ const (
 	DefaultProxyPort    = 10263
 	DefaultDNSListen    = ":53"
 	DefaultAdminListen  = ":10265"
+	// DefaultKubeAPIQPS and DefaultKubeAPIBurst replace client-go's 5 and
+	// 10. A delegated heartbeat costs up to three requests (the pool's
+	// election record, the Lease's get and update) per offline node every
+	// 10 s: 5 QPS carries about 16 offline nodes, 100 about 300 per replica
+	// next to the taint, VIP and update-trigger controllers; the burst takes
+	// a site that goes offline at once. kube-apiserver's API Priority and
+	// Fairness still queues the gateway fairly among its other clients.
+	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIBurst = 200
 	DefaultDataDir      = "/var/lib/tether-gateway"
 	// DefaultACMEHTTPListen is where ACME's HTTP-01 challenges are
 	// answered in ACME mode: the ACME server dials TCP port 80 of the
@@ -108,6 +122,8 @@ const (
 // flag says otherwise.
 func DefaultConfig() Config {
 	return Config{
+		KubeAPIQPS:        DefaultKubeAPIQPS,
+		KubeAPIBurst:      DefaultKubeAPIBurst,
 		TunnelListen:      DefaultTunnelListen,
 		ProxyPort:         DefaultProxyPort,
 		DNSListen:         DefaultDNSListen,
@@ -183,6 +199,12 @@ func (c *Config) Validate() error {
 		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 			bad("--%s %q: want host:port or :port", flag, addr)
 		}
+	}
+	if c.KubeAPIQPS <= 0 {
+		bad("--kube-api-qps %g: want a positive rate", c.KubeAPIQPS)
+	}
+	if c.KubeAPIBurst < 1 {
+		bad("--kube-api-burst %d: want at least 1", c.KubeAPIBurst)
 	}
 	checkAddr("tunnel-listen", c.TunnelListen, false)
 	checkAddr("dns-listen", c.DNSListen, true)

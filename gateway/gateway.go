@@ -123,7 +123,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 	// unless ACME keeps its state in a Secret.
 	var client kubernetes.Interface
 	if _, _, secret, _ := cfg.ACMESecret(); cfg.ACME() && secret {
-		if client, err = kubeClient(cfg.Kubeconfig); err != nil {
+		if client, err = kubeClient(cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -153,7 +153,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		return nil, err
 	}
 	if client == nil {
-		if client, err = kubeClient(cfg.Kubeconfig); err != nil {
+		if client, err = kubeClient(cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -494,12 +494,13 @@ func hostAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-// kubeClient builds a client from a kubeconfig file, or from the in-cluster
-// service account when path is empty.
-func kubeClient(path string) (kubernetes.Interface, error) {
+// kubeClient builds a client from the --kubeconfig file, or from the
+// in-cluster service account when there is none, rate-limited to
+// --kube-api-qps and --kube-api-burst.
+func kubeClient(c Config) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
-	if path == "" {
+	if path := c.Kubeconfig; path == "" {
 		if cfg, err = rest.InClusterConfig(); err != nil {
 			return nil, fmt.Errorf("no --kubeconfig given and not running in a cluster: %w", err)
 		}
@@ -507,6 +508,7 @@ func kubeClient(path string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 	}
 	cfg.UserAgent = "tether-gateway/" + version.Version
+	cfg.QPS, cfg.Burst = float32(c.KubeAPIQPS), c.KubeAPIBurst
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)

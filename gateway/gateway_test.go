@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +20,9 @@ import (
 	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/tether-edge/tether/gateway/internal/edgetest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
@@ -53,6 +58,8 @@ func TestValidate(t *testing.T) {
 		{"no streams", func(c *Config) { c.MaxStreamsPerEdge = 0 }, "--max-streams-per-edge 0"},
 		{"no taint renewals", func(c *Config) { c.DelegatedHeartbeatTaintRenewals = 0 }, "--delegated-heartbeat-taint-renewals 0"},
 		{"no idle", func(c *Config) { c.IdleTimeout = metav1.Duration{} }, "--idle-timeout 0s"},
+		{"no kube QPS", func(c *Config) { c.KubeAPIQPS = 0 }, "--kube-api-qps 0"},
+		{"no kube burst", func(c *Config) { c.KubeAPIBurst = 0 }, "--kube-api-burst 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := valid
@@ -259,5 +266,44 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
+	}
+}
+
+// --kube-api-qps and --kube-api-burst reach the client's rate limiter:
+// the default QPS, and a burst of exactly that many requests at a rate too
+// low to refill during the test.
+func TestKubeClientRateLimit(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600)
+	limiter := func(cfg Config) flowcontrol.RateLimiter {
+		t.Helper()
+		client, err := kubeClient(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client.(*kubernetes.Clientset).CoreV1().RESTClient().(*rest.RESTClient).GetRateLimiter()
+	}
+	cfg := DefaultConfig()
+	cfg.Kubeconfig = kubeconfig
+	if qps := limiter(cfg).QPS(); qps != DefaultKubeAPIQPS {
+		t.Errorf("default QPS %v, want %v", qps, DefaultKubeAPIQPS)
+	}
+	cfg.KubeAPIQPS, cfg.KubeAPIBurst = 0.001, 7
+	rl := limiter(cfg)
+	if qps := rl.QPS(); qps != float32(0.001) {
+		t.Errorf("QPS %v, want 0.001", qps)
+	}
+	burst := 0
+	for rl.TryAccept() {
+		burst++
+	}
+	if burst != 7 {
+		t.Errorf("%d requests let through at once, want the burst of 7", burst)
 	}
 }

@@ -26,16 +26,17 @@ func TestEveryConfigKeyIsAFlag(t *testing.T) {
 
 func TestFileAndFlags(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gateway.yaml")
-	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\ndns-zone: [tether.internal]\nidle-timeout: 30s\nmode: vip\nvip-cidr: 100.64.0.0/16\n"), 0o600)
+	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\ndns-zone: [tether.internal]\nidle-timeout: 30s\nmode: vip\nvip-cidr: 100.64.0.0/16\nkube-api-qps: 250\nkube-api-burst: 300\n"), 0o600)
 	cfg := gateway.DefaultConfig()
 	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	registerFlags(fs, &cfg)
-	if err := config.Parse(fs, []string{"--config", path, "--proxy-port", "10300", "--shutdown-grace=3s"}, &cfg); err != nil {
+	if err := config.Parse(fs, []string{"--config", path, "--proxy-port", "10300", "--shutdown-grace=3s", "--kube-api-burst", "400"}, &cfg); err != nil {
 		t.Fatal(err)
 	}
 	if cfg.ClientCA != "/ca.pem" || strings.Join(cfg.DNSZones, ",") != "tether.internal" || cfg.IdleTimeout.Duration != 30*time.Second ||
-		cfg.Mode != "vip" || cfg.ProxyPort != 10300 || cfg.ShutdownGrace.Duration != 3*time.Second || cfg.TunnelListen != ":10262" {
+		cfg.Mode != "vip" || cfg.ProxyPort != 10300 || cfg.ShutdownGrace.Duration != 3*time.Second || cfg.TunnelListen != ":10262" ||
+		cfg.KubeAPIQPS != 250 || cfg.KubeAPIBurst != 400 {
 		t.Errorf("config %+v", cfg)
 	}
 }
