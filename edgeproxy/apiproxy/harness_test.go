@@ -181,6 +181,11 @@ func (e *edge) stop() {
 	if e.Topo != nil {
 		e.Topo.Shutdown()
 	}
+	// The upstream transports keep idle connections to the apiserver for
+	// reuse, as the process would until it exits: closed here, as a test
+	// closes its HTTP clients' idle connections (new transports in their
+	// place stay empty). Busy ones stay open until their requests end.
+	e.Ups.Rotate()
 	e.Store.Close()
 	e.cancel = nil
 }

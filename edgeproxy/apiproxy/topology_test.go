@@ -115,6 +115,8 @@ func TestTopologyAgainstKubeAPIServer(t *testing.T) {
 			t.Fatalf("the proxy waited up to %v for the informers, want a wait of at most %v", d, topologySyncWait)
 		}
 	})
+
+	t.Run("ProxyLeavesNothing", func(t *testing.T) { testProxyLeavesNothing(t, ctx, cp, admin) })
 }
 
 // neverSynced is a filter whose informers never sync; it records the
