@@ -2,9 +2,12 @@
 // builds the e2e world once (a real kube-apiserver and etcd in a cloud
 // network, one edge site "shop" behind NAT with --edges nodes labelled
 // apps.openyurt.io/nodepool=shop) and creates --changes EndpointSlices in
-// namespace bench. Then, in each run, it measures two phases with fresh
-// tether-edge processes (apiserver proxy only, default settings, a fresh
-// data directory each):
+// namespace bench, and starts one tether-gateway in the cloud network: the
+// edges connect to it in both phases, as they campaign for the pool's lead
+// through it (nodes may only read the election record), so its tunnels'
+// keepalives are in both phases' uplink figures. Then, in each run, it
+// measures two phases with fresh tether-edge processes (the apiserver
+// proxy and the tunnel, default settings, a fresh data directory each):
 //
 //   - no-pool: --pool-listen "", every node's proxy relays its kube-proxy's
 //     watch to the cloud;
@@ -83,7 +86,7 @@ func main() {
 func run(ctx context.Context, s *testenv.Session, o options) error {
 	printHeader(o)
 	setup := time.Now()
-	bins, err := world.BenchBinaries(s, o.binDir, note, "tether-edge")
+	bins, err := world.BenchBinaries(s, o.binDir, note, "tether-edge", "tether-gateway")
 	if err != nil {
 		return err
 	}
@@ -101,6 +104,7 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 		{Name: siteName, Hosts: hosts, LAN: netip.MustParsePrefix("192.168.9.0/24")},
 	}}, logf)
 	w.ApplyEdgeRBAC(s)
+	w.StartGateway(s, w.Gateways[0])
 	note("creating %d EndpointSlices in namespace %s", o.changes, benchNS)
 	if err := createSlices(ctx, w.CP.Client, o.changes); err != nil {
 		return err

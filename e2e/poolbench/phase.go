@@ -81,6 +81,8 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 			"--cert", e.CertFile, "--key", e.KeyFile,
 			"--server-addr", b.w.CP.URL, "--server-ca", b.w.Path("cluster-ca.crt"),
 			"--data-dir", b.w.Path(fmt.Sprintf("poolbench-run%d-%s-%s", run, res.phase, e.Name)),
+			"--gateway", fmt.Sprintf("%s:%d", b.w.Gateways[0].Addr, world.TunnelPort), "--gateway-ca", b.w.Path("gateway-ca.crt"),
+			"--allow-ports", fmt.Sprint(world.KubeletPort),
 			"--log-level", "info",
 		}
 		if !pool {
