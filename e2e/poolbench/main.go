@@ -62,7 +62,7 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-edge, as make build leaves it in bin; empty builds it from this tree into a temporary directory")
+	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-edge and tether-gateway, as make build leaves them in bin; empty builds it from this tree into a temporary directory")
 	flag.IntVar(&o.runs, "runs", 1, "measure both phases this many `times` (they alternate which goes first); the targets are judged on the median ratio, the lag of all runs together and the largest RSS")
 	flag.IntVar(&o.changes, "changes", 1000, "`n` EndpointSlices (5 endpoints each) in namespace bench; each phase changes every one once")
 	flag.IntVar(&o.edges, "edges", 10, "`n` edge nodes in the pool")
