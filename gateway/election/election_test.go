@@ -1,13 +1,11 @@
 package election
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,7 +33,7 @@ type cluster struct {
 	admin kubernetes.Interface
 	h     *Handler
 	clock *testclock.FakePassiveClock
-	log   *syncBuffer
+	log   *testenv.LogBuffer
 }
 
 // t0 is the gateway's clock, a whole second in the past: the edges' own
@@ -67,7 +65,7 @@ func newCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
-	c := &cluster{t: t, ctx: ctx, admin: cp.Client, clock: testclock.NewFakePassiveClock(t0), log: &syncBuffer{}}
+	c := &cluster{t: t, ctx: ctx, admin: cp.Client, clock: testclock.NewFakePassiveClock(t0), log: &testenv.LogBuffer{}}
 	c.h, err = New(Options{Client: gw, Nodes: heartbeat.APINodes{Client: gw}, Clock: c.clock,
 		Logger: slog.New(slog.NewTextHandler(c.log, nil)), Registerer: prometheus.NewRegistry()})
 	if err != nil {
@@ -85,29 +83,6 @@ func newCluster(t *testing.T) *cluster {
 		}
 	}
 	return c
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b.Reset()
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // record is an election record ConfigMap for pool as the edge's elector
@@ -395,7 +370,7 @@ func TestRefusals(t *testing.T) {
 				}
 			}
 			n := c.count(tc.want)
-			c.log.reset()
+			logged := len(c.log.String())
 			rep := c.h.Elect(c.ctx, tc.sender, tunnel.ElectionRequest{Op: tc.op, Record: tc.kind, Pool: tc.pool, ConfigMap: body})
 			if rep.Code != tc.want || rep.Message == "" || rep.ConfigMap != nil {
 				t.Fatalf("reply %+v, want %v with a message", rep, tc.want)
@@ -413,14 +388,14 @@ func TestRefusals(t *testing.T) {
 					t.Errorf("%s created", name)
 				}
 			}
-			line := ""
-			for _, l := range strings.Split(c.log.String(), "\n") {
+			line, log := "", c.log.String()[logged:]
+			for _, l := range strings.Split(log, "\n") {
 				if strings.Contains(l, "reason="+tc.want.String()) && strings.Contains(l, "node="+tc.sender) && strings.Contains(l, "pool="+tc.pool) {
 					line = l
 				}
 			}
 			if !strings.Contains(line, "level=WARN") || !strings.Contains(line, "election record write refused") {
-				t.Errorf("no warning with node=%s pool=%s reason=%s in the log:\n%s", tc.sender, tc.pool, tc.want, c.log.String())
+				t.Errorf("no warning with node=%s pool=%s reason=%s in the log:\n%s", tc.sender, tc.pool, tc.want, log)
 			}
 		})
 	}
