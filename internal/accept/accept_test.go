@@ -1,12 +1,10 @@
 package accept
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +13,12 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/internal/accept/accepttest"
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
-// logBuffer is a slog text handler's output, safe to read while written.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) lines() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Split(strings.TrimSpace(b.buf.String()), "\n")
+// logLines returns the lines written to logs.
+func logLines(logs *testenv.LogBuffer) []string {
+	return strings.Split(strings.TrimSpace(logs.String()), "\n")
 }
 
 // waitForTimer waits until the Accept under test sleeps on clk.
@@ -55,7 +41,7 @@ func TestListenRetries(t *testing.T) {
 	}
 	fl := accepttest.New(inner, true)
 	clk := testingclock.NewFakeClock(time.Unix(1e9, 0))
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	reg := prometheus.NewRegistry()
 	errs, err := Counter(reg, "tether_test", "dns_tcp")
 	if err != nil {
@@ -101,7 +87,7 @@ func TestListenRetries(t *testing.T) {
 	if n := value(t, errs); n != 4 {
 		t.Errorf("counted %v errors, want 4", n)
 	}
-	lines := logs.lines()
+	lines := logLines(&logs)
 	if len(lines) != 2 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[0], "too many open files") ||
 		!strings.Contains(lines[1], "listener recovered") || !strings.Contains(lines[1], "errors=4") || !strings.Contains(lines[1], "listener=dns_tcp") {
 		t.Errorf("log lines:\n%s\nwant one warning with the error, then the recovery with errors=4", strings.Join(lines, "\n"))
@@ -124,8 +110,8 @@ func TestListenRetries(t *testing.T) {
 	if r := <-got; !errors.Is(r.err, net.ErrClosed) {
 		t.Fatalf("Accept after Close: %v, want net.ErrClosed", r.err)
 	}
-	if len(logs.lines()) != 3 {
-		t.Errorf("log lines:\n%s\nwant a third, for the second streak", strings.Join(logs.lines(), "\n"))
+	if len(logLines(&logs)) != 3 {
+		t.Errorf("log lines:\n%s\nwant a third, for the second streak", strings.Join(logLines(&logs), "\n"))
 	}
 }
 
