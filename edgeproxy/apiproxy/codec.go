@@ -252,8 +252,24 @@ func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, de
 	writeJSON(w, code, b)
 }
 
+// unreachableMessage starts the message of a refusal for want of the
+// cloud.
+const unreachableMessage = "the cloud kube-apiserver is unreachable"
+
 // unreachable answers a request the proxy cannot serve without the cloud.
 func unreachable(w http.ResponseWriter, format string, args ...any) {
+	refuse(w, unreachableMessage, format, args...)
+}
+
+// refuse answers 503 ServiceUnavailable, saying why the cloud is not
+// asked (why) and then what the proxy cannot do about it.
+func refuse(w http.ResponseWriter, why, format string, args ...any) {
 	writeStatus(w, http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, nil,
-		"tether-edge: the cloud kube-apiserver is unreachable; "+format, args...)
+		"tether-edge: "+why+"; "+format, args...)
+}
+
+// noAnswer is why a request is served as offline although the health
+// checks pass.
+func noAnswer(err error) string {
+	return fmt.Sprintf("the cloud kube-apiserver did not answer (%v)", err)
 }

@@ -2,6 +2,7 @@ package apiproxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,8 +15,9 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/cache"
 )
 
-// serveRead answers a get or list from the cache.
-func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+// serveRead answers a get or list from the cache. why is why the cloud
+// does not answer it (unreachableMessage, or noAnswer); a refusal says it.
+func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, comp string, why string) string {
 	if req.Verb == verbGet {
 		o, err := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
 		if err != nil {
@@ -25,7 +27,7 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 		if o == nil {
 			p.m.misses.WithLabelValues(comp).Inc()
 			if _, found := p.store.Info(comp, req.GVR); !found {
-				unreachable(w, "%s were never cached for %s", req.GVR.Resource, comp)
+				refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
 				return servedRefused
 			}
 			writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound,
@@ -60,7 +62,7 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 	}
 	if !found {
 		p.m.misses.WithLabelValues(comp).Inc()
-		unreachable(w, "%s were never cached for %s", req.GVR.Resource, comp)
+		refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
 		return servedRefused
 	}
 	p.m.hits.WithLabelValues(comp).Inc()
@@ -78,8 +80,8 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 // serveWatch serves a watch offline: with sendInitialEvents, the cached
 // objects as ADDED events and the bookmark that ends them; then nothing,
 // until hold lets it end. offline is false when the health checks still
-// pass but the cloud did not answer.
-func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, comp string, start time.Time, offline bool) string {
+// pass but the cloud did not answer; why says why, as for serveRead.
+func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, comp string, start time.Time, offline bool, why string) string {
 	scope, err := req.scope(r)
 	if err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
@@ -94,7 +96,7 @@ func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, 
 		})
 		if err != nil || !found {
 			p.m.misses.WithLabelValues(comp).Inc()
-			unreachable(w, "%s were never cached for %s", req.GVR.Resource, comp)
+			refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
 			return servedRefused
 		}
 		fmt.Fprintf(&events, `{"type":"BOOKMARK","object":{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d","annotations":{%q:"true"}}}}`+"\n",
@@ -159,9 +161,10 @@ wait:
 }
 
 // write handles a renewal of the node's Lease or a status write: relayed
-// online (status writes only once earlier queued ones are replayed, to
-// keep their order); offline, or when the cloud does not answer, the
-// Lease is answered locally and status writes are queued.
+// online; offline, or when the cloud does not answer, the Lease is
+// answered locally and status writes are queued. A status write of an
+// object that still has queued writes is queued behind them, so that the
+// object's writes reach the cloud in order, without waiting for them.
 func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp string, healthy bool) string {
 	body, err := readBody(r)
 	if err != nil {
@@ -169,21 +172,9 @@ func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp 
 		return servedError
 	}
 	lease := p.isNodeLease(req)
-	if healthy && !lease {
-		select {
-		case <-p.queueEmpty():
-		default:
-			t := p.clock.NewTimer(queueOrderWait)
-			select {
-			case <-p.queueEmpty():
-			case <-t.C():
-				healthy = false // still replaying: queue behind
-			case <-r.Context().Done():
-				t.Stop()
-				return servedError
-			}
-			t.Stop()
-		}
+	if healthy && !lease && p.hasQueued(requestKey(req)) {
+		p.kickReplay()
+		return p.queueStatus(w, r, req, comp, body, "earlier status writes of this object are still queued for the cloud")
 	}
 	if healthy {
 		up := p.upstreamRequest(r, body, p.cached[comp], req.GVR.GroupVersion())
@@ -214,7 +205,7 @@ func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp 
 		}
 		return p.answerLease(w, r, req, comp, body)
 	}
-	return p.queueStatus(w, r, req, comp, body)
+	return p.queueStatus(w, r, req, comp, body, unreachableMessage)
 }
 
 func readBody(r *http.Request) ([]byte, error) {
@@ -266,10 +257,11 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 // queueStatus keeps a status write for replay and answers it with the
 // object as the apiserver would have made it from the cached one: the
 // status of an update put in, or the patch applied; resourceVersion
-// bumped.
-func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request, comp string, body []byte) string {
-	if p.queueLen() >= maxQueue {
-		unreachable(w, "%d status writes are queued already; this one is refused", maxQueue)
+// bumped. why is why the write is not relayed (unreachableMessage, or
+// earlier writes of the object are queued); refusals say it first.
+func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request, comp string, body []byte, why string) string {
+	refused := func(format string, args ...any) string {
+		refuse(w, why, format, args...)
 		return servedRefused
 	}
 	cached, _ := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
@@ -293,12 +285,10 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 	case verbPatch:
 		if cached == nil {
 			p.m.misses.WithLabelValues(comp).Inc()
-			unreachable(w, "%s is not cached, so a patch of its status cannot be kept", describe(req, r))
-			return servedRefused
+			return refused("%s is not cached, so a patch of its status cannot be kept", describe(req, r))
 		}
 		if result, err = applyPatch(ct, cached.Raw, body, req.GVR.Resource); err != nil {
-			unreachable(w, "patch of %s cannot be applied offline: %v", describe(req, r), err)
-			return servedRefused
+			return refused("the patch of %s cannot be applied by the edge: %v", describe(req, r), err)
 		}
 		keep = body
 	}
@@ -327,10 +317,13 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		Namespace: req.Namespace, Name: req.Name, UID: uid, QueuedAt: p.clock.Now(),
 	}
 	if err := p.store.Enqueue(qw); err != nil {
-		unreachable(w, "the status write cannot be kept: %v", err)
-		return servedRefused
+		p.log.Warn("status write refused: it cannot be queued", "component", comp, "object", describe(req, r), "err", err)
+		if errors.Is(err, cache.ErrQueueFull) {
+			return refused("the queue of status writes is full, this one is refused: %v", err)
+		}
+		return refused("the status write cannot be kept on disk: %v", err)
 	}
-	p.queueAdd(1)
+	p.noteQueued(*qw)
 	if o, err := cache.DecodeObject(result, "", ""); err == nil {
 		p.store.PutLocal(comp, req.GVR, o)
 		p.lastGet.Clear()
@@ -347,23 +340,56 @@ func (p *Proxy) queueLen() int {
 	return p.qlen
 }
 
-func (p *Proxy) queueEmpty() <-chan struct{} {
+// hasQueued reports whether writes of the object are queued.
+func (p *Proxy) hasQueued(key string) bool {
 	p.qmu.Lock()
 	defer p.qmu.Unlock()
-	return p.qEmpty
+	return p.pending[key] != nil
 }
 
-func (p *Proxy) queueAdd(n int) {
+// lastPut is the seq of the latest queued update (PUT) of the object.
+func (p *Proxy) lastPut(key string) uint64 {
 	p.qmu.Lock()
 	defer p.qmu.Unlock()
-	was := p.qlen
-	p.qlen += n
-	switch {
-	case was == 0 && p.qlen > 0:
-		p.qEmpty = make(chan struct{})
-	case was > 0 && p.qlen == 0:
-		close(p.qEmpty)
+	if o := p.pending[key]; o != nil {
+		return o.lastPut
 	}
+	return 0
+}
+
+// noteQueued counts a write that is in the queue.
+func (p *Proxy) noteQueued(q cache.QueuedWrite) {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	p.qlen++
+	key := objectKey(q)
+	o := p.pending[key]
+	if o == nil {
+		o = &pendingObject{}
+		p.pending[key] = o
+	}
+	o.writes++
+	if q.Method == http.MethodPut {
+		o.lastPut = max(o.lastPut, q.Seq)
+	}
+}
+
+// dequeue removes a write from the queue.
+func (p *Proxy) dequeue(q cache.QueuedWrite) error {
+	if err := p.store.Dequeue(q.Seq); err != nil {
+		return err
+	}
+	delete(p.retries, q.Seq)
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	p.qlen--
+	key := objectKey(q)
+	if o := p.pending[key]; o != nil {
+		if o.writes--; o.writes <= 0 {
+			delete(p.pending, key)
+		}
+	}
+	return nil
 }
 
 func (p *Proxy) kickReplay() {

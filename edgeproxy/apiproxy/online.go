@@ -30,7 +30,7 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 		}
 		p.up.Kick()
 		p.log.Debug("apiserver did not answer; serving from the cache", "component", comp, "path", r.URL.Path, "err", err)
-		return p.serveRead(w, r, req, comp)
+		return p.serveRead(w, r, req, comp, noAnswer(err))
 	}
 	defer resp.Body.Close()
 	getKey := comp + " " + r.URL.Path
@@ -66,15 +66,26 @@ var hashSeed = maphash.MakeSeed()
 
 // readTrip sends a cacheable read to the cloud, or viaPool to the node
 // pool's replica.
+//
+// A body of the client's is not sent: kube-apiserver ignores the body of
+// a get, list or watch (and the read transport takes none).
 func (p *Proxy) readTrip(r *http.Request, req request, viaPool bool) (*http.Response, error) {
 	if viaPool {
-		return p.pool.Transport().RoundTrip(poolRequest(r))
+		return p.pool.Transport().RoundTrip(withoutBody(poolRequest(r)))
 	}
 	rt := p.rt
 	if req.Verb != verbWatch {
 		rt = p.reads
 	}
-	return rt.RoundTrip(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion()))
+	return rt.RoundTrip(withoutBody(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion())))
+}
+
+// withoutBody drops the body of a request the proxy made from a client's.
+func withoutBody(r *http.Request) *http.Request {
+	r.Body, r.GetBody, r.ContentLength = http.NoBody, nil, 0
+	r.Header.Del("Content-Length")
+	r.Header.Del("Content-Type")
+	return r
 }
 
 // relay copies an upstream response to the client. With capture set and
@@ -177,7 +188,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 		}
 		p.up.Kick()
 		p.log.Debug("apiserver did not answer a watch; serving it offline", "component", comp, "path", r.URL.Path, "err", err)
-		return p.serveWatch(w, r, req, comp, start, false)
+		return p.serveWatch(w, r, req, comp, start, false, noAnswer(err))
 	}
 	defer resp.Body.Close()
 	rc := http.NewResponseController(w)

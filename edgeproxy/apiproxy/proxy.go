@@ -86,13 +86,6 @@ const (
 	maxBody = 3 << 20
 	// maxCachedResponse bounds the responses copied for the cache.
 	maxCachedResponse = 256 << 20
-	// maxQueue bounds the queued status writes; more are refused.
-	maxQueue = 10000
-	// queueOrderWait is how long a status write made online waits for
-	// the replay of earlier ones before it is queued behind them.
-	queueOrderWait = 10 * time.Second
-	// replayRetry is the pause after a replay that could not finish.
-	replayRetry = 5 * time.Second
 )
 
 var (
@@ -118,9 +111,13 @@ type Proxy struct {
 	reads    http.RoundTripper // for gets and lists, counting bytes
 	replayCh chan struct{}
 
-	qmu    sync.Mutex
-	qlen   int
-	qEmpty chan struct{} // closed while the queue is empty
+	qmu     sync.Mutex
+	qlen    int
+	pending map[string]*pendingObject // by objectKey
+
+	// retries are the backoffs of queued writes by seq, and of the
+	// replay under 0 (Run's goroutine only).
+	retries map[uint64]*retryState
 
 	topo      Topology
 	topoComps map[string]bool
@@ -141,7 +138,7 @@ func New(o Options) (*Proxy, error) {
 	}
 	p := &Proxy{up: o.Upstream, store: o.Store, node: o.NodeName, cached: map[string]bool{},
 		recheck: o.HeldWatchRecheck, jitter: o.ReleaseJitter, clock: o.Clock, log: o.Logger,
-		replayCh: make(chan struct{}, 1), qEmpty: make(chan struct{}),
+		replayCh: make(chan struct{}, 1), pending: map[string]*pendingObject{}, retries: map[uint64]*retryState{},
 		pool: o.Pool, delegating: make(chan struct{}, 1)}
 	if p.recheck <= 0 {
 		p.recheck = 30 * time.Second
@@ -171,9 +168,11 @@ func New(o Options) (*Proxy, error) {
 		// The pool's Node informer reads through the proxy too.
 		p.cached[PoolUserAgent] = true
 	}
-	p.qlen = o.Store.QueueLen()
-	if p.qlen == 0 {
-		close(p.qEmpty)
+	for q, err := range o.Store.QueuedWrites(0) {
+		if err != nil {
+			return nil, fmt.Errorf("apiproxy: %w", err)
+		}
+		p.noteQueued(q)
 	}
 	var err error
 	if p.m, err = newMetrics(o.Registerer, func() float64 { return float64(p.queueLen()) }); err != nil {
@@ -261,12 +260,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 		return servedUpstream
 	case cached && req.Verb == verbWatch:
 		if !healthy {
-			return p.serveWatch(w, r, req, comp, p.clock.Now(), true)
+			return p.serveWatch(w, r, req, comp, p.clock.Now(), true, unreachableMessage)
 		}
 		return p.forwardWatch(w, r, req, comp, false)
 	case cached:
 		if !healthy {
-			return p.serveRead(w, r, req, comp)
+			return p.serveRead(w, r, req, comp, unreachableMessage)
 		}
 		return p.forwardRead(w, r, req, comp, false)
 	case p.isNodeLease(req) || isStatusWrite(req):

@@ -8,13 +8,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
 )
@@ -27,78 +30,200 @@ const (
 	replayRejected = "rejected"
 )
 
+// Backoff of a queued write the cloud answers 5xx or 429 (per write),
+// and of the replay when the cloud does not answer at all: the n-th
+// failure waits a random time between half and all of
+// min(replayBackoffBase·2ⁿ⁻¹, replayBackoffMax), or longer when a
+// Retry-After asks for it (up to replayBackoffMax).
+const (
+	replayBackoffBase = time.Second
+	replayBackoffMax  = 2 * time.Minute
+)
+
 // errNotHealthy stops a replay when the cloud goes away again.
 var errNotHealthy = errors.New("no apiserver is healthy")
 
+// refusedForNow is a 5xx or 429 answer to a replayed request: the write
+// stays queued and is tried again after a backoff.
+type refusedForNow struct {
+	what       string
+	code       int
+	message    string
+	retryAfter time.Duration
+}
+
+func (e *refusedForNow) Error() string {
+	return fmt.Sprintf("%s: %d %s", e.what, e.code, e.message)
+}
+
+// retryState is the backoff of one queued write (or, under seq 0, of the
+// replay as a whole). It is kept in memory: a restarted proxy tries each
+// write again at once.
+type retryState struct {
+	failures int
+	next     time.Time
+}
+
+// replayBackoff is the wait after the failures-th failure in a row.
+func replayBackoff(failures int, retryAfter time.Duration) time.Duration {
+	d := replayBackoffMax
+	if failures <= 20 {
+		d = min(replayBackoffBase<<max(failures-1, 0), replayBackoffMax)
+	}
+	d = d/2 + rand.N(d/2+1)
+	if retryAfter > d {
+		d = min(retryAfter, replayBackoffMax)
+	}
+	return d
+}
+
+// pendingObject is what the queue holds of one object.
+type pendingObject struct {
+	writes  int
+	lastPut uint64 // seq of the latest update (PUT), 0 if none
+}
+
 // Run replays queued status writes whenever the cloud is healthy, until
-// ctx ends.
+// ctx ends. A write the cloud answers 5xx or 429 backs off on its own
+// (jittered, bounded by replayBackoffMax) while the writes of other
+// objects go on; later writes of the same object wait behind it, unless
+// a later update (PUT) replaces it.
 func (p *Proxy) Run(ctx context.Context) error {
-	var retry <-chan time.Time
 	for {
 		changed := p.up.Changed()
-		if retry == nil && p.up.Healthy() && p.queueLen() > 0 {
-			if err := p.replay(ctx); err != nil && ctx.Err() == nil {
-				p.log.Warn("replay of queued status writes paused", "queued", p.queueLen(), "err", err, "retry_in", replayRetry)
-				t := p.clock.NewTimer(replayRetry)
-				retry = t.C()
+		var wake clock.Timer
+		var wakeC <-chan time.Time
+		if p.up.Healthy() && p.queueLen() > 0 {
+			if next := p.replay(ctx); !next.IsZero() {
+				wake = p.clock.NewTimer(next.Sub(p.clock.Now()))
+				wakeC = wake.C()
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil
 		case <-changed:
 		case <-p.replayCh:
-		case <-retry:
-			retry = nil
+		case <-wakeC:
+		}
+		if wake != nil {
+			wake.Stop()
+		}
+		if ctx.Err() != nil {
+			return nil
 		}
 	}
 }
 
-// replay sends the queued writes in order. A write is dropped as obsolete
-// when a later update (PUT) of the same object in the queue replaces it,
-// when the object is gone or was recreated upstream (another UID), or
-// when another field manager wrote its status upstream after the write
-// was queued. It stops, keeping the rest, at the first write the cloud
-// does not answer.
-func (p *Proxy) replay(ctx context.Context) error {
-	queued, err := p.store.Queued()
-	if err != nil {
-		return err
+// replay goes once through the queue, in order, and returns when the
+// next write that is backing off is due (zero if none). A write is dropped
+// as obsolete when a later update (PUT) of the same object in the queue
+// replaces it, when the object is gone or was recreated upstream (another
+// UID), or when another field manager wrote its status upstream after the
+// write was queued; as rejected when the cloud answers it 4xx.
+func (p *Proxy) replay(ctx context.Context) (next time.Time) {
+	now := p.clock.Now()
+	if r := p.retries[0]; r != nil && r.next.After(now) {
+		return r.next // the cloud did not answer lately
 	}
-	p.log.Info("cloud is back: replaying queued status writes", "queued", len(queued))
-	lastPut := map[string]uint64{}
-	for _, q := range queued {
-		if q.Method == http.MethodPut {
-			lastPut[objectKey(q)] = q.Seq
-		}
-	}
+	waiting := map[string]bool{} // objects with an earlier write still queued
 	counts := map[string]int{}
-	for _, q := range queued {
-		if !p.up.Healthy() {
-			return errNotHealthy
+	defer func() {
+		if len(counts) > 0 {
+			p.log.Info("queued status writes replayed", "applied", counts[replayApplied], "obsolete", counts[replayObsolete],
+				"rejected", counts[replayRejected], "still_queued", p.queueLen())
+		}
+	}()
+	for q, err := range p.store.QueuedWrites(0) {
+		if err != nil {
+			p.log.Error("cannot read the queue of status writes", "err", err)
+			return p.backOff(0, p.clock.Now(), 0)
+		}
+		key := objectKey(q)
+		if waiting[key] {
+			continue
 		}
 		var result, why string
-		if s := lastPut[objectKey(q)]; s > q.Seq {
+		if p.lastPut(key) > q.Seq {
 			result, why = replayObsolete, "a later update of the object in the queue replaces it"
-		} else if result, why, err = p.replayOne(ctx, q); err != nil {
-			return fmt.Errorf("write %d (%s %s): %w", q.Seq, q.Method, q.Path, err)
+		} else if r := p.retries[q.Seq]; r != nil && r.next.After(now) {
+			waiting[key] = true
+			next = earliest(next, r.next)
+			continue
+		} else {
+			if !p.up.Healthy() || ctx.Err() != nil {
+				return time.Time{} // Run starts again when the cloud is back
+			}
+			result, why, err = p.replayOne(ctx, q)
+			var rf *refusedForNow
+			switch {
+			case ctx.Err() != nil:
+				return time.Time{}
+			case errors.As(err, &rf):
+				waiting[key] = true
+				at := p.backOff(q.Seq, p.clock.Now(), rf.retryAfter)
+				next = earliest(next, at)
+				p.log.Warn("queued status write refused for now by the cloud; trying it again later",
+					"seq", q.Seq, "method", q.Method, "path", q.Path, "err", err,
+					"failures", p.retries[q.Seq].failures, "retry_in", at.Sub(p.clock.Now()))
+				continue
+			case err != nil:
+				at := p.backOff(0, p.clock.Now(), 0)
+				p.log.Warn("replay of queued status writes paused: the cloud does not answer", "queued", p.queueLen(),
+					"write", fmt.Sprintf("%d (%s %s)", q.Seq, q.Method, q.Path), "err", err, "retry_in", at.Sub(p.clock.Now()))
+				return at
+			}
+			delete(p.retries, 0)
 		}
-		if err := p.store.Dequeue(q.Seq); err != nil {
-			return err
+		if err := p.dequeue(q); err != nil {
+			p.log.Error("cannot remove a replayed write from the queue", "seq", q.Seq, "err", err)
+			return p.backOff(0, p.clock.Now(), 0)
 		}
-		p.queueAdd(-1)
 		counts[result]++
 		p.m.replayed.WithLabelValues(result).Inc()
-		level := slogLevel(result)
-		p.log.Log(ctx, level, "queued status write "+result, "seq", q.Seq, "method", q.Method, "path", q.Path,
-			"queued_at", q.QueuedAt, "why", why)
+		attrs := []any{"seq", q.Seq, "component", q.Component, "method", q.Method, "path", q.Path, "queued_at", q.QueuedAt, "why", why}
+		if result == replayRejected {
+			// What the cloud refused is dropped: say what it was.
+			attrs = append(attrs, "content_type", q.ContentType, "body", truncate(q.Body, 2048))
+		}
+		p.log.Log(ctx, slogLevel(result), "queued status write "+result, attrs...)
 	}
-	p.log.Info("queued status writes replayed", "applied", counts[replayApplied], "obsolete", counts[replayObsolete], "rejected", counts[replayRejected])
-	return nil
+	return next
+}
+
+// backOff records one more failure of a write (seq 0: of the replay) and
+// returns when to try again.
+func (p *Proxy) backOff(seq uint64, now time.Time, retryAfter time.Duration) time.Time {
+	r := p.retries[seq]
+	if r == nil {
+		r = &retryState{}
+		p.retries[seq] = r
+	}
+	r.failures++
+	r.next = now.Add(replayBackoff(r.failures, retryAfter))
+	return r.next
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "…"
+	}
+	return string(b)
 }
 
 func objectKey(q cache.QueuedWrite) string {
 	return q.Group + "/" + q.Resource + "/" + q.Namespace + "/" + q.Name
+}
+
+// requestKey is objectKey for a request.
+func requestKey(req request) string {
+	return req.GVR.Group + "/" + req.GVR.Resource + "/" + req.Namespace + "/" + req.Name
 }
 
 // upstreamObject is the part of the current upstream object a replay
@@ -112,11 +237,13 @@ type upstreamObject struct {
 }
 
 // replayOne checks whether one write is still wanted and sends it. An
-// error means the cloud did not answer: the write stays queued.
+// error means the write stays queued: a *refusedForNow when the cloud
+// answered 5xx or 429, any other when it did not answer.
 func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why string, err error) {
 	objPath := strings.TrimSuffix(q.Path, "/status")
 	for attempt := 0; ; attempt++ {
-		code, cur, err := p.send(ctx, q, http.MethodGet, objPath, "", nil)
+		a, err := p.send(ctx, q, http.MethodGet, objPath, "", nil)
+		code, cur := a.code, a.body
 		switch {
 		case err != nil:
 			return "", "", err
@@ -127,8 +254,8 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 			// the pods bound to it: a pod deleted (or rebound) since is
 			// forbidden, not missing.
 			return replayObsolete, "the node may no longer read the object (deleted, or not bound to it): " + statusMessage(cur), nil
-		case code >= 500 || code == http.StatusTooManyRequests:
-			return "", "", fmt.Errorf("get %s: %d", objPath, code)
+		case a.retryable():
+			return "", "", a.refused("get " + objPath)
 		case code != http.StatusOK:
 			return replayRejected, fmt.Sprintf("get %s: %d %s", objPath, code, statusMessage(cur)), nil
 		}
@@ -151,7 +278,8 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 				return replayRejected, "the queued body does not decode: " + err.Error(), nil
 			}
 		}
-		code, resp, err := p.send(ctx, q, q.Method, q.Path, q.ContentType, body)
+		a, err = p.send(ctx, q, q.Method, q.Path, q.ContentType, body)
+		code, resp := a.code, a.body
 		switch {
 		case err != nil:
 			return "", "", err
@@ -165,19 +293,37 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 			continue // written in between: read it again
 		case code == http.StatusConflict:
 			return replayObsolete, "conflict: " + statusMessage(resp), nil
-		case code >= 500 || code == http.StatusTooManyRequests:
-			return "", "", fmt.Errorf("%s %s: %d %s", q.Method, q.Path, code, statusMessage(resp))
+		case a.retryable():
+			return "", "", a.refused(q.Method + " " + q.Path)
 		default:
 			return replayRejected, fmt.Sprintf("%d %s", code, statusMessage(resp)), nil
 		}
 	}
 }
 
+// answer is the cloud's answer to one request of a replay.
+type answer struct {
+	code       int
+	body       []byte
+	retryAfter time.Duration
+}
+
+// retryable reports whether the write stays queued, to be tried again:
+// the cloud is overloaded or failing (5xx, 429).
+func (a answer) retryable() bool {
+	return a.code >= 500 || a.code == http.StatusTooManyRequests
+}
+
+func (a answer) refused(what string) error {
+	return &refusedForNow{what: what, code: a.code, message: statusMessage(a.body), retryAfter: a.retryAfter}
+}
+
 // send makes one request of a replay, as the component that queued it.
-func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, contentType string, body []byte) (int, []byte, error) {
+// An error means the cloud did not answer.
+func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, contentType string, body []byte) (answer, error) {
 	srv, ok := p.up.Server()
 	if !ok {
-		return 0, nil, errNotHealthy
+		return answer{}, errNotHealthy
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -191,7 +337,7 @@ func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, con
 	}
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
-		return 0, nil, err
+		return answer{}, err
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", q.UserAgent)
@@ -201,14 +347,18 @@ func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, con
 	resp, err := p.rt.RoundTrip(req)
 	if err != nil {
 		p.up.Kick()
-		return 0, nil, err
+		return answer{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, maxCachedResponse))
 	if err != nil {
-		return 0, nil, err
+		return answer{}, err
 	}
-	return resp.StatusCode, b, nil
+	a := answer{code: resp.StatusCode, body: b}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 {
+		a.retryAfter = time.Duration(s) * time.Second
+	}
+	return a, nil
 }
 
 func statusMessage(body []byte) string {

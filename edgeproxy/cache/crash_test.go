@@ -94,8 +94,7 @@ func TestKillDuringWrites(t *testing.T) {
 		if s.MovedAside != "" {
 			t.Fatalf("kill %d: file moved aside after kill -9", kill)
 		}
-		q, err := s.Queued()
-		must(t, err)
+		q := queued(t, s)
 		rounds := 0
 		for i, w := range q {
 			if i > 0 && w.Seq <= q[i-1].Seq {

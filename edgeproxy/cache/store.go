@@ -60,6 +60,14 @@ type Store struct {
 	done   chan struct{}
 	dirty  bool // the batch being applied changed something (writer only)
 
+	// The queue's usage as committed (queue) and within the batch being
+	// applied (qtx, writer only), and its bounds; qmu guards queue and
+	// the bounds.
+	qmu        sync.Mutex
+	queue, qtx queueUsage
+	maxWrites  int
+	maxBytes   int64
+
 	// MovedAside is the name a corrupt file was renamed to by Open, or "".
 	MovedAside string
 }
@@ -79,7 +87,8 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{log: log, ops: make(chan op, 1024), done: make(chan struct{})}
+	s := &Store{log: log, ops: make(chan op, 1024), done: make(chan struct{}),
+		maxWrites: DefaultMaxQueuedWrites, maxBytes: DefaultMaxQueuedBytes}
 	db, aside, err := boltfile.Open(path, boltfile.Options{
 		Bolt: bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType}, Init: initFile})
 	if aside != nil {
@@ -91,6 +100,10 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("open cache %s: %w", path, err)
 	}
 	s.db = db
+	db.View(func(tx *bolt.Tx) error {
+		s.queue = countQueue(tx)
+		return nil
+	})
 	go s.run()
 	return s, nil
 }
@@ -180,6 +193,9 @@ func (s *Store) run() {
 		}
 		errs := make([]error, len(batch))
 		s.dirty = false
+		s.qmu.Lock()
+		s.qtx = s.queue
+		s.qmu.Unlock()
 		err := s.db.Update(func(tx *bolt.Tx) error {
 			for i, o := range batch {
 				if o.apply != nil {
@@ -193,6 +209,10 @@ func (s *Store) run() {
 		})
 		if errors.Is(err, errUnchanged) {
 			err = nil
+		} else if err == nil {
+			s.qmu.Lock()
+			s.queue = s.qtx
+			s.qmu.Unlock()
 		}
 		if err != nil {
 			s.log.Error("cache write failed; updates in this batch are lost", "err", err, "updates", len(batch))

@@ -221,7 +221,7 @@ func TestReopenKeepsCacheAndQueue(t *testing.T) {
 	for i := range 3 {
 		must(t, s.Enqueue(&QueuedWrite{Method: "PATCH", Name: fmt.Sprint("w", i), Body: []byte("{}")}))
 	}
-	q, _ := s.Queued()
+	q := queued(t, s)
 	must(t, s.Dequeue(q[0].Seq))
 	must(t, s.Close())
 	if err := s.Put("kubelet", pods, pod(t, "ns", "b", 7, "n", nil)); err != ErrClosed {
@@ -235,13 +235,12 @@ func TestReopenKeepsCacheAndQueue(t *testing.T) {
 	if got, _ := s.Get("kubelet", pods, "ns", "a"); got == nil {
 		t.Error("object lost across reopen")
 	}
-	q, err = s.Queued()
-	must(t, err)
+	q = queued(t, s)
 	if len(q) != 2 || q[0].Name != "w1" || q[1].Name != "w2" || q[0].Seq >= q[1].Seq || s.QueueLen() != 2 {
 		t.Errorf("queue after reopen: %+v", q)
 	}
 	must(t, s.Enqueue(&QueuedWrite{Name: "w3"}))
-	if q, _ := s.Queued(); q[len(q)-1].Seq <= q[len(q)-2].Seq {
+	if q := queued(t, s); q[len(q)-1].Seq <= q[len(q)-2].Seq {
 		t.Errorf("sequence went back after reopen: %+v", q)
 	}
 }

@@ -1,0 +1,243 @@
+package apiproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// faultyFront is an HTTPS front of a real kube-apiserver (it relays as
+// the node whose certificate it holds) that answers chosen requests
+// itself: an error status for every request whose path contains a
+// string, a number of times or until healed.
+type faultyFront struct {
+	*httptest.Server
+	mu     sync.Mutex
+	faults map[string]*fault
+	hits   map[string]int
+}
+
+type fault struct {
+	code       int
+	retryAfter int // seconds, 0 for none
+	times      int // < 0: until healed
+}
+
+func newFaultyFront(t *testing.T, cp *testenv.ControlPlane, node *testenv.KeyPair) *faultyFront {
+	t.Helper()
+	api, err := url.Parse(cp.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := cp.CA.ServerCert("front", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(api)
+	rp.FlushInterval = -1
+	rp.Transport = &http.Transport{ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{node.TLS}, RootCAs: cp.ServingCA}}
+	f := &faultyFront{faults: map[string]*fault{}, hits: map[string]int{}}
+	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if code, retryAfter := f.take(r.URL.Path); code != 0 {
+			if retryAfter > 0 {
+				w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			}
+			writeStatus(w, code, metav1.StatusReasonServiceUnavailable, nil, "injected by the test's front")
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	f.TLS = &tls.Config{Certificates: []tls.Certificate{serving.TLS}}
+	f.EnableHTTP2 = true
+	f.StartTLS()
+	t.Cleanup(f.Close)
+	t.Cleanup(rp.Transport.(*http.Transport).CloseIdleConnections)
+	return f
+}
+
+func (f *faultyFront) take(path string) (code, retryAfter int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for s, ft := range f.faults {
+		if !strings.Contains(path, s) || ft.times == 0 {
+			continue
+		}
+		f.hits[s]++
+		ft.times--
+		return ft.code, ft.retryAfter
+	}
+	return 0, 0
+}
+
+func (f *faultyFront) fail(pathPart string, ft fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults[pathPart] = &ft
+}
+
+func (f *faultyFront) heal(pathPart string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.faults, pathPart)
+}
+
+func (f *faultyFront) hitCount(pathPart string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hits[pathPart]
+}
+
+// TestReplayThroughFaults replays queued status writes to a real
+// kube-apiserver through a front that answers some of them 503 or 429:
+// the write refused for now backs off on its own while the others are
+// applied, a write the apiserver rejects (422) is dropped, counted and
+// logged with its body, and online writes are never held behind the
+// stuck one.
+func TestReplayThroughFaults(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const node = "edge-replay"
+	kp, err := cp.CA.NodeCert(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := newFaultyFront(t, cp, kp)
+	offline := &switchable{}
+	e := startEdge(t, edgeSpec{net: hostNet{}, server: front.URL, node: node, cert: kp.TLS, ca: cp.CA, offline: offline})
+	e.waitHealthy(true, 30*time.Second)
+	kubelet, _ := e.client(kubeletUA)
+	if _, err := kubelet.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := []string{"pod-stuck", "pod-ok", "pod-bad", "pod-free"}
+	createWorkload(ctx, t, cp.Client, node, pods...)
+	for _, p := range pods {
+		if _, err := kubelet.CoreV1().Pods(workNS).Get(ctx, p, metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, func() error {
+		for _, p := range pods {
+			if o, _ := e.Store.Get("kubelet", podsGVR, workNS, p); o == nil {
+				return fmt.Errorf("%s not cached yet", p)
+			}
+		}
+		return nil
+	})
+
+	offline.set(true)
+	for _, w := range []struct{ pod, step string }{{"pod-stuck", "s1"}, {"pod-ok", "o1"}, {"pod-stuck", "s2"}} {
+		if _, err := patchPodStep(ctx, kubelet, w.pod, w.step); err != nil {
+			t.Fatalf("offline patch of %s: %v", w.pod, err)
+		}
+	}
+	// A condition type kube-apiserver's validation refuses: accepted
+	// offline, rejected (422) by the cloud.
+	bad, err := kubelet.CoreV1().Pods(workNS).Get(ctx, "pod-bad", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Status.Conditions = append(bad.Status.Conditions, corev1.PodCondition{Type: "not a valid type!", Status: corev1.ConditionTrue})
+	if _, err := kubelet.CoreV1().Pods(workNS).UpdateStatus(ctx, bad, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("offline update of pod-bad: %v", err)
+	}
+	if n := e.Proxy.queueLen(); n != 4 {
+		t.Fatalf("%d writes queued, want 4", n)
+	}
+
+	front.fail("/pods/pod-stuck", fault{code: http.StatusServiceUnavailable, times: -1})
+	front.fail("/pods/pod-ok", fault{code: http.StatusTooManyRequests, retryAfter: 1, times: 1})
+	offline.set(false)
+
+	// pod-ok goes through after its 429, pod-bad is rejected; pod-stuck's
+	// two writes stay queued and are tried again, more than once.
+	eventually(t, time.Minute, func() error {
+		ok, err := cp.Client.CoreV1().Pods(workNS).Get(ctx, "pod-ok", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		switch {
+		case podStep(ok) != "o1":
+			return fmt.Errorf("pod-ok upstream at step %q", podStep(ok))
+		case e.metric("tether_edge_apiserver_queue_replayed_total", "result", "rejected") != 1:
+			return fmt.Errorf("pod-bad's write not rejected yet")
+		case e.Proxy.queueLen() != 2:
+			return fmt.Errorf("%d queued, want pod-stuck's 2", e.Proxy.queueLen())
+		case front.hitCount("/pods/pod-stuck") < 2:
+			return fmt.Errorf("pod-stuck tried %d times", front.hitCount("/pods/pod-stuck"))
+		}
+		return nil
+	})
+	if front.hitCount("/pods/pod-ok") != 1 {
+		t.Errorf("the 429 was answered %d times", front.hitCount("/pods/pod-ok"))
+	}
+	if logs := e.logs.String(); !strings.Contains(logs, "queued status write rejected") || !strings.Contains(logs, "pods/pod-bad/status") ||
+		!strings.Contains(logs, "not a valid type!") {
+		t.Errorf("the rejected write is not logged with what it was:\n%s", logs)
+	}
+
+	// Online, a status write of another pod is relayed at once, and one
+	// of pod-stuck is queued behind its earlier writes, answered at once.
+	if _, err := patchPodStep(ctx, kubelet, "pod-free", "f1"); err != nil {
+		t.Fatal(err)
+	}
+	free, err := cp.Client.CoreV1().Pods(workNS).Get(ctx, "pod-free", metav1.GetOptions{})
+	if err != nil || podStep(free) != "f1" {
+		t.Errorf("pod-free upstream right after its write: %q %v", podStep(free), err)
+	}
+	if _, err := patchPodStep(ctx, kubelet, "pod-stuck", "s3"); err != nil {
+		t.Fatalf("online patch of pod-stuck: %v", err)
+	}
+	if q := e.metric("tether_edge_apiserver_requests_total", "component", "kubelet", "verb", "patch", "served", "queued"); q != 4 {
+		t.Errorf("%v kubelet patches queued, want 4 (3 offline, pod-stuck's online one)", q)
+	}
+
+	front.heal("/pods/pod-stuck")
+	eventually(t, 3*time.Minute, func() error {
+		if n := e.Proxy.queueLen(); n != 0 {
+			return fmt.Errorf("%d still queued", n)
+		}
+		return nil
+	})
+	stuck, err := cp.Client.CoreV1().Pods(workNS).Get(ctx, "pod-stuck", metav1.GetOptions{})
+	if err != nil || podStep(stuck) != "s3" {
+		t.Errorf("pod-stuck upstream: step %q %v, want s3", podStep(stuck), err)
+	}
+	if a := e.metric("tether_edge_apiserver_queue_replayed_total", "result", "applied"); a != 4 {
+		t.Errorf("%v applied, want 4\n%s", a, e.logs.String())
+	}
+}
+
+func TestReplayBackoff(t *testing.T) {
+	for failures := 1; failures <= 40; failures++ {
+		full := min(replayBackoffBase<<min(failures-1, 20), replayBackoffMax)
+		for range 50 {
+			if d := replayBackoff(failures, 0); d < full/2 || d > full {
+				t.Fatalf("failure %d: waits %v, want within [%v, %v]", failures, d, full/2, full)
+			}
+		}
+	}
+	// Retry-After is honoured, up to the bound.
+	if d := replayBackoff(1, 30*time.Second); d != 30*time.Second {
+		t.Errorf("Retry-After 30s after one failure: %v", d)
+	}
+	if d := replayBackoff(1, time.Hour); d != replayBackoffMax {
+		t.Errorf("Retry-After 1h: %v, want %v", d, replayBackoffMax)
+	}
+}
