@@ -42,9 +42,11 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 	site := topo.Site("site")
 	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{BindAddress: cloud.Addr.String(), Runner: cloud})
 
-	t.Run("KubeletThroughCut", func(t *testing.T) { testKubeletThroughCut(t, cp, site) })
-	t.Run("OfflineDetails", func(t *testing.T) { testOfflineDetails(t, cp, site.Host("edge")) })
-	t.Run("SlowCloudStaysHealthy", func(t *testing.T) { testSlowCloud(t, cp, cloud, site.Host("edge")) })
+	// Each under a leak check: once its proxy has stopped and its
+	// clients are done, their goroutines and connections are gone.
+	t.Run("KubeletThroughCut", func(t *testing.T) { testenv.CheckLeaks(t); testKubeletThroughCut(t, cp, site) })
+	t.Run("OfflineDetails", func(t *testing.T) { testenv.CheckLeaks(t); testOfflineDetails(t, cp, site.Host("edge")) })
+	t.Run("SlowCloudStaysHealthy", func(t *testing.T) { testenv.CheckLeaks(t); testSlowCloud(t, cp, cloud, site.Host("edge")) })
 }
 
 const (
@@ -774,7 +776,7 @@ func testSlowCloud(t *testing.T, cp *testenv.ControlPlane, cloud, edgeHost *test
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go serveDelayed(ln, api.Host, delay, cloud.DialContext)
+	serveDelayed(t, ln, api.Host, delay, cloud.DialContext)
 
 	kp, err := cp.CA.NodeCert("edge-slow")
 	if err != nil {
@@ -815,24 +817,57 @@ func testSlowCloud(t *testing.T, cp *testenv.ControlPlane, cloud, edgeHost *test
 	t.Logf("%v probes passed over a link with %v each way", ok, delay)
 }
 
-// serveDelayed relays connections from ln to target, delaying every chunk
-// by d in each direction (added latency, not reduced bandwidth).
-func serveDelayed(ln net.Listener, target string, d time.Duration, dial func(context.Context, string, string) (net.Conn, error)) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
+// serveDelayed relays connections from ln to target until ln is closed,
+// delaying every chunk by d in each direction (added latency, not reduced
+// bandwidth). The connections it relays are closed when the test ends
+// (after the cleanups registered later, such as a proxy's stop): the slow
+// link goes away, and with it what was still open over it.
+func serveDelayed(t *testing.T, ln net.Listener, target string, d time.Duration, dial func(context.Context, string, string) (net.Conn, error)) {
+	var mu sync.Mutex
+	var open []net.Conn
+	ended := false
+	track := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended {
+			c.Close()
+			return false
 		}
-		go func() {
-			u, err := dial(context.Background(), "tcp", target)
+		open = append(open, c)
+		return true
+	}
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		ended = true
+		for _, c := range open {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
 			if err != nil {
-				c.Close()
 				return
 			}
-			go pipeDelayed(u, c, d)
-			pipeDelayed(c, u, d)
-		}()
-	}
+			if !track(c) {
+				return
+			}
+			go func() {
+				u, err := dial(context.Background(), "tcp", target)
+				if err != nil {
+					c.Close()
+					return
+				}
+				if !track(u) {
+					c.Close()
+					return
+				}
+				go pipeDelayed(u, c, d)
+				pipeDelayed(c, u, d)
+			}()
+		}
+	}()
 }
 
 func pipeDelayed(dst, src net.Conn, d time.Duration) {

@@ -186,6 +186,9 @@ func (e *edge) stop() {
 	// closes its HTTP clients' idle connections (new transports in their
 	// place stay empty). Busy ones stay open until their requests end.
 	e.Ups.Rotate()
+	if e.spec.offline != nil {
+		e.spec.offline.release()
+	}
 	e.Store.Close()
 	e.cancel = nil
 }
@@ -291,6 +294,17 @@ func (s *switchable) set(down bool) {
 		s.down = down
 		close(s.changed)
 		s.changed = make(chan struct{})
+	}
+}
+
+// release wakes whoever waits on Changed, for good: the proxy has
+// stopped, and the goroutines Changed started end.
+func (s *switchable) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
 	}
 }
 
