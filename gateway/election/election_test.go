@@ -235,8 +235,10 @@ func TestElect(t *testing.T) {
 	synced := c.clock.Now().Add(-time.Second)
 	got = c.stored(c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordSync, "shop",
 		syncRecord("shop", got.ResourceVersion, poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: synced, LeaseDurationSeconds: 30})))
-	if sr, _ := poolstore.DecodeSyncRecord(c.get("pool-shop-sync")); !sr.RenewTime.Equal(synced) {
-		t.Fatalf("sync record renewed at %v, want %v (not clamped: in the past)", sr.RenewTime, synced)
+	sync = c.get("pool-shop-sync")
+	if sr, _ := poolstore.DecodeSyncRecord(sync); !sr.RenewTime.Equal(synced) || got.ResourceVersion != sync.ResourceVersion {
+		t.Fatalf("sync record renewed at %v (version %s, reply %s), want %v (not clamped: in the past)", sr.RenewTime,
+			sync.ResourceVersion, got.ResourceVersion, synced)
 	}
 
 	// edge-1 releases; edge-2 takes the released record.
