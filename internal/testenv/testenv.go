@@ -32,11 +32,20 @@ func RequireRoot(t interface {
 	Skip(args ...any)
 }) {
 	t.Helper()
-	if os.Geteuid() == 0 {
+	requireRoot(t, os.Geteuid(), os.Getenv("CI"))
+}
+
+func requireRoot(t interface {
+	T
+	Skip(args ...any)
+}, euid int, ci string) {
+	t.Helper()
+	if euid == 0 {
 		return
 	}
-	if os.Getenv("CI") != "" {
+	if ci != "" {
 		t.Fatalf("this test needs root (network namespaces, netfilter); CI must run as root")
+		return
 	}
 	t.Skip("needs root: run as root or under `make test`")
 }
