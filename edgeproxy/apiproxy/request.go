@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,10 +48,14 @@ type request struct {
 //	/apis/{group}/{version}[/namespaces/{ns}]/{resource}[/{name}[/{subresource}]]
 //	/api/v1/watch/...  (the deprecated watch paths)
 //
-// Anything else (discovery, /version, /openapi) is a non-resource
-// request with verb "proxy".
+// Anything else (discovery, /version, /openapi, a path with an empty
+// segment such as /api/v1/namespaces//pods) is a non-resource request
+// with verb "proxy": relayed as it is, refused offline.
 func parseRequest(r *http.Request) request {
 	parts := splitPath(r.URL.Path)
+	if slices.Contains(parts, "") {
+		return request{Verb: verbProxy}
+	}
 	var req request
 	var gv schema.GroupVersion
 	switch {
