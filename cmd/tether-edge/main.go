@@ -47,7 +47,7 @@ func run(args []string) int {
 
 func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass /etc/tether/edge.yaml")
-	fs.Var(config.NewStringList(&cfg.Gateway), "gateway", "the tether-gateway replicas, `host:port,...`: addresses and/or DNS names (port 10262 when none is given). A name is resolved every 30 s to all its addresses, and the edge keeps one QUIC connection to each. Without --gateway only the apiserver proxy runs")
+	fs.Var(config.NewStringList(&cfg.Gateway), "gateway", "the tether-gateway replicas, `host:port,...`: addresses and/or DNS names (port 10262 when none is given). A name is resolved every 30 s to all its addresses, and the edge keeps one QUIC connection to each. Without --gateway only the apiserver proxy runs, and the node pool only follows: its election record is written by the gateway")
 	fs.StringVar(&cfg.GatewayCA, "gateway-ca", cfg.GatewayCA, "PEM `file` with the CA certificate(s) that verify the gateways' certificates (default: the system's roots); read again when it changes, for new connections")
 	fs.StringVar(&cfg.GatewayServerName, "gateway-server-name", cfg.GatewayServerName, "`name` the gateways' certificates must hold (default: the host part of each --gateway entry)")
 	fs.StringVar(&cfg.Cert, "cert", cfg.Cert, "PEM `file` with this node's client certificate (CN=system:node:<name>, O=system:nodes), such as the kubelet's /var/lib/kubelet/pki/kubelet-client-current.pem; read again when it changes, for new connections")
