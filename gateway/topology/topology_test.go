@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -35,8 +36,9 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin := cp.Client
-	// Pools: p1 {a, b}, p2 {c}, p3 {d}; e has no pool.
-	for node, pool := range map[string]string{"a": "p1", "b": "p1", "c": "p2", "d": "p3", "e": ""} {
+	// Pools: p1 {a, b}, p2 {c}, p3 {d}; e has no pool; m, alone in pm-1,
+	// carries the marker (below).
+	for node, pool := range map[string]string{"a": "p1", "b": "p1", "c": "p2", "d": "p3", "e": "", "m": "pm-1"} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
 		if pool != "" {
 			n.Labels = map[string]string{filter.LabelNodePool: pool}
@@ -55,6 +57,7 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 		{"pool-d", filter.KeyNodePool, []string{"d"}},
 		{"fb-b", "kubernetes.io/hostname,openyurt.io/nodepool,*", []string{"b"}},
 		{"plain-a", "", []string{"a"}},
+		{"marker", filter.KeyNodePool, []string{"m"}},
 	}
 	for _, s := range services {
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
@@ -94,21 +97,38 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	step := func(name string, change func(), want ...string) {
+	// After each change, a change of the same kind that stamps only the
+	// marker Service: its informer delivers both in order, and one worker
+	// takes what they queue in order, so once the marker is stamped,
+	// whatever the change stamps has been. Its key stays pool-typed.
+	markerKeys := []string{filter.KeyNodePool + ",*", filter.KeyNodePool}
+	markerPools := []string{"pm-2", "pm-1"}
+	markers := 0
+	markService := func() {
+		patch(t, ctx, admin, "services", "marker", filter.AnnotationTopologyKeys, markerKeys[markers%2])
+		markers++
+	}
+	markNode := func() {
+		patch(t, ctx, admin, "nodes", "m", filter.LabelNodePool, markerPools[markers%2])
+		markers++
+	}
+	step := func(name string, change, mark func(), want ...string) {
 		t.Helper()
 		before := triggers(t, ctx, admin)
 		change()
-		deadline := time.Now().Add(5 * time.Second)
+		mark()
+		const within = 30 * time.Second
 		var got []string
-		for time.Now().Before(deadline) {
+		for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
 			got = changed(before, triggers(t, ctx, admin))
-			if len(got) >= 2*len(want) {
+			if slices.Contains(got, "endpoints/marker") && slices.Contains(got, "endpointslice/marker-x") {
 				break
 			}
-			time.Sleep(50 * time.Millisecond)
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the marker not stamped within %v; stamped %v", name, within, got)
+			}
 		}
-		time.Sleep(500 * time.Millisecond) // nothing else comes later
-		got = changed(before, triggers(t, ctx, admin))
+		got = slices.DeleteFunc(got, func(o string) bool { return o == "endpoints/marker" || o == "endpointslice/marker-x" })
 		var wantObjs []string
 		for _, w := range want {
 			wantObjs = append(wantObjs, "endpoints/"+w, "endpointslice/"+w+"-x")
@@ -118,15 +138,17 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 			t.Errorf("%s: stamped %v, want %v", name, got, wantObjs)
 		}
 	}
-	step("annotation of plain-a added", func() { patch(t, ctx, admin, "services", "plain-a", filter.AnnotationTopologyKeys, filter.KeyHostname) }, "plain-a")
-	step("annotation of host-a changed", func() { patch(t, ctx, admin, "services", "host-a", filter.AnnotationTopologyKeys, filter.KeyNodePool) }, "host-a")
+	step("annotation of plain-a added", func() { patch(t, ctx, admin, "services", "plain-a", filter.AnnotationTopologyKeys, filter.KeyHostname) },
+		markService, "plain-a")
+	step("annotation of host-a changed", func() { patch(t, ctx, admin, "services", "host-a", filter.AnnotationTopologyKeys, filter.KeyNodePool) },
+		markService, "host-a")
 	// b moves from p1 to p2: pool-typed Services with endpoints on p1 or
 	// p2 members (a, b, c): pool-a, zone-c, fb-b, host-a (now nodepool);
 	// not pool-d (p3), not plain-a (hostname).
 	step("b moved from p1 to p2", func() { patch(t, ctx, admin, "nodes", "b", filter.LabelNodePool, "p2") },
-		"fb-b", "host-a", "pool-a", "zone-c")
-	step("e joins p3", func() { patch(t, ctx, admin, "nodes", "e", filter.LabelNodePool, "p3") }, "pool-d")
-	step("a label unrelated to pools", func() { patch(t, ctx, admin, "nodes", "c", "example.com/x", "y") })
+		markNode, "fb-b", "host-a", "pool-a", "zone-c")
+	step("e joins p3", func() { patch(t, ctx, admin, "nodes", "e", filter.LabelNodePool, "p3") }, markNode, "pool-d")
+	step("a label unrelated to pools", func() { patch(t, ctx, admin, "nodes", "c", "example.com/x", "y") }, markNode)
 }
 
 // triggers is the update-trigger of every EndpointSlice and Endpoints.
