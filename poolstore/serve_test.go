@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -241,12 +242,15 @@ func TestRefusals(t *testing.T) {
 }
 
 // TestListWaitsForResourceVersion: a list at a resourceVersion the
-// replica has not reached yet is answered once it has.
+// replica has not reached yet is answered once it has. The replica
+// reaches it once the list waits (its timer is set on the handler's
+// clock, which never fires).
 func TestListWaitsForResourceVersion(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{FreshnessWait: time.Minute})
+	clk := testingclock.NewFakeClock(time.Now())
+	h := NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		waitWaiting(clk)
 		s.Apply(sliceRes, Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
 	}()
 	resp, body := getAnswer(t, h, slicesPath+"?resourceVersion=101&resourceVersionMatch=NotOlderThan")
@@ -254,6 +258,14 @@ func TestListWaitsForResourceVersion(t *testing.T) {
 	mustNil(t, json.Unmarshal(body, &l))
 	if resp.StatusCode != http.StatusOK || l.Metadata.ResourceVersion != "101" || len(l.Items) != 4 {
 		t.Fatalf("%s: %s", resp.Status, body)
+	}
+}
+
+// waitWaiting returns once something waits on clk (at most 30 s, after
+// which the test's own checks tell what went wrong).
+func waitWaiting(clk *testingclock.FakeClock) {
+	for deadline := time.Now().Add(30 * time.Second); !clk.HasWaiters() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 }
 

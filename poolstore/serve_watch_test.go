@@ -192,9 +192,10 @@ func TestWatchListWaits(t *testing.T) {
 	q := "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion=500"
 	diffEvents(t, "too large", []string{"ERROR 504 Timeout"}, openWatch(t, h, slicesPath+q).ended())
 
-	h = NewHandler(s, HandlerOptions{FreshnessWait: time.Minute})
+	clk := testingclock.NewFakeClock(time.Now())
+	h = NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		waitWaiting(clk) // the watch-list waits for 500
 		s.Replace(sliceRes, nil, 500)
 	}()
 	diffEvents(t, "reached", []string{"BOOKMARK EndpointSlice 500 end"}, openWatch(t, h, slicesPath+q).nextN(1))
