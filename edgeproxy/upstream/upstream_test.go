@@ -111,15 +111,19 @@ func TestProbeLoopFollowsTheClock(t *testing.T) {
 
 func TestUpstreamsHealth(t *testing.T) {
 	var status atomic.Int32
-	var delay atomic.Int64
+	var delay, slow atomic.Int64
 	status.Store(200)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/readyz" {
 			http.NotFound(w, r)
 			return
 		}
-		time.Sleep(time.Duration(delay.Load()))
+		d := time.Duration(delay.Load())
+		time.Sleep(d)
 		w.WriteHeader(int(status.Load()))
+		if d > 0 {
+			slow.Add(1)
+		}
 	}))
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
@@ -128,7 +132,7 @@ func TestUpstreamsHealth(t *testing.T) {
 	u, err := New(Options{
 		Servers: []string{"https://127.0.0.1:1", srv.URL}, // the first never answers
 		TLS:     &tls.Config{RootCAs: srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs},
-		Health:  HealthOptions{Interval: 20 * time.Millisecond, Timeout: 300 * time.Millisecond, FailureThreshold: 3, SuccessThreshold: 2},
+		Health:  HealthOptions{Interval: 20 * time.Millisecond, Timeout: 5 * time.Second, FailureThreshold: 3, SuccessThreshold: 2},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -139,28 +143,48 @@ func TestUpstreamsHealth(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
 	u.WaitKnown(wctx)
 	wcancel()
-	waitFor := func(want bool) {
+	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for u.Healthy() != want {
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("healthy never became %v: %+v", want, u.Status())
+				t.Fatalf("%s: not within 30 s: %+v", what, u.Status())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+	waitFor := func(want bool) {
+		t.Helper()
+		waitUntil(fmt.Sprintf("healthy %v", want), func() bool { return u.Healthy() == want })
+	}
+	second := func() ServerStatus {
+		for _, st := range u.Status() {
+			if st.Server == srv.URL {
+				return st
+			}
+		}
+		t.Fatalf("no status of %s: %+v", srv.URL, u.Status())
+		return ServerStatus{}
 	}
 	waitFor(true)
 	if s, ok := u.Server(); !ok || s.Host != srv.Listener.Addr().String() {
 		t.Errorf("Server() = %v, %v: want the healthy second server", s, ok)
 	}
-	// Slow but answering within the timeout: stays healthy.
-	delay.Store(int64(200 * time.Millisecond))
+	// Slow but answering within the timeout: stays healthy, through
+	// twice the failure threshold of slow probes answered and observed.
 	changed := u.Changed()
-	time.Sleep(time.Second)
+	before := second().Probes
+	delay.Store(int64(200 * time.Millisecond))
+	waitUntil("6 slow probes answered", func() bool { return slow.Load() >= 6 })
+	answered := uint64(slow.Load())
+	waitUntil("the slow probes observed", func() bool { return second().Probes >= before+answered })
 	select {
 	case <-changed:
 		t.Fatalf("a slow server was declared unhealthy: %+v", u.Status())
 	default:
+	}
+	if st := second(); st.LastError != "" || !st.Healthy {
+		t.Fatalf("a slow server's probe failed: %+v", st)
 	}
 	delay.Store(0)
 	status.Store(500)
