@@ -37,6 +37,7 @@ import (
 	"github.com/tether-edge/tether/gateway/election"
 	"github.com/tether-edge/tether/gateway/heartbeat"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/poolcheck"
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/proxy"
 	"github.com/tether-edge/tether/gateway/registry"
@@ -460,11 +461,12 @@ func (g *Gateway) DNSAddr() net.Addr {
 	return g.dnsPC.LocalAddr()
 }
 
-// watcherPools answers the heartbeat handler's questions about pools from
-// the node watcher's snapshot, so that a heartbeat costs no Node GET.
+// watcherPools answers the heartbeat and election handlers' questions
+// about pools from the node watcher's snapshot, so that a request costs no
+// Node GET.
 type watcherPools struct{ w *nodewatch.Watcher }
 
-var _ heartbeat.NodePools = watcherPools{}
+var _ poolcheck.NodePools = watcherPools{}
 
 func (p watcherPools) NodePool(_ context.Context, node string) (string, bool, error) {
 	snap := p.w.Snapshot()

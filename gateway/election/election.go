@@ -74,16 +74,10 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/tether-edge/tether/gateway/poolcheck"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
-
-// NodePools tells the pool of a node.
-type NodePools interface {
-	// NodePool returns the value of the node's poolstore.PoolLabel ("" when
-	// it has none); found is false when there is no such Node.
-	NodePool(ctx context.Context, node string) (pool string, found bool, err error)
-}
 
 // Options configure New.
 type Options struct {
@@ -91,7 +85,7 @@ type Options struct {
 	// gateway's identity. Required.
 	Client kubernetes.Interface
 	// Nodes tells the senders' pools. Required.
-	Nodes NodePools
+	Nodes poolcheck.NodePools
 	// Clock clamps the records' times and decides whether an election
 	// record has expired; nil means the real clock.
 	Clock clock.PassiveClock
@@ -105,7 +99,7 @@ type Options struct {
 // server's Elections.
 type Handler struct {
 	client  kubernetes.Interface
-	nodes   NodePools
+	check   poolcheck.Checker
 	clock   clock.PassiveClock
 	log     *slog.Logger
 	results *prometheus.CounterVec
@@ -116,7 +110,8 @@ func New(o Options) (*Handler, error) {
 	if o.Client == nil || o.Nodes == nil {
 		return nil, errors.New("election records: a Kubernetes client and the nodes' pools are required")
 	}
-	h := &Handler{client: o.Client, nodes: o.Nodes, clock: o.Clock, log: o.Logger,
+	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
+		check: poolcheck.Checker{Nodes: o.Nodes, Records: o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_election_writes_total",
 			Help: "Pool election records written for edges, by result: ok (created or updated), or the refusal: conflict (written since the version the edge based its write on), bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_request, unavailable (apiserver error).",
@@ -139,18 +134,6 @@ func New(o Options) (*Handler, error) {
 	return h, nil
 }
 
-// refusal is why a record was not written.
-type refusal struct {
-	code tunnel.Code
-	msg  string
-}
-
-func (r *refusal) Error() string { return r.code.String() + ": " + r.msg }
-
-func refuse(code tunnel.Code, format string, args ...any) *refusal {
-	return &refusal{code: code, msg: fmt.Sprintf(format, args...)}
-}
-
 // Elect checks req from sender and writes its record (see the package
 // doc).
 func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionRequest) tunnel.ElectionReply {
@@ -158,22 +141,19 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 	var body []byte
 	if err == nil {
 		if body, err = json.Marshal(stored); err == nil && len(body) > tunnel.MaxConfigMapLen {
-			err = refuse(tunnel.Unavailable, "record %s/%s written, but of %d bytes as stored", stored.Namespace, stored.Name, len(body))
+			err = poolcheck.Refuse(tunnel.Unavailable, "record %s/%s written, but of %d bytes as stored", stored.Namespace, stored.Name, len(body))
 		}
 	}
-	var r *refusal
-	if err != nil && !errors.As(err, &r) {
-		r = refuse(tunnel.Unavailable, "%v", err)
-	}
+	r := poolcheck.AsRefusal(err)
 	attrs := []any{"node", sender, "pool", req.Pool, "record", req.Record.String(), "op", req.Op.String()}
 	if r != nil {
-		h.results.WithLabelValues(r.code.String()).Inc()
+		h.results.WithLabelValues(r.Code.String()).Inc()
 		level := slog.LevelWarn
-		if r.code == tunnel.Conflict {
+		if r.Code == tunnel.Conflict {
 			level = slog.LevelInfo
 		}
-		h.log.Log(ctx, level, "election record write refused", append(attrs, "reason", r.code.String(), "err", r.msg)...)
-		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.code, Message: r.msg}}
+		h.log.Log(ctx, level, "election record write refused", append(attrs, "reason", r.Code.String(), "err", r.Msg)...)
+		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
 	}
 	h.results.WithLabelValues(tunnel.OK.String()).Inc()
 	h.log.Debug("election record written", append(attrs, "resource_version", stored.ResourceVersion)...)
@@ -181,9 +161,9 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 }
 
 // elect returns the record as stored (only what the reply carries); the
-// error is a *refusal, or an apiserver error.
+// error is a *poolcheck.Refusal, or an apiserver error.
 func (h *Handler) elect(ctx context.Context, sender string, req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
-	if err := h.checkMember(ctx, sender, req.Pool); err != nil {
+	if err := h.check.Member(ctx, sender, req.Pool); err != nil {
 		return nil, err
 	}
 	sent, err := parseConfigMap(req)
@@ -193,9 +173,9 @@ func (h *Handler) elect(ctx context.Context, sender string, req tunnel.ElectionR
 	var cur *corev1.ConfigMap // the stored object an update is made on
 	if req.Op == tunnel.ElectionUpdate {
 		if cur, err = h.configMaps().Get(ctx, sent.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			return nil, refuse(tunnel.Conflict, "record %s/%s is gone (deleted since version %s)", sent.Namespace, sent.Name, sent.ResourceVersion)
+			return nil, poolcheck.Refuse(tunnel.Conflict, "record %s/%s is gone (deleted since version %s)", sent.Namespace, sent.Name, sent.ResourceVersion)
 		} else if err != nil {
-			return nil, refuse(tunnel.Unavailable, "read record %s/%s: %v", sent.Namespace, sent.Name, err)
+			return nil, poolcheck.Refuse(tunnel.Unavailable, "read record %s/%s: %v", sent.Namespace, sent.Name, err)
 		}
 	}
 	now := h.clock.Now()
@@ -217,11 +197,11 @@ func (h *Handler) elect(ctx context.Context, sender string, req tunnel.ElectionR
 	}
 	switch {
 	case apierrors.IsConflict(err), apierrors.IsAlreadyExists(err), apierrors.IsNotFound(err):
-		return nil, refuse(tunnel.Conflict, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
+		return nil, poolcheck.Refuse(tunnel.Conflict, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
 	case apierrors.IsInvalid(err):
-		return nil, refuse(tunnel.BadRecord, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
 	case err != nil:
-		return nil, refuse(tunnel.Unavailable, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
+		return nil, poolcheck.Refuse(tunnel.Unavailable, "%s %s/%s: %v", req.Op, write.Namespace, write.Name, err)
 	}
 	return reply(stored, req.Record), nil
 }
@@ -230,43 +210,27 @@ func (h *Handler) configMaps() typedcorev1.ConfigMapInterface {
 	return h.client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
 }
 
-// checkMember refuses unless sender's Node is in pool.
-func (h *Handler) checkMember(ctx context.Context, sender, pool string) error {
-	got, found, err := h.nodes.NodePool(ctx, sender)
-	switch {
-	case err != nil:
-		return refuse(tunnel.Unavailable, "pool of %s: %v", sender, err)
-	case !found:
-		return refuse(tunnel.UnknownNode, "%s has no Node", sender)
-	case got == "":
-		return refuse(tunnel.NotInPool, "%s has no %s label", sender, poolstore.PoolLabel)
-	case got != pool:
-		return refuse(tunnel.OtherPool, "%s is in pool %q, not %q", sender, got, pool)
-	}
-	return nil
-}
-
 // parseConfigMap decodes the sent ConfigMap and checks that it is the
 // pool's record of the kind asked.
 func parseConfigMap(req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
 	var cm corev1.ConfigMap
 	if err := json.Unmarshal(req.ConfigMap, &cm); err != nil {
-		return nil, refuse(tunnel.BadRecord, "not a ConfigMap: %v", err)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "not a ConfigMap: %v", err)
 	}
 	if (cm.APIVersion != "" && cm.APIVersion != "v1") || (cm.Kind != "" && cm.Kind != "ConfigMap") {
-		return nil, refuse(tunnel.BadRecord, "a %s %s, not a ConfigMap", cm.APIVersion, cm.Kind)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "a %s %s, not a ConfigMap", cm.APIVersion, cm.Kind)
 	}
 	want := poolstore.LeaseName(req.Pool)
 	if req.Record == tunnel.RecordSync {
 		want = poolstore.SyncLeaseName(req.Pool)
 	}
 	if (cm.Namespace != "" && cm.Namespace != poolstore.LeaseNamespace) || cm.Name != want {
-		return nil, refuse(tunnel.BadRecord, "ConfigMap %s/%s is not pool %s's %s record %s/%s", cm.Namespace, cm.Name,
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "ConfigMap %s/%s is not pool %s's %s record %s/%s", cm.Namespace, cm.Name,
 			req.Pool, req.Record, poolstore.LeaseNamespace, want)
 	}
 	cm.Namespace = poolstore.LeaseNamespace
 	if req.Op == tunnel.ElectionUpdate && cm.ResourceVersion == "" {
-		return nil, refuse(tunnel.BadRecord, "an update of %s/%s names no resourceVersion", cm.Namespace, cm.Name)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "an update of %s/%s names no resourceVersion", cm.Namespace, cm.Name)
 	}
 	return &cm, nil
 }
@@ -275,37 +239,37 @@ func parseConfigMap(req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
 // to write: cur (nil to create one) with the record, clamped to now.
 func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now time.Time) (*corev1.ConfigMap, error) {
 	if _, ok := sent.Annotations[poolstore.ElectionAnnotation]; !ok {
-		return nil, refuse(tunnel.BadRecord, "%s/%s has no %s annotation", sent.Namespace, sent.Name, poolstore.ElectionAnnotation)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s/%s has no %s annotation", sent.Namespace, sent.Name, poolstore.ElectionAnnotation)
 	}
 	rec, err := poolstore.DecodeElectionRecord(sent)
 	if err != nil {
-		return nil, refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
 	}
 	if rec.LeaseDurationSeconds < 0 || rec.LeaderTransitions < 0 {
-		return nil, refuse(tunnel.BadRecord, "election record %s/%s: negative leaseDurationSeconds or leaderTransitions", sent.Namespace, sent.Name)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "election record %s/%s: negative leaseDurationSeconds or leaderTransitions", sent.Namespace, sent.Name)
 	}
 	switch rec.HolderIdentity {
 	case sender:
 	case "":
 		// A release: only the holder's.
 		if cur == nil {
-			return nil, refuse(tunnel.NotHolder, "a new election record %s/%s must name %s as holder", sent.Namespace, sent.Name, sender)
+			return nil, poolcheck.Refuse(tunnel.NotHolder, "a new election record %s/%s must name %s as holder", sent.Namespace, sent.Name, sender)
 		}
 		held, err := poolstore.DecodeElectionRecord(cur)
 		if err != nil {
-			return nil, refuse(tunnel.Unavailable, "stored election record %s/%s: %v", cur.Namespace, cur.Name, err)
+			return nil, poolcheck.Refuse(tunnel.Unavailable, "stored election record %s/%s: %v", cur.Namespace, cur.Name, err)
 		}
 		if held.HolderIdentity != sender {
-			return nil, refuse(tunnel.NotLeader, "%s may not release %s/%s, held by %q", sender, cur.Namespace, cur.Name, held.HolderIdentity)
+			return nil, poolcheck.Refuse(tunnel.NotLeader, "%s may not release %s/%s, held by %q", sender, cur.Namespace, cur.Name, held.HolderIdentity)
 		}
 	default:
-		return nil, refuse(tunnel.NotHolder, "election record %s/%s names %s as holder, not the sender %s", sent.Namespace, sent.Name, rec.HolderIdentity, sender)
+		return nil, poolcheck.Refuse(tunnel.NotHolder, "election record %s/%s names %s as holder, not the sender %s", sent.Namespace, sent.Name, rec.HolderIdentity, sender)
 	}
 	clampTime(&rec.RenewTime, now)
 	clampTime(&rec.AcquireTime, now)
 	out := newObject(sent, cur)
 	if err := poolstore.SetElectionRecord(out, rec); err != nil {
-		return nil, refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
 	}
 	return out, nil
 }
@@ -315,15 +279,15 @@ func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now
 func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur *corev1.ConfigMap, now time.Time) (*corev1.ConfigMap, error) {
 	rec, err := poolstore.DecodeSyncRecord(sent)
 	if err != nil {
-		return nil, refuse(tunnel.BadRecord, "%s/%s: %v", sent.Namespace, sent.Name, err)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s/%s: %v", sent.Namespace, sent.Name, err)
 	}
 	if rec.LeaseDurationSeconds < 0 {
-		return nil, refuse(tunnel.BadRecord, "%s/%s: negative leaseDurationSeconds", sent.Namespace, sent.Name)
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s/%s: negative leaseDurationSeconds", sent.Namespace, sent.Name)
 	}
 	if rec.HolderIdentity != sender {
-		return nil, refuse(tunnel.NotHolder, "sync record %s/%s names %q as holder, not the sender %s", sent.Namespace, sent.Name, rec.HolderIdentity, sender)
+		return nil, poolcheck.Refuse(tunnel.NotHolder, "sync record %s/%s names %q as holder, not the sender %s", sent.Namespace, sent.Name, rec.HolderIdentity, sender)
 	}
-	if err := h.checkLeader(ctx, sender, pool, now); err != nil {
+	if err := h.check.Leader(ctx, sender, pool, now); err != nil {
 		return nil, err
 	}
 	if rec.RenewTime.After(now) {
@@ -337,25 +301,6 @@ func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur
 		out.Data[k] = v
 	}
 	return out, nil
-}
-
-// checkLeader refuses unless sender holds pool's election record,
-// unexpired at now.
-func (h *Handler) checkLeader(ctx context.Context, sender, pool string, now time.Time) error {
-	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName(pool)
-	el, err := poolstore.ReadElection(ctx, h.configMaps(), pool)
-	switch {
-	case apierrors.IsNotFound(err):
-		return refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)
-	case err != nil:
-		return refuse(tunnel.Unavailable, "read election record %s: %v", ref, err)
-	case el.Holder != sender:
-		return refuse(tunnel.NotLeader, "pool %s is led by %s, not %s (election record %s)", pool, el.Holder, sender, ref)
-	case !now.Before(el.Expires):
-		return refuse(tunnel.LeaderExpired, "election record %s expired at %s (now %s)", ref,
-			el.Expires.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
-	}
-	return nil
 }
 
 // newObject is the object a write starts from: a copy of cur, the stored

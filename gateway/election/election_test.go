@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	testclock "k8s.io/utils/clock/testing"
 
-	"github.com/tether-edge/tether/gateway/heartbeat"
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/gateway/poolcheck"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
@@ -66,7 +66,7 @@ func newCluster(t *testing.T) *cluster {
 		}
 	}
 	c := &cluster{t: t, ctx: ctx, admin: cp.Client, clock: testclock.NewFakePassiveClock(t0), log: &testenv.LogBuffer{}}
-	c.h, err = New(Options{Client: gw, Nodes: heartbeat.APINodes{Client: gw}, Clock: c.clock,
+	c.h, err = New(Options{Client: gw, Nodes: poolcheck.APINodes{Client: gw}, Clock: c.clock,
 		Logger: slog.New(slog.NewTextHandler(c.log, nil)), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

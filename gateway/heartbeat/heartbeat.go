@@ -58,41 +58,18 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
+	"github.com/tether-edge/tether/gateway/poolcheck"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
-
-// NodePools tells the pool of a node.
-type NodePools interface {
-	// NodePool returns the value of the node's poolstore.PoolLabel ("" when
-	// it has none); found is false when there is no such Node.
-	NodePool(ctx context.Context, node string) (pool string, found bool, err error)
-}
-
-// APINodes reads Nodes from the apiserver, one GET each.
-type APINodes struct{ Client kubernetes.Interface }
-
-var _ NodePools = APINodes{}
-
-// NodePool implements NodePools.
-func (a APINodes) NodePool(ctx context.Context, node string) (string, bool, error) {
-	n, err := a.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return "", false, nil
-	}
-	if err != nil {
-		return "", false, fmt.Errorf("get node %s: %w", node, err)
-	}
-	return n.Labels[poolstore.PoolLabel], true, nil
-}
 
 // Options configure New.
 type Options struct {
 	// Client writes the node Leases and reads the election records with
 	// the gateway's identity. Required.
 	Client kubernetes.Interface
-	// Nodes tells the nodes' pools; nil means APINodes{Client}.
-	Nodes NodePools
+	// Nodes tells the nodes' pools; nil means poolcheck.APINodes{Client}.
+	Nodes poolcheck.NodePools
 	// Clock decides whether an election record has expired, and is the
 	// latest renewTime written; nil means the real clock.
 	Clock clock.PassiveClock
@@ -107,7 +84,7 @@ type Options struct {
 // Heartbeats.
 type Handler struct {
 	client  kubernetes.Interface
-	nodes   NodePools
+	check   poolcheck.Checker
 	clock   clock.PassiveClock
 	log     *slog.Logger
 	results *prometheus.CounterVec
@@ -126,7 +103,12 @@ func New(o Options) (*Handler, error) {
 	if o.Client == nil {
 		return nil, errors.New("delegated heartbeats: no Kubernetes client")
 	}
-	h := &Handler{client: o.Client, nodes: o.Nodes, clock: o.Clock, log: o.Logger,
+	nodes := o.Nodes
+	if nodes == nil {
+		nodes = poolcheck.APINodes{Client: o.Client}
+	}
+	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
+		check: poolcheck.Checker{Nodes: nodes, Records: o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_delegated_heartbeats_total",
 			Help: "Delegated heartbeats (node Lease renewals a pool leader sent for a member) by result: ok (written), or the refusal: not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable (apiserver error).",
@@ -135,9 +117,6 @@ func New(o Options) (*Handler, error) {
 			Name: "tether_gateway_delegated_heartbeats_clamped_total",
 			Help: "Delegated heartbeats whose times were later than the gateway's clock, by reason: sent_in_future (the sent renewTime, written as the gateway's now), stored_in_future (the Lease's own renewTime, overwritten rather than taken as newer).",
 		}, []string{"reason"}),
-	}
-	if h.nodes == nil {
-		h.nodes = APINodes{Client: o.Client}
 	}
 	if h.clock == nil {
 		h.clock = clock.RealClock{}
@@ -161,30 +140,14 @@ func New(o Options) (*Handler, error) {
 	return h, nil
 }
 
-// refusal is why a delegated heartbeat was not written.
-type refusal struct {
-	code tunnel.Code
-	msg  string
-}
-
-func (r *refusal) Error() string { return r.code.String() + ": " + r.msg }
-
-func refuse(code tunnel.Code, format string, args ...any) *refusal {
-	return &refusal{code: code, msg: fmt.Sprintf(format, args...)}
-}
-
 // Delegate checks req from sender and writes its Lease (see the package
 // doc).
 func (h *Handler) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
 	pool, written, err := h.delegate(ctx, sender, req)
-	var r *refusal
-	if err != nil && !errors.As(err, &r) {
-		r = refuse(tunnel.Unavailable, "%v", err)
-	}
-	if r != nil {
-		h.results.WithLabelValues(r.code.String()).Inc()
-		h.log.Warn("delegated heartbeat refused", "node", req.Node, "sender", sender, "pool", pool, "reason", r.code.String(), "err", r.msg)
-		return tunnel.Reply{Code: r.code, Message: r.msg}
+	if r := poolcheck.AsRefusal(err); r != nil {
+		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.log.Warn("delegated heartbeat refused", "node", req.Node, "sender", sender, "pool", pool, "reason", r.Code.String(), "err", r.Msg)
+		return tunnel.Reply{Code: r.Code, Message: r.Msg}
 	}
 	h.results.WithLabelValues(tunnel.OK.String()).Inc()
 	h.log.Debug("delegated heartbeat", "node", req.Node, "sender", sender, "pool", pool, "written", written)
@@ -192,23 +155,23 @@ func (h *Handler) Delegate(ctx context.Context, sender string, req tunnel.Delega
 }
 
 // delegate returns the pool (once known) and whether the Lease was
-// written; the error is a *refusal, or an apiserver error.
+// written; the error is a *poolcheck.Refusal, or an apiserver error.
 func (h *Handler) delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) (pool string, written bool, _ error) {
 	sent, err := parseLease(req)
 	if err != nil {
 		return "", false, err
 	}
-	if pool, err = h.poolOf(ctx, sender, "sender"); err != nil {
+	if pool, err = h.check.PoolOf(ctx, sender, "sender"); err != nil {
 		return "", false, err
 	}
-	nodePool, err := h.poolOf(ctx, req.Node, "delegated node")
+	nodePool, err := h.check.PoolOf(ctx, req.Node, "delegated node")
 	if err != nil {
 		return pool, false, err
 	}
 	if nodePool != pool {
-		return pool, false, refuse(tunnel.OtherPool, "node %s is in pool %q, sender %s in pool %q", req.Node, nodePool, sender, pool)
+		return pool, false, poolcheck.Refuse(tunnel.OtherPool, "node %s is in pool %q, sender %s in pool %q", req.Node, nodePool, sender, pool)
 	}
-	if err := h.checkLeader(ctx, sender, pool); err != nil {
+	if err := h.check.Leader(ctx, sender, pool, h.clock.Now()); err != nil {
 		return pool, false, err
 	}
 	written, err = h.write(ctx, sender, sent)
@@ -220,54 +183,19 @@ func (h *Handler) delegate(ctx context.Context, sender string, req tunnel.Delega
 func parseLease(req tunnel.DelegateRequest) (*coordinationv1.Lease, error) {
 	var l coordinationv1.Lease
 	if err := json.Unmarshal(req.Lease, &l); err != nil {
-		return nil, refuse(tunnel.BadLease, "not a Lease: %v", err)
+		return nil, poolcheck.Refuse(tunnel.BadLease, "not a Lease: %v", err)
 	}
 	if (l.APIVersion != "" && l.APIVersion != coordinationv1.SchemeGroupVersion.String()) || (l.Kind != "" && l.Kind != "Lease") {
-		return nil, refuse(tunnel.BadLease, "a %s %s, not a Lease", l.APIVersion, l.Kind)
+		return nil, poolcheck.Refuse(tunnel.BadLease, "a %s %s, not a Lease", l.APIVersion, l.Kind)
 	}
 	if (l.Namespace != "" && l.Namespace != corev1.NamespaceNodeLease) || l.Name != req.Node {
-		return nil, refuse(tunnel.BadLease, "Lease %s/%s is not %s/%s", l.Namespace, l.Name, corev1.NamespaceNodeLease, req.Node)
+		return nil, poolcheck.Refuse(tunnel.BadLease, "Lease %s/%s is not %s/%s", l.Namespace, l.Name, corev1.NamespaceNodeLease, req.Node)
 	}
 	l.Namespace = corev1.NamespaceNodeLease
 	if l.Spec.RenewTime == nil {
-		return nil, refuse(tunnel.BadLease, "Lease %s/%s has no spec.renewTime", l.Namespace, l.Name)
+		return nil, poolcheck.Refuse(tunnel.BadLease, "Lease %s/%s has no spec.renewTime", l.Namespace, l.Name)
 	}
 	return &l, nil
-}
-
-// poolOf returns node's pool, or a refusal if it has none.
-func (h *Handler) poolOf(ctx context.Context, node, role string) (string, error) {
-	pool, found, err := h.nodes.NodePool(ctx, node)
-	switch {
-	case err != nil:
-		return "", refuse(tunnel.Unavailable, "pool of %s %s: %v", role, node, err)
-	case !found:
-		return "", refuse(tunnel.UnknownNode, "%s %s has no Node", role, node)
-	case pool == "":
-		return "", refuse(tunnel.NotInPool, "%s %s has no %s label", role, node, poolstore.PoolLabel)
-	}
-	return pool, nil
-}
-
-// checkLeader refuses unless sender holds pool's election record,
-// unexpired.
-func (h *Handler) checkLeader(ctx context.Context, sender, pool string) error {
-	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName(pool)
-	el, err := poolstore.ReadElection(ctx, h.client.CoreV1().ConfigMaps(poolstore.LeaseNamespace), pool)
-	if apierrors.IsNotFound(err) {
-		return refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)
-	}
-	if err != nil {
-		return refuse(tunnel.Unavailable, "read election record %s: %v", ref, err)
-	}
-	if el.Holder != sender {
-		return refuse(tunnel.NotLeader, "pool %s is led by %s, not %s (election record %s)", pool, el.Holder, sender, ref)
-	}
-	if now := h.clock.Now(); !now.Before(el.Expires) {
-		return refuse(tunnel.LeaderExpired, "election record %s expired at %s (now %s)", ref,
-			el.Expires.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
-	}
-	return nil
 }
 
 // write updates (or creates) the delegated node's Lease from sent and
@@ -314,7 +242,7 @@ func (h *Handler) write(ctx context.Context, sender string, sent *coordinationv1
 		return nil
 	})
 	if err != nil {
-		return false, refuse(tunnel.Unavailable, "write Lease %s/%s: %v", corev1.NamespaceNodeLease, sent.Name, err)
+		return false, poolcheck.Refuse(tunnel.Unavailable, "write Lease %s/%s: %v", corev1.NamespaceNodeLease, sent.Name, err)
 	}
 	if written && storedAhead != nil {
 		h.clamped.WithLabelValues(clampedStored).Inc()
