@@ -61,16 +61,29 @@ func TestNodePool(t *testing.T) {
 	waitConverged(t, ctx, w.Edges, 50, 30*time.Second)
 
 	t.Run("ReplicasFollowTheCloud", func(t *testing.T) {
+		// The followers get the new slice on their open replication
+		// streams, as changes: no snapshot, no new stream.
+		before := map[string]replicationCounts{}
+		for _, e := range w.Edges {
+			if e != leader {
+				before[e.Name] = followerCounts(t, ctx, e)
+			}
+		}
 		createSlices(t, ctx, admin, "shop", 50, 51)
-		took := waitConverged(t, ctx, w.Edges, 51, 10*time.Second)
+		took := waitConverged(t, ctx, w.Edges, 51, 30*time.Second)
 		t.Logf("all three replicas equal with the new slice %v after the create returned", took.Round(time.Millisecond))
-		if took > time.Second {
-			t.Errorf("replicas converged after %v, want within 1 s", took)
+		for name, b := range before {
+			e := w.Edge(name)
+			a := followerCounts(t, ctx, e)
+			if a.changes <= b.changes || a.resyncs != b.resyncs || a.connected != 1 {
+				t.Errorf("%s: replication changes frames %v → %v, resyncs %v → %v, connected %v; want the slice as changes on the same stream",
+					name, b.changes, a.changes, b.resyncs, a.resyncs, a.connected)
+			}
 		}
 		// /metrics says the same as /status.
 		for _, e := range w.Edges {
 			var got string
-			if !until(5*time.Second, func() bool {
+			if !until(30*time.Second, func() bool {
 				body, err := world.Get(ctx, e.Host, world.EdgeAdmin("/metrics"))
 				lead, connected := world.Metric(body, "tether_edge_pool_leader"), world.Metric(body, "tether_edge_pool_replica_connected")
 				age := world.Metric(body, "tether_edge_pool_last_sync_age_seconds")
@@ -87,7 +100,7 @@ func TestNodePool(t *testing.T) {
 			if err != nil || len(l.Items) != 51 {
 				t.Fatalf("%s: list through the proxy: %d items, %v", e.Name, len(l.Items), err)
 			}
-			if !until(2*time.Second, func() bool { return poolServed(t, ctx, e) > before }) {
+			if !until(20*time.Second, func() bool { return poolServed(t, ctx, e) > before }) {
 				t.Errorf("%s: the list was not served from the pool replica", e.Name)
 			}
 		}
@@ -152,11 +165,19 @@ func TestNodePool(t *testing.T) {
 			return renewed.After(cutAt)
 		})
 		waitUntil(t, 30*time.Second, "the taint on "+f.Name, func() bool { return hasTaint(ctx, admin, f.Name) })
-		// Beyond the grace period, the node is still Ready.
-		grace := cm.Options.NodeMonitorGracePeriod
-		if wait := time.Until(cutAt.Add(grace + 5*time.Second)); wait > 0 {
-			time.Sleep(wait)
+		// Beyond the grace period, the node is still Ready. What shows the
+		// lifecycle controller has judged it past its grace: a node
+		// nobody renews, posted Ready after f's last renewal of its own,
+		// turns Unknown. Posted at least two of the controller's periods
+		// after the cut, it is judged in a later pass than f would be
+		// without the delegated renewals (an older heartbeat, the same
+		// grace), so f's judgement is in by then.
+		grace, period := cm.Options.NodeMonitorGracePeriod, cm.Options.NodeMonitorPeriod
+		if wait := time.Until(cutAt.Add(2 * period)); wait > 0 {
+			time.Sleep(wait) // ordering of heartbeat times, not waiting for an event
 		}
+		markReady(t, ctx, admin, "ghost")
+		waitUntil(t, grace+60*time.Second, "ghost Ready=Unknown", func() bool { return !nodeReady(t, ctx, admin, "ghost") })
 		if !nodeReady(t, ctx, admin, f.Name) {
 			t.Fatalf("%s is not Ready %v after its uplink was cut (grace %v)", f.Name, time.Since(cutAt).Round(time.Second), grace)
 		}
@@ -173,25 +194,16 @@ func TestNodePool(t *testing.T) {
 		waitUntil(t, 30*time.Second, "the taint gone from "+f.Name, func() bool { return !hasTaint(ctx, admin, f.Name) })
 	})
 
-	t.Run("ControlNodeWithoutHeartbeatsGoesUnknown", func(t *testing.T) {
-		// The check above could not fail if the lifecycle controller did
-		// nothing: a node nobody renews turns Unknown in the same time.
-		markReady(t, ctx, admin, "ghost")
-		waitUntil(t, cm.Options.NodeMonitorGracePeriod+20*time.Second, "ghost Ready=Unknown", func() bool {
-			return !nodeReady(t, ctx, admin, "ghost")
-		})
-	})
-
 	t.Run("LeaderStopped", func(t *testing.T) {
 		stopped := time.Now()
 		if err := w.Stop(leader.Host); err != nil {
 			t.Fatal(err)
 		}
 		rest := slices.DeleteFunc(slices.Clone(w.Edges), func(e *world.Edge) bool { return e == leader })
-		next := waitOneLeader(t, ctx, rest, leader, 15*time.Second+2*time.Second)
+		next := waitOneLeader(t, ctx, rest, leader, 15*time.Second+30*time.Second)
 		t.Logf("new leader %s %v after the old one stopped", next.Name, time.Since(stopped).Round(time.Millisecond))
 		createSlices(t, ctx, admin, "shop", 51, 60)
-		waitConverged(t, ctx, rest, 60, 20*time.Second)
+		waitConverged(t, ctx, rest, 60, 60*time.Second)
 		checkSameAsCloud(t, ctx, admin, rest)
 		w.StartEdge(top, leader, w.ProxyArgs(leader)...) // lives beyond this subtest
 		waitConverged(t, ctx, w.Edges, 60, 60*time.Second)
@@ -217,7 +229,7 @@ func TestNodePool(t *testing.T) {
 			if err != nil || len(l.Items) != 60 {
 				t.Fatalf("%s offline: list from the replica: %d items, %v", e.Name, len(l.Items), err)
 			}
-			if !until(2*time.Second, func() bool { return poolServed(t, ctx, e) > before }) {
+			if !until(20*time.Second, func() bool { return poolServed(t, ctx, e) > before }) {
 				t.Errorf("%s offline: the list was not served from the pool replica", e.Name)
 			}
 		}
@@ -435,6 +447,22 @@ func writeCert(t *testing.T, w *world.World, node string, ca *testenv.CA) [2]str
 		t.Fatal(err)
 	}
 	return [2]string{c, k}
+}
+
+// replicationCounts are a follower's replication metrics.
+type replicationCounts struct{ changes, resyncs, connected float64 }
+
+func followerCounts(t *testing.T, ctx context.Context, e *world.Edge) replicationCounts {
+	t.Helper()
+	body, err := world.Get(ctx, e.Host, world.EdgeAdmin("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return replicationCounts{
+		changes:   world.Metric(body, `tether_edge_pool_frames_received_total{type="changes"}`),
+		resyncs:   world.Metric(body, "tether_edge_pool_resyncs_total"),
+		connected: world.Metric(body, "tether_edge_pool_replica_connected"),
+	}
 }
 
 // poolServed is how many requests e's proxy answered from the pool
