@@ -17,9 +17,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
-	"github.com/tether-edge/tether/internal/kube"
-	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -32,48 +31,15 @@ import (
 // edge-2. A node of another pool is refused, and the refusal reaches the
 // edge as its typed error.
 func TestDelegatedHeartbeat(t *testing.T) {
-	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
-	ctx, cancelAll := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancelAll()
-	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../packaging/kubernetes/gateway-rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	for node, pool := range map[string]string{"edge-1": "pool-a", "edge-2": "pool-a", "edge-3": "pool-b"} {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{
-			nodewatch.EdgeLabel: "true", poolstore.PoolLabel: pool,
-		}}}
-		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pc := pooltest.Start(t, pooltest.Options{
+		Pools: map[string]string{"edge-1": "pool-a", "edge-2": "pool-a", "edge-3": "pool-b"}, Labels: map[string]string{nodewatch.EdgeLabel: "true"}})
+	cp, ctx := pc.ControlPlane, pc.Ctx
 
 	// edge-1 leads pool-a.
-	electionClient, err := kube.NewForConfig(cp.Admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	elector, err := poolstore.NewElector(poolstore.ElectionOptions{Client: electionClient, Pool: "pool-a", Node: "edge-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	electCtx, stopElection := context.WithCancel(ctx)
-	elected := make(chan struct{})
-	go func() {
-		defer close(elected)
-		elector.Run(electCtx, func(ctx context.Context) { <-ctx.Done() })
-	}()
-	defer func() {
-		stopElection()
-		<-elected
-	}()
-	eventually(t, "edge-1 leads pool-a", func() bool { _, leading := elector.Leader(); return leading })
+	stopElection := pc.Elect("pool-a", "edge-1")
 
 	// The gateway, as user tether-gateway.
-	gwUser, err := cp.CA.ClientCert("tether-gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, ca := testConfig(t, cp.Kubeconfig(t, "tether-gateway", gwUser))
+	cfg, ca := testConfig(t, cp.Kubeconfig(t, "tether-gateway", pc.GatewayCert))
 	g, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +116,6 @@ func TestDelegatedHeartbeat(t *testing.T) {
 
 	// edge-1 stops leading (its record is released): refused.
 	stopElection()
-	<-elected
 	err = edge.DelegateHeartbeat(ctx, "edge-2", nodeLease(t, "edge-2", time.Now()))
 	if !errors.As(err, &refused) || refused.Code != tunnel.NotLeader {
 		t.Fatalf("heartbeat after edge-1 stopped leading: %v, want a not_leader refusal", err)

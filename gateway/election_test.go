@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -34,29 +35,13 @@ import (
 // the follower, are refused; the stopped leader's release lets the other
 // take over at once; with the gateway gone the leader stops leading.
 func TestElectionThroughTunnel(t *testing.T) {
-	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
-	ctx, cancelAll := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancelAll()
-	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../packaging/kubernetes/gateway-rbac.yaml",
-		"../packaging/kubernetes/edge-rbac.yaml", "../packaging/kubernetes/pool-rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	for node, pool := range map[string]string{"edge-1": "pool-a", "edge-2": "pool-a", "edge-3": "pool-b"} {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{
-			nodewatch.EdgeLabel: "true", poolstore.PoolLabel: pool,
-		}}}
-		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pc := pooltest.Start(t, pooltest.Options{Manifests: []string{"edge-rbac.yaml", "pool-rbac.yaml"},
+		Pools: map[string]string{"edge-1": "pool-a", "edge-2": "pool-a", "edge-3": "pool-b"}, Labels: map[string]string{nodewatch.EdgeLabel: "true"}})
+	cp, ctx := pc.ControlPlane, pc.Ctx
 	cms := cp.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
 
 	// The gateway, as user tether-gateway.
-	gwUser, err := cp.CA.ClientCert("tether-gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, ca := testConfig(t, cp.Kubeconfig(t, "tether-gateway", gwUser))
+	cfg, ca := testConfig(t, cp.Kubeconfig(t, "tether-gateway", pc.GatewayCert))
 	g, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

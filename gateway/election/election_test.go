@@ -18,6 +18,7 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/poolcheck"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
@@ -42,45 +43,14 @@ var t0 = time.Now().Add(-time.Hour).Truncate(time.Second)
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../../packaging/kubernetes/gateway-rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	kp, err := cp.CA.ClientCert("tether-gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := kubernetes.NewForConfig(cp.RESTConfig(kp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for node, pool := range map[string]string{"edge-1": "shop", "edge-2": "shop", "yard-1": "yard", "loner": ""} {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{}}}
-		if pool != "" {
-			n.Labels[poolstore.PoolLabel] = pool
-		}
-		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := &cluster{t: t, ctx: ctx, admin: cp.Client, clock: testclock.NewFakePassiveClock(t0), log: &testenv.LogBuffer{}}
+	pc := pooltest.Start(t, pooltest.Options{Pools: map[string]string{"edge-1": "shop", "edge-2": "shop", "yard-1": "yard", "loner": ""}})
+	ctx, gw := pc.Ctx, pc.Gateway
+	c := &cluster{t: t, ctx: ctx, admin: pc.Client, clock: testclock.NewFakePassiveClock(t0), log: &testenv.LogBuffer{}}
+	var err error
 	c.h, err = New(Options{Client: gw, Nodes: poolcheck.APINodes{Client: gw}, Clock: c.clock,
 		Logger: slog.New(slog.NewTextHandler(c.log, nil)), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
-	}
-	// The gateway's RBAC is seen by the authorizer a moment after it is
-	// stored.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := gw.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Get(ctx, "none", metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway cannot read tether-system's ConfigMaps: %v", err)
-		}
 	}
 	return c
 }

@@ -17,8 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
-	"github.com/tether-edge/tether/internal/kube"
-	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -32,87 +31,25 @@ type cluster struct {
 	h      *Handler
 	clock  *testclock.FakePassiveClock
 	result *prometheus.CounterVec
-
-	// adminKube is admin as tether-edge's client, for the election.
-	adminKube *kube.Client
 }
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	if err := testenv.ApplyManifests(ctx, cp.Admin, false, "../../packaging/kubernetes/gateway-rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-	kp, err := cp.CA.ClientCert("tether-gateway")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw, err := kubernetes.NewForConfig(cp.RESTConfig(kp))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for node, pool := range map[string]string{
+	pc := pooltest.Start(t, pooltest.Options{Pools: map[string]string{
 		"leader": "pool-a", "member": "pool-a", "member-2": "pool-a",
 		"other": "pool-b", "other-leader": "pool-b", "loner": "",
-	} {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{}}}
-		if pool != "" {
-			n.Labels[poolstore.PoolLabel] = pool
-		}
-		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	adminKube, err := kube.NewForConfig(cp.Admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &cluster{t: t, ctx: ctx, admin: cp.Client, adminKube: adminKube, clock: testclock.NewFakePassiveClock(time.Now())}
-	c.h, err = New(Options{Client: gw, Clock: c.clock, Registerer: prometheus.NewRegistry()})
+	}})
+	c := &cluster{t: t, ctx: pc.Ctx, admin: pc.Client, clock: testclock.NewFakePassiveClock(time.Now())}
+	var err error
+	c.h, err = New(Options{Client: pc.Gateway, Clock: c.clock, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.result = c.h.results
 	// pool-a is led by "leader", with the pool's real election; pool-b has
 	// no leader.
-	c.elect("pool-a", "leader")
+	pc.Elect("pool-a", "leader")
 	return c
-}
-
-// elect runs poolstore's election for pool with node as the only
-// candidate and waits until the record names it.
-func (c *cluster) elect(pool, node string) {
-	c.t.Helper()
-	e, err := poolstore.NewElector(poolstore.ElectionOptions{Client: c.adminKube, Pool: pool, Node: node})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(c.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		e.Run(ctx, func(ctx context.Context) { <-ctx.Done() })
-	}()
-	c.t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	poll(c.t, node+" leads "+pool, func() bool {
-		el, err := poolstore.ReadElection(c.ctx, c.admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace), pool)
-		return err == nil && el.Holder == node
-	})
-}
-
-// poll waits up to ten seconds for cond.
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }
 
 // leaseJSON is a node Lease as a kubelet writes it.
