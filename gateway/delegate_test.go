@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -58,28 +57,7 @@ func TestDelegatedHeartbeat(t *testing.T) {
 	eventually(t, "the taint controller sees every renewal", g.poolTaint.HasSynced)
 
 	// edge-1's tunnel client.
-	kp, err := ca.NodeCert("edge-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	edge, err := edgetunnel.New(edgetunnel.Options{
-		Gateways:    []string{g.TunnelAddr().String()},
-		ServerName:  "gateway",
-		RootCAs:     ca.Pool,
-		Certificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &kp.TLS, nil },
-		AllowPorts:  []uint16{10250},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	edgeCtx, stopEdge := context.WithCancel(ctx)
-	edgeDone := make(chan error, 1)
-	go func() { edgeDone <- edge.Run(edgeCtx) }()
-	defer func() {
-		stopEdge()
-		<-edgeDone
-	}()
-	eventually(t, "edge-1 connected", func() bool { return edge.Ready() == nil })
+	edge := startTunnel(t, ctx, g, ca, "edge-1")
 
 	leases := cp.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	var renew time.Time
