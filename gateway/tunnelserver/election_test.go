@@ -3,6 +3,7 @@ package tunnelserver
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,8 +16,15 @@ import (
 // recordingElections answers every election request with reply and
 // records what it was given.
 type recordingElections struct {
+	mu    sync.Mutex // guards reply, which a test may change while the server runs
 	reply tunnel.ElectionReply
 	calls chan electionCall
+}
+
+func (r *recordingElections) setReply(rep tunnel.ElectionReply) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reply = rep
 }
 
 type electionCall struct {
@@ -26,6 +34,8 @@ type electionCall struct {
 
 func (r *recordingElections) Elect(_ context.Context, sender string, req tunnel.ElectionRequest) tunnel.ElectionReply {
 	r.calls <- electionCall{sender, req}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	return r.reply
 }
 
@@ -63,14 +73,14 @@ func TestElectionStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep, err := elect(t, edge, raw)
-	if err != nil || !cmp.Equal(rep, el.reply) {
-		t.Fatalf("reply %+v, %v; want %+v", rep, err, el.reply)
+	if want := (tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.OK}, ConfigMap: []byte(`{"metadata":{"resourceVersion":"7"}}`)}); err != nil || !cmp.Equal(rep, want) {
+		t.Fatalf("reply %+v, %v; want %+v", rep, err, want)
 	}
 	if call := <-el.calls; call.sender != "edge-1" || !cmp.Equal(call.req, sent) {
 		t.Fatalf("handler got %+v", call)
 	}
 
-	el.reply = tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.NotHolder, Message: "names edge-2"}}
+	el.setReply(tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.NotHolder, Message: "names edge-2"}})
 	rep, err = elect(t, edge, raw)
 	var re *tunnel.RefusedError
 	if !errors.As(err, &re) || re.Code != tunnel.NotHolder || rep.Message != "names edge-2" || rep.ConfigMap != nil {
