@@ -1,20 +1,22 @@
 package poolstore
 
+import "github.com/tether-edge/tether/internal/openyurt"
+
 // Names shared by the edge (election, replication) and the gateway
 // (delegated heartbeats, taints). They are OpenYurt's where OpenYurt has
 // one, so that its users keep their labels.
 const (
 	// PoolLabel on a Node names its pool.
-	PoolLabel = "apps.openyurt.io/nodepool"
+	PoolLabel = openyurt.PoolLabel
 	// LeaseNamespace holds the pools' election records (ConfigMaps: see
 	// lock.go).
 	LeaseNamespace = "tether-system"
 	// DelegateHeartbeatAnnotation marks a node Lease written by the
 	// gateway on behalf of a node that lost the cloud.
-	DelegateHeartbeatAnnotation = "openyurt.io/delegate-heartbeat"
+	DelegateHeartbeatAnnotation = openyurt.DelegateHeartbeatAnnotation
 	// UnschedulableTaintKey is set (value "true", effect NoSchedule) on a
 	// node whose heartbeats are delegated.
-	UnschedulableTaintKey = "node.openyurt.io/unschedulable"
+	UnschedulableTaintKey = openyurt.UnschedulableTaintKey
 	// DefaultPort is the pool listener's port.
 	DefaultPort = 10269
 )

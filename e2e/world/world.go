@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -36,8 +37,8 @@ const Zone = "tether.internal"
 
 // Labels Tether reads (OpenYurt's).
 const (
-	EdgeLabel = "openyurt.io/is-edge-worker"
-	PoolLabel = "apps.openyurt.io/nodepool"
+	EdgeLabel = openyurt.EdgeLabel
+	PoolLabel = openyurt.PoolLabel
 )
 
 // Options shape the world; the zero value is the demo's world.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/internal/openyurt"
 )
 
 // Pool is what the proxy needs of the node pool (package poolstore): the
@@ -34,7 +36,7 @@ const PoolUserAgent = "tether-edge-pool"
 
 // DelegateHeartbeatAnnotation marks a Lease the gateway wrote for a node
 // that lost the cloud (DESIGN.md: Labels and annotations).
-const DelegateHeartbeatAnnotation = "openyurt.io/delegate-heartbeat"
+const DelegateHeartbeatAnnotation = openyurt.DelegateHeartbeatAnnotation
 
 // servedPool: answered from the node pool's replica.
 const servedPool = "pool"

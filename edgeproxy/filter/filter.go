@@ -12,23 +12,21 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/tether-edge/tether/internal/openyurt"
 )
 
-// Annotations, labels and keys (OpenYurt's names).
+// Annotations, labels and keys: OpenYurt's names, defined in package
+// openyurt.
 const (
-	// AnnotationTopologyKeys on a Service selects the topology of its
-	// endpoints: one key, or an ordered comma-separated fallback list.
-	AnnotationTopologyKeys = "openyurt.io/topologyKeys"
-	// LabelNodePool on a Node names its pool.
-	LabelNodePool = "apps.openyurt.io/nodepool"
-	// AnnotationUpdateTrigger is what the cloud controller stamps on
-	// endpoints objects so that YurtHub filters them again.
-	AnnotationUpdateTrigger = "openyurt.io/update-trigger"
+	AnnotationTopologyKeys  = openyurt.TopologyKeysAnnotation
+	LabelNodePool           = openyurt.PoolLabel
+	AnnotationUpdateTrigger = openyurt.UpdateTriggerAnnotation
 
-	KeyHostname = "kubernetes.io/hostname" // same node
-	KeyNodePool = "openyurt.io/nodepool"   // same pool
-	KeyZone     = "kubernetes.io/zone"     // same pool, as OpenYurt reads it
-	KeyAny      = "*"                      // every endpoint (fallback lists)
+	KeyHostname = openyurt.KeyHostname
+	KeyNodePool = openyurt.KeyNodePool
+	KeyZone     = openyurt.KeyZone
+	KeyAny      = openyurt.KeyAny
 )
 
 // ServiceLookup finds the topology annotation of a Service.
@@ -54,15 +52,7 @@ type Topology struct {
 
 // IsPoolKey reports whether keys (an annotation value) depends on pool
 // membership.
-func IsPoolKey(keys string) bool {
-	for k := range strings.SplitSeq(keys, ",") {
-		switch strings.TrimSpace(k) {
-		case KeyNodePool, KeyZone:
-			return true
-		}
-	}
-	return false
-}
+func IsPoolKey(keys string) bool { return openyurt.IsPoolKey(keys) }
 
 // keep is the set of endpoints one key keeps: by node name.
 type keep func(node string) bool

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/tether-edge/tether/internal/openyurt"
 )
 
 // Labels and annotations read from Node objects (OpenYurt-compatible, see
@@ -14,9 +16,9 @@ import (
 const (
 	// EdgeLabel marks an edge node when it is "true"; it is the default edge
 	// selector.
-	EdgeLabel = "openyurt.io/is-edge-worker"
+	EdgeLabel = openyurt.EdgeLabel
 	// PoolLabel names the node pool of a node.
-	PoolLabel = "apps.openyurt.io/nodepool"
+	PoolLabel = openyurt.PoolLabel
 	// VIPAnnotation holds the virtual IP of an edge node in vip mode.
 	VIPAnnotation = "tether.io/vip"
 )

@@ -37,7 +37,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 
-	"github.com/tether-edge/tether/edgeproxy/filter"
+	"github.com/tether-edge/tether/internal/openyurt"
 )
 
 // Controller stamps openyurt.io/update-trigger on affected endpoints.
@@ -80,7 +80,7 @@ func New(client kubernetes.Interface, o Options) *Controller {
 		UpdateFunc: func(o, n any) {
 			os, ok1 := o.(*corev1.Service)
 			ns, ok2 := n.(*corev1.Service)
-			if ok1 && ok2 && os.Annotations[filter.AnnotationTopologyKeys] != ns.Annotations[filter.AnnotationTopologyKeys] {
+			if ok1 && ok2 && os.Annotations[openyurt.TopologyKeysAnnotation] != ns.Annotations[openyurt.TopologyKeysAnnotation] {
 				c.queue.Add(types.NamespacedName{Namespace: ns.Namespace, Name: ns.Name})
 			}
 		},
@@ -89,8 +89,8 @@ func New(client kubernetes.Interface, o Options) *Controller {
 		UpdateFunc: func(o, n any) {
 			on, ok1 := o.(*corev1.Node)
 			nn, ok2 := n.(*corev1.Node)
-			if ok1 && ok2 && on.Labels[filter.LabelNodePool] != nn.Labels[filter.LabelNodePool] {
-				c.poolChanged(nn.Name, on.Labels[filter.LabelNodePool], nn.Labels[filter.LabelNodePool])
+			if ok1 && ok2 && on.Labels[openyurt.PoolLabel] != nn.Labels[openyurt.PoolLabel] {
+				c.poolChanged(nn.Name, on.Labels[openyurt.PoolLabel], nn.Labels[openyurt.PoolLabel])
 			}
 		},
 	})
@@ -136,13 +136,13 @@ func (c *Controller) poolChanged(node, oldPool, newPool string) {
 	members := map[string]bool{node: true}
 	nodes, _ := c.nodes.List(labels.Everything())
 	for _, n := range nodes {
-		if p := n.Labels[filter.LabelNodePool]; p != "" && (p == oldPool || p == newPool) {
+		if p := n.Labels[openyurt.PoolLabel]; p != "" && (p == oldPool || p == newPool) {
 			members[n.Name] = true
 		}
 	}
 	svcs, _ := c.services.List(labels.Everything())
 	for _, s := range svcs {
-		if !filter.IsPoolKey(s.Annotations[filter.AnnotationTopologyKeys]) {
+		if !openyurt.IsPoolKey(s.Annotations[openyurt.TopologyKeysAnnotation]) {
 			continue
 		}
 		if c.hasEndpointOn(s, members) {
@@ -183,10 +183,10 @@ func (c *Controller) touch(ctx context.Context, svc types.NamespacedName) error 
 	// not reach YurtHub.
 	patchFor := func(annotations map[string]string) []byte {
 		v := now
-		if old, err := strconv.ParseInt(annotations[filter.AnnotationUpdateTrigger], 10, 64); err == nil && old >= v {
+		if old, err := strconv.ParseInt(annotations[openyurt.UpdateTriggerAnnotation], 10, 64); err == nil && old >= v {
 			v = old + 1
 		}
-		return fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"%d"}}}`, filter.AnnotationUpdateTrigger, v)
+		return fmt.Appendf(nil, `{"metadata":{"annotations":{%q:"%d"}}}`, openyurt.UpdateTriggerAnnotation, v)
 	}
 	sl, err := c.slices.EndpointSlices(svc.Namespace).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tether-edge/tether/edgeproxy/filter"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -41,7 +41,7 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 	for node, pool := range map[string]string{"a": "p1", "b": "p1", "c": "p2", "d": "p3", "e": "", "m": "pm-1"} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
 		if pool != "" {
-			n.Labels = map[string]string{filter.LabelNodePool: pool}
+			n.Labels = map[string]string{openyurt.PoolLabel: pool}
 		}
 		must(t, create(admin.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})))
 	}
@@ -51,18 +51,18 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 		name, keys string
 		nodes      []string
 	}{
-		{"host-a", filter.KeyHostname, []string{"a"}},
-		{"pool-a", filter.KeyNodePool, []string{"a"}},
-		{"zone-c", filter.KeyZone, []string{"c"}},
-		{"pool-d", filter.KeyNodePool, []string{"d"}},
+		{"host-a", openyurt.KeyHostname, []string{"a"}},
+		{"pool-a", openyurt.KeyNodePool, []string{"a"}},
+		{"zone-c", openyurt.KeyZone, []string{"c"}},
+		{"pool-d", openyurt.KeyNodePool, []string{"d"}},
 		{"fb-b", "kubernetes.io/hostname,openyurt.io/nodepool,*", []string{"b"}},
 		{"plain-a", "", []string{"a"}},
-		{"marker", filter.KeyNodePool, []string{"m"}},
+		{"marker", openyurt.KeyNodePool, []string{"m"}},
 	}
 	for _, s := range services {
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}
 		if s.keys != "" {
-			svc.Annotations = map[string]string{filter.AnnotationTopologyKeys: s.keys}
+			svc.Annotations = map[string]string{openyurt.TopologyKeysAnnotation: s.keys}
 		}
 		must(t, create(admin.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})))
 		es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: s.name + "-x", Namespace: ns,
@@ -101,15 +101,15 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 	// marker Service: its informer delivers both in order, and one worker
 	// takes what they queue in order, so once the marker is stamped,
 	// whatever the change stamps has been. Its key stays pool-typed.
-	markerKeys := []string{filter.KeyNodePool + ",*", filter.KeyNodePool}
+	markerKeys := []string{openyurt.KeyNodePool + ",*", openyurt.KeyNodePool}
 	markerPools := []string{"pm-2", "pm-1"}
 	markers := 0
 	markService := func() {
-		patch(t, ctx, admin, "services", "marker", filter.AnnotationTopologyKeys, markerKeys[markers%2])
+		patch(t, ctx, admin, "services", "marker", openyurt.TopologyKeysAnnotation, markerKeys[markers%2])
 		markers++
 	}
 	markNode := func() {
-		patch(t, ctx, admin, "nodes", "m", filter.LabelNodePool, markerPools[markers%2])
+		patch(t, ctx, admin, "nodes", "m", openyurt.PoolLabel, markerPools[markers%2])
 		markers++
 	}
 	step := func(name string, change, mark func(), want ...string) {
@@ -138,16 +138,20 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 			t.Errorf("%s: stamped %v, want %v", name, got, wantObjs)
 		}
 	}
-	step("annotation of plain-a added", func() { patch(t, ctx, admin, "services", "plain-a", filter.AnnotationTopologyKeys, filter.KeyHostname) },
+	step("annotation of plain-a added", func() {
+		patch(t, ctx, admin, "services", "plain-a", openyurt.TopologyKeysAnnotation, openyurt.KeyHostname)
+	},
 		markService, "plain-a")
-	step("annotation of host-a changed", func() { patch(t, ctx, admin, "services", "host-a", filter.AnnotationTopologyKeys, filter.KeyNodePool) },
+	step("annotation of host-a changed", func() {
+		patch(t, ctx, admin, "services", "host-a", openyurt.TopologyKeysAnnotation, openyurt.KeyNodePool)
+	},
 		markService, "host-a")
 	// b moves from p1 to p2: pool-typed Services with endpoints on p1 or
 	// p2 members (a, b, c): pool-a, zone-c, fb-b, host-a (now nodepool);
 	// not pool-d (p3), not plain-a (hostname).
-	step("b moved from p1 to p2", func() { patch(t, ctx, admin, "nodes", "b", filter.LabelNodePool, "p2") },
+	step("b moved from p1 to p2", func() { patch(t, ctx, admin, "nodes", "b", openyurt.PoolLabel, "p2") },
 		markNode, "fb-b", "host-a", "pool-a", "zone-c")
-	step("e joins p3", func() { patch(t, ctx, admin, "nodes", "e", filter.LabelNodePool, "p3") }, markNode, "pool-d")
+	step("e joins p3", func() { patch(t, ctx, admin, "nodes", "e", openyurt.PoolLabel, "p3") }, markNode, "pool-d")
 	step("a label unrelated to pools", func() { patch(t, ctx, admin, "nodes", "c", "example.com/x", "y") }, markNode)
 }
 

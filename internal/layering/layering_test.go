@@ -1,0 +1,137 @@
+package layering
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"path"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/tether-edge/tether"
+
+// rule forbids packages matching from (a path below the module, "..."
+// for the whole subtree) to depend, directly or not, on any package of
+// deny. Test files are not production code and are not checked.
+type rule struct {
+	from string
+	deny []string
+	why  string
+}
+
+var rules = []rule{
+	{"gateway/...", []string{"edgeproxy/..."}, "the two programs never import each other: what they share lives below both (tunnel, poolstore, internal/openyurt)"},
+	{"edgeproxy/...", []string{"gateway/..."}, "the two programs never import each other"},
+	{"tunnel/...", []string{"gateway/...", "edgeproxy/...", "internal/cli"}, "the wire protocol knows neither side"},
+	{"netrules/...", []string{"gateway/...", "edgeproxy/...", "internal/cli", "poolstore/..."}, "netrules knows nothing of the programs that use it"},
+	{"poolstore/...", []string{"gateway/...", "edgeproxy/...", "internal/cli"}, "poolstore knows nothing of the programs that use it (it takes their parts as small interfaces)"},
+	{"internal/openyurt", []string{"..."}, "the shared names are a leaf: every layer may import them"},
+	{"...", []string{"internal/testenv", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest"}, "no production package imports test support"},
+}
+
+// exempt lists packages whose whole job is to drive the others in tests
+// and benchmarks.
+var exempt = []string{"e2e/...", "internal/testenv/...", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest", "internal/layering", "tools/..."}
+
+type pkg struct {
+	ImportPath string
+	Deps       []string
+}
+
+// TestLayering fails on a wrong arrow, naming the chain's two ends and the
+// rule's reason.
+func TestLayering(t *testing.T) {
+	cmd := exec.Command("go", "list", "-json=ImportPath,Deps", module+"/...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 30 {
+		t.Fatalf("go list found %d packages", len(pkgs))
+	}
+	checked := 0
+	for _, p := range pkgs {
+		rel := strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/")
+		if matchAny(rel, exempt) {
+			continue
+		}
+		for _, r := range rules {
+			if !match(rel, r.from) {
+				continue
+			}
+			checked++
+			for _, d := range p.Deps {
+				drel, ok := strings.CutPrefix(d, module+"/")
+				if !ok || drel == rel {
+					continue
+				}
+				if matchAny(drel, r.deny) {
+					t.Errorf("%s depends on %s: %s", rel, drel, r.why)
+				}
+			}
+		}
+	}
+	if checked < 30 {
+		t.Errorf("only %d package/rule pairs checked; the rules no longer match the tree", checked)
+	}
+}
+
+// TestLayeringCatchesAWrongArrow: the matcher sees a dependency a rule
+// forbids (a guard against a test that can no longer fail).
+func TestLayeringCatchesAWrongArrow(t *testing.T) {
+	for _, c := range []struct {
+		pkg, dep string
+		want     bool
+	}{
+		{"gateway/topology", "edgeproxy/filter", true},
+		{"poolstore", "internal/cli", true},
+		{"cmd/tetherctl", "internal/testenv", true},
+		{"internal/openyurt", "internal/kube", true},
+		{"gateway/topology", "internal/openyurt", false},
+		{"poolstore", "internal/kube", false},
+	} {
+		got := false
+		for _, r := range rules {
+			if match(c.pkg, r.from) && matchAny(c.dep, r.deny) {
+				got = true
+			}
+		}
+		if got != c.want {
+			t.Errorf("%s -> %s forbidden: %v, want %v", c.pkg, c.dep, got, c.want)
+		}
+	}
+}
+
+func matchAny(rel string, patterns []string) bool {
+	for _, p := range patterns {
+		if match(rel, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// match reports whether rel is pattern, or below it for "x/...", or
+// anything for "...".
+func match(rel, pattern string) bool {
+	if pattern == "..." {
+		return true
+	}
+	if base, ok := strings.CutSuffix(pattern, "/..."); ok {
+		return rel == base || strings.HasPrefix(rel, base+"/")
+	}
+	return rel == path.Clean(pattern)
+}
