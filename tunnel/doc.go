@@ -55,7 +55,8 @@
 // to write the Lease renewal of a pool member that lost the cloud
 // (DelegateRequest). The gateway answers with a Reply: OK once written,
 // or a refusal whose Code says why (NotLeader, LeaderExpired, NotInPool,
-// OtherPool, UnknownNode, BadLease, Unavailable, BadRequest).
+// OtherPool, UnknownNode, BadLease, Unavailable, BadRequest, or
+// RateLimited: the sender was refused too often of late).
 //
 // Delegate request, version 1: the same fixed part, kind 0x02:
 //
@@ -79,7 +80,7 @@
 // writes the record on the resourceVersion the edge sent, and answers
 // with an ElectionReply: a Reply (OK, or Conflict, BadRecord, NotHolder,
 // NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode,
-// Unavailable, BadRequest) and, after OK, the record as stored.
+// Unavailable, BadRequest, RateLimited) and, after OK, the record as stored.
 //
 // Election request, version 1: the same fixed part, kind 0x03:
 //

@@ -207,9 +207,13 @@ const (
 	NotHolder Code = 15 // the record written names another node than the sender as holder
 )
 
+// Code of the gateway's reply to a DelegateRequest or an ElectionRequest
+// from a sender refused too often of late: the request was not looked at.
+const RateLimited Code = 16
+
 var codeNames = [...]string{"ok", "not_allowed", "dial_failed", "timeout", "overloaded", "bad_request",
 	"not_leader", "leader_expired", "not_in_pool", "other_pool", "unknown_node", "bad_lease", "unavailable",
-	"conflict", "bad_record", "not_holder"}
+	"conflict", "bad_record", "not_holder", "rate_limited"}
 
 // String is the code's metric label ("not_allowed", ...).
 func (c Code) String() string {
@@ -226,13 +230,13 @@ func Codes() []Code { return []Code{OK, NotAllowed, DialFailed, Timeout, Overloa
 // DelegateCodes lists the codes of a reply to a DelegateRequest, for
 // pre-creating metric series.
 func DelegateCodes() []Code {
-	return []Code{OK, BadRequest, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, BadLease, Unavailable}
+	return []Code{OK, BadRequest, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, BadLease, Unavailable, RateLimited}
 }
 
 // ElectionCodes lists the codes of a reply to an ElectionRequest, for
 // pre-creating metric series.
 func ElectionCodes() []Code {
-	return []Code{OK, BadRequest, Conflict, BadRecord, NotHolder, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, Unavailable}
+	return []Code{OK, BadRequest, Conflict, BadRecord, NotHolder, NotLeader, LeaderExpired, NotInPool, OtherPool, UnknownNode, Unavailable, RateLimited}
 }
 
 // Reply is the edge's answer to a Request, and the gateway's to a

@@ -11,6 +11,19 @@
 // renewTime + leaseDurationSeconds is after it (tunnel.LeaderExpired).
 // An apiserver error is tunnel.Unavailable: another replica may do better.
 //
+// The gateway reads the records from a RecordCache, an informer on the
+// ConfigMaps of tether-system (trimmed to the election annotation), so
+// that a check costs no request to the apiserver; until it has synced the
+// answer is tunnel.Unavailable, and the gateway is not ready. A record
+// the informer has not seen yet (milliseconds after a write) reads as the
+// one before: a new leader may be refused not_leader once and retry; an
+// old one is still held to the old record's expiry.
+//
+// A Limiter keeps a token bucket of refusals per sender: a sender refused
+// too often (DefaultLimit: 20 in a row, given back over a minute) is
+// answered tunnel.RateLimited before any check, and so costs the
+// apiserver nothing, until a token is back.
+//
 // Every check answers a *Refusal, which carries the tunnel.Code the edge
 // gets back and the message it reads; the handlers count and log it.
 package poolcheck
