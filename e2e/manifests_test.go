@@ -54,9 +54,10 @@ func TestKubernetesManifests(t *testing.T) {
 			{"get", "secrets", "tether-system", "", false},
 			{"list", "pods", "", "", false},
 			// Delegated heartbeats: node Leases, after reading the pool's
-			// election record; the election records, written for the
-			// edges (RBAC cannot name them: any ConfigMap in tether-system,
-			// but no delete, list or watch); nothing else in tether-system.
+			// election record (an informer: list and watch); the election
+			// records, written for the edges (RBAC cannot name them: any
+			// ConfigMap in tether-system, but no delete); nothing else in
+			// tether-system, no ConfigMap list elsewhere.
 			{"update", "leases", "kube-node-lease", "edge-1", true},
 			{"delete", "leases", "kube-node-lease", "edge-1", false},
 			{"get", "configmaps", "tether-system", "pool-shop", true},
@@ -64,7 +65,10 @@ func TestKubernetesManifests(t *testing.T) {
 			{"update", "configmaps", "tether-system", "pool-shop", true},
 			{"update", "configmaps", "tether-system", "pool-shop-sync", true},
 			{"delete", "configmaps", "tether-system", "pool-shop", false},
-			{"list", "configmaps", "tether-system", "", false},
+			{"list", "configmaps", "tether-system", "", true},
+			{"watch", "configmaps", "tether-system", "", true},
+			{"list", "configmaps", "kube-system", "", false},
+			{"watch", "configmaps", "", "", false},
 			// --hosts-configmap kube-system/tether-nodes, and nothing else.
 			{"update", "configmaps", "kube-system", "tether-nodes", true},
 			{"create", "configmaps", "kube-system", "", true},
@@ -113,6 +117,12 @@ func TestEdgeRBAC(t *testing.T) {
 		{"watch", "endpointslices", "", "", true},
 		{"update", "endpointslices", "default", "x", false},
 		{"watch", "services", "", "", true},
+		// What kube-proxy and coredns list and watch through tether-edge.
+		{"watch", "servicecidrs", "", "", true},
+		{"update", "servicecidrs", "", "kubernetes", false},
+		{"list", "namespaces", "", "", true},
+		{"delete", "namespaces", "", "default", false},
+		{"list", "pods", "", "", false},
 	} {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User: "system:node:edge-1", Groups: []string{"system:nodes", "system:authenticated"},
@@ -144,6 +154,9 @@ func review(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, sar *au
 func groupOf(resource string) string {
 	if resource == "endpointslices" {
 		return "discovery.k8s.io"
+	}
+	if resource == "servicecidrs" {
+		return "networking.k8s.io"
 	}
 	if resource == "leases" {
 		return "coordination.k8s.io"

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,4 +157,22 @@ healthzBindAddress: 127.0.0.1:10256
 	patchNodePool(t, ctx, admin, "b", "p1")
 	d = waitRules("pool", "pool", []string{"10.1.0.1", "10.1.0.2", "10.1.0.3"})
 	t.Logf("pool change → kube-proxy's nftables rules changed after %v", d)
+
+	// Everything kube-proxy lists and watches through tether-edge with the
+	// node's identity is granted by edge-rbac.yaml: once its last informer
+	// (ServiceCIDRs) has synced, its log has no "forbidden".
+	const synced = `Caches are synced" controller="serviceCIDR config"`
+	var kpLog string
+	for start := time.Now(); !strings.Contains(kpLog, synced) && time.Since(start) < 30*time.Second; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(logf.Name())
+		kpLog = string(b)
+	}
+	if !strings.Contains(kpLog, synced) {
+		t.Errorf("kube-proxy's log has no %s after 30 s", synced)
+	}
+	for l := range strings.Lines(kpLog) {
+		if strings.Contains(l, "forbidden") {
+			t.Errorf("kube-proxy was refused a request (edge-rbac.yaml lacks a grant): %s", l)
+		}
+	}
 }
