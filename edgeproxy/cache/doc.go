@@ -20,6 +20,11 @@
 //	queue/                                   status writes made offline, in order
 //	    <seq, 8 bytes big-endian>         -> JSON QueuedWrite (seq from the bucket's sequence)
 //
+// Every schema version keeps queue/ as it is here (the top-level bucket,
+// its keys, its sequence and the JSON of QueuedWrite): it is what a
+// version change carries over. A version that changes it must read the
+// old form too.
+//
 // A record is: a flag byte (1 object from the cloud, 2 tombstone, 3
 // object answered locally offline), the resourceVersion (8 bytes
 // big-endian), the length of the meta section (4 bytes big-endian), the
@@ -54,9 +59,15 @@
 //     the transaction ends. No slice returned by this package points into
 //     the memory map.
 //   - Open walks the whole file; a file that does not open or does not
-//     pass the walk (or has an unknown schema version) is renamed to
-//     <file>.corrupt-<time> (only the newest such file is kept), logged
-//     at error with both names, and a fresh file is created: a broken
-//     cache never stops tether-edge (internal/boltfile, which the pool
-//     replica uses too).
+//     pass the walk is renamed to <file>.corrupt-<time> (only the newest
+//     such file is kept), logged at error with both names, and a fresh
+//     file is created: a broken cache never stops tether-edge
+//     (internal/boltfile, which the pool replica uses too).
+//   - A file of another schema version (or of none) is moved aside in the
+//     same way, but its queued writes are carried into the fresh file,
+//     with their seqs; the cached objects are not (the cloud has them).
+//     If a queued write does not read as this build's QueuedWrite (not
+//     JSON, a field it does not know, no method, path or object), the
+//     file is put back and Open fails with ErrQueueNotCarried, saying what
+//     to do: queued writes are never dropped in silence.
 package cache

@@ -91,7 +91,21 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 		maxWrites: DefaultMaxQueuedWrites, maxBytes: DefaultMaxQueuedBytes}
 	db, aside, err := boltfile.Open(path, boltfile.Options{
 		Bolt: bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType}, Init: initFile})
-	if aside != nil {
+	var schemaErr *schemaError
+	switch {
+	case aside != nil && err == nil && errors.As(aside.Cause, &schemaErr):
+		n, cerr := carryQueue(db, aside.Path)
+		if cerr != nil {
+			db.Close()
+			return nil, restore(path, aside.Path, fmt.Errorf("%w: cache %s (%v) holds status writes queued offline that this build cannot read (%w); "+
+				"tether-edge does not start rather than drop them: run the tether-edge that wrote the file until the cloud is reachable "+
+				"and the queue is replayed (tether_edge_apiserver_queue_length 0), or move the file away to drop them",
+				ErrQueueNotCarried, path, schemaErr, cerr))
+		}
+		log.Warn("cache schema changed: starting with an empty cache, queued status writes carried over",
+			"path", path, "old_file", aside.Path, "from", schemaErr.found, "to", SchemaVersion, "queued", n)
+		s.MovedAside = aside.Path
+	case aside != nil:
 		log.Error("cache file unreadable: moved aside, starting with an empty cache (status writes queued in it are lost)",
 			"path", path, "moved_to", aside.Path, "err", aside.Cause)
 		s.MovedAside = aside.Path
@@ -113,8 +127,8 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 func initFile(tx *bolt.Tx) error {
 	meta := tx.Bucket(bucketMeta)
 	if meta == nil {
-		if tx.Bucket(bucketObjects) != nil {
-			return errors.New("no schema version")
+		if tx.Bucket(bucketObjects) != nil || tx.Bucket(bucketQueue) != nil {
+			return &schemaError{}
 		}
 		var err error
 		if meta, err = tx.CreateBucket(bucketMeta); err != nil {
@@ -124,7 +138,7 @@ func initFile(tx *bolt.Tx) error {
 			return err
 		}
 	} else if v := meta.Get(keySchema); string(v) != SchemaVersion {
-		return fmt.Errorf("schema version %q, this build knows %q", v, SchemaVersion)
+		return &schemaError{found: string(v)}
 	}
 	for _, b := range [][]byte{bucketResources, bucketObjects, bucketQueue} {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
