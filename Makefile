@@ -15,7 +15,8 @@ FUZZ_TIME  ?= 10s
 FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./tunnel:FuzzReadElectionRequest ./tunnel:FuzzReadElectionReply \
               ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff ./poolstore:FuzzReplicationStream \
               ./edgeproxy/apiproxy:FuzzParseRequest \
-              ./edgeproxy/cache:FuzzRecord ./edgeproxy/cache:FuzzResourceInfo ./edgeproxy/cache:FuzzQueuedWrite
+              ./edgeproxy/cache:FuzzRecord ./edgeproxy/cache:FuzzResourceInfo ./edgeproxy/cache:FuzzQueuedWrite \
+              ./gateway/heartbeat:FuzzParseLease ./gateway/election:FuzzParseConfigMap
 CACHE      ?= $(or $(TETHER_CACHE_DIR),$(HOME)/.cache/tether)
 STATICCHECK_VERSION := $(shell awk '$$1 == "require" && $$2 == "honnef.co/go/tools" {print $$3}' tools/lint/go.mod)
 STATICCHECK := $(CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
