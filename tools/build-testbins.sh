@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real components Tether's tests run — kube-apiserver, kube-proxy,
-# kube-controller-manager, etcd, Pebble (the ACME test server) and promtool (the
-# alerting rules' unit tests) — from their Go modules (pinned in tools/kube,
+# kube-controller-manager, kubectl (it finds tetherctl as its plugin), etcd,
+# Pebble (the ACME test server) and promtool (the alerting rules' unit
+# tests) — from their Go modules (pinned in tools/kube,
 # tools/etcd, tools/pebble and tools/promtool) into a cache directory keyed by
 # version, so a warm machine never rebuilds them.
 #
@@ -56,9 +57,10 @@ build "$etcd_dir" etcd "$here/etcd" go.etcd.io/etcd/server/v3 "about 1 minute co
 build "$kube_dir" kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserver "about 6 minutes cold on 2 cores"
 build "$kube_dir" kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "under a minute once kube-apiserver is built"
 build "$kube_dir" kube-controller-manager "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager "about 2 minutes once kube-apiserver is built"
+build "$kube_dir" kubectl "$here/kube" k8s.io/kubernetes/cmd/kubectl "about a minute once kube-apiserver is built"
 build "$pebble_dir" pebble "$here/pebble" github.com/letsencrypt/pebble/v2/cmd/pebble "about 30 s cold"
 build "$promtool_dir" promtool "$here/promtool" github.com/prometheus/prometheus/cmd/promtool "about 5 minutes cold"
 
-printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\n' \
-	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$pebble_dir/pebble" \
+printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\n' \
+	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$kube_dir/kubectl" "$etcd_dir/etcd" "$pebble_dir/pebble" \
 	"$promtool_dir/promtool"

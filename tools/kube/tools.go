@@ -4,7 +4,8 @@
 // real: kube-apiserver (the control plane every integration test talks to),
 // kube-proxy (the real peer of the service-topology filter) and
 // kube-controller-manager (its node lifecycle controller judges node
-// heartbeats). They are built from the k8s.io/kubernetes module, never
+// heartbeats), and kubectl (finds tetherctl as its plugin kubectl-tether).
+// They are built from the k8s.io/kubernetes module, never
 // downloaded as binaries.
 package tools
 
@@ -12,4 +13,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )
