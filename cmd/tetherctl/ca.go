@@ -30,7 +30,7 @@ func ca(ctx context.Context, o options, stdout, stderr io.Writer) int {
 			_, err = certfile.ParseCertificates(data)
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "tetherctl ca: %s: %v\n", path, err)
+			fmt.Fprintf(stderr, "%s ca: %s: %v\n", o.prog, path, err)
 			return exitError
 		}
 		stdout.Write(data)

@@ -4,6 +4,11 @@
 // `tetherctl ca` prints the CA bundle edges need when the gateways manage
 // their own certificates; `tetherctl pools` prints the node pools, from the
 // cloud apiserver or from edges' /status.
+//
+// Installed as kubectl-tether too (the packages add that link), it is
+// kubectl's plugin: `kubectl tether pools --context prod` runs it with the
+// arguments after "tether", and its usage and messages name it
+// "kubectl tether".
 package main
 
 import (
@@ -13,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -25,18 +31,33 @@ import (
 const DefaultGateway = "http://127.0.0.1:10265"
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(runAs(context.Background(), progName(os.Args[0]), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// PluginName is tetherctl's name as kubectl's plugin: kubectl finds an
+// executable kubectl-tether on $PATH and runs it for `kubectl tether`.
+const PluginName = "kubectl-tether"
+
+// progName is the name tetherctl's usage and messages give it: "kubectl
+// tether" when run as kubectl's plugin, else "tetherctl".
+func progName(argv0 string) string {
+	if filepath.Base(argv0) == PluginName {
+		return "kubectl tether"
+	}
+	return "tetherctl"
 }
 
 // options are tetherctl's flags, shared by every command.
 type options struct {
+	prog     string // "tetherctl" or "kubectl tether"
 	gateways []string
 	output   string
 	timeout  time.Duration
 	dataDir  string
 	// pools
-	kubeconfig string
-	edges      []string
+	kubeconfig  string
+	kubeContext string
+	edges       []string
 }
 
 // Exit codes.
@@ -47,17 +68,23 @@ const (
 )
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var o options
-	fs := flag.NewFlagSet("tetherctl", flag.ContinueOnError)
+	return runAs(ctx, "tetherctl", args, stdout, stderr)
+}
+
+// runAs runs tetherctl named prog (see progName).
+func runAs(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) int {
+	o := options{prog: prog}
+	fs := flag.NewFlagSet(prog, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Var(config.NewStringList(&o.gateways), "gateway", "admin `URL`s of tether-gateway replicas (comma-separated or repeated; host:port means http://host:port); default $TETHER_GATEWAY or "+DefaultGateway)
 	fs.StringVar(&o.output, "o", "table", "output `format`: table, json, or wide (pools: more columns)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on a gateway, edge or apiserver request that has not been answered within this `duration`")
 	fs.StringVar(&o.dataDir, "data-dir", "", "ca: read the CA from this gateway data `directory` (its --data-dir) instead of asking the gateways")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "pools: the cloud apiserver's kubeconfig `file`; default $KUBECONFIG, then ~/.kube/config")
+	fs.StringVar(&o.kubeContext, "context", "", "pools: the kubeconfig `context` to use; default its current-context")
 	fs.Var(config.NewStringList(&o.edges), "edge", "pools: read the admin /status of these tether-edge `URL`s instead of the cloud (comma-separated or repeated; "+
 		"host:port means http://host:port, the port defaults to 10267: --edge 127.0.0.1 on an edge node)")
-	fs.Usage = func() { usage(fs) }
+	fs.Usage = func() { usage(fs, prog) }
 
 	// Flags may come before and after the command: parse, take the
 	// command, parse the rest.
@@ -74,19 +101,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageError(err)
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "tetherctl %s: unexpected arguments %q\n", cmd, fs.Args())
+		fmt.Fprintf(stderr, "%s %s: unexpected arguments %q\n", prog, cmd, fs.Args())
 		return exitUsage
 	}
 	if o.output != "table" && o.output != "json" && o.output != "wide" {
-		fmt.Fprintf(stderr, "tetherctl: -o %q: want table, json or wide\n", o.output)
+		fmt.Fprintf(stderr, "%s: -o %q: want table, json or wide\n", prog, o.output)
 		return exitUsage
 	}
-	if cmd != "pools" && (o.output == "wide" || o.kubeconfig != "" || len(o.edges) > 0) {
-		fmt.Fprintf(stderr, "tetherctl %s: -o wide, --kubeconfig and --edge are for tetherctl pools\n", cmd)
+	if cmd != "pools" && (o.output == "wide" || o.kubeconfig != "" || o.kubeContext != "" || len(o.edges) > 0) {
+		fmt.Fprintf(stderr, "%[1]s %[2]s: -o wide, --kubeconfig, --context and --edge are for %[1]s pools\n", prog, cmd)
 		return exitUsage
 	}
-	if o.kubeconfig != "" && len(o.edges) > 0 {
-		fmt.Fprintln(stderr, "tetherctl pools: give --kubeconfig (the cloud's view) or --edge (the edges'), not both")
+	if (o.kubeconfig != "" || o.kubeContext != "") && len(o.edges) > 0 {
+		fmt.Fprintf(stderr, "%s pools: give --kubeconfig/--context (the cloud's view) or --edge (the edges'), not both\n", prog)
 		return exitUsage
 	}
 	if len(o.gateways) == 0 {
@@ -111,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "tetherctl: unknown command %q (want status, ca, pools, version or help)\n", cmd)
+	fmt.Fprintf(stderr, "%s: unknown command %q (want status, ca, pools, version or help)\n", prog, cmd)
 	return exitUsage
 }
 
@@ -122,21 +149,22 @@ func usageError(err error) int {
 	return exitUsage
 }
 
-func usage(fs *flag.FlagSet) {
+func usage(fs *flag.FlagSet, prog string) {
 	w := fs.Output()
-	fmt.Fprint(w, `Usage: tetherctl [flags] <command> [flags]
-
+	fmt.Fprintf(w, "Usage: %s [flags] <command> [flags]\n", prog)
+	fmt.Fprint(w, `
 Commands:
   status    the edges connected to each gateway replica: node, pool, replica,
             RTT, open streams, bytes relayed, connected since
   ca        the CA bundle edges need as their --gateway-ca when the gateways
             issue their own serving certificates (no --tls-cert): each
             gateway's CA once, PEM. Fetch it over a path you trust
-  pools     the node pools, from the cloud apiserver (--kubeconfig): for each
-            pool its members, the elected leader and its last renewal, the
-            leader's last sync, the members whose heartbeats are delegated
-            (openyurt.io/delegate-heartbeat) and those tainted
-            node.openyurt.io/unschedulable; -o wide adds the members' names.
+  pools     the node pools, from the cloud apiserver (--kubeconfig,
+            --context): for each pool its members, the elected leader and
+            its last renewal, the leader's last sync, the members whose
+            heartbeats are delegated (openyurt.io/delegate-heartbeat) and
+            those tainted node.openyurt.io/unschedulable; -o wide adds the
+            members' names.
             With --edge, each edge's replica instead: role, leader, epoch,
             revision, objects, last sync, fresh, replication lag, digest
   version   print tetherctl's version

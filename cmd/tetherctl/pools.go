@@ -63,13 +63,13 @@ func pools(ctx context.Context, o options, stdout, stderr io.Writer) int {
 	}
 	client, err := kubeClient(o)
 	if err != nil {
-		fmt.Fprintln(stderr, "tetherctl pools:", err)
+		fmt.Fprintln(stderr, o.prog+" pools:", err)
 		return exitError
 	}
 	now := time.Now()
 	ps, err := readPools(ctx, client, now)
 	if err != nil {
-		fmt.Fprintln(stderr, "tetherctl pools:", err)
+		fmt.Fprintln(stderr, o.prog+" pools:", err)
 		return exitError
 	}
 	if o.output == "json" {
@@ -80,11 +80,13 @@ func pools(ctx context.Context, o options, stdout, stderr io.Writer) int {
 }
 
 // kubeClient builds a client from --kubeconfig, else client-go's loading
-// rules ($KUBECONFIG, then ~/.kube/config; in a pod, its service account).
+// rules ($KUBECONFIG, then ~/.kube/config; in a pod, its service account),
+// with --context's context instead of the current one if given.
 func kubeClient(o options) (kubernetes.Interface, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = o.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: o.kubeContext}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
 	if clientcmd.IsEmptyConfig(err) {
 		return nil, fmt.Errorf("no kubeconfig found (looked for %s): give --kubeconfig, set $KUBECONFIG, "+
 			"or read the edges' /status with --edge", strings.Join(rules.GetLoadingPrecedence(), ", "))
