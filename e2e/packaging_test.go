@@ -100,6 +100,7 @@ var edgeFiles = []installed{
 var gatewayFiles = []installed{
 	{"/usr/bin/tether-gateway", 0o755},
 	{"/usr/bin/tetherctl", 0o755},
+	{"/usr/bin/kubectl-tether", fs.ModeSymlink | 0o777}, // → tetherctl
 	{"/usr/lib/systemd/system/tether-gateway.service", 0o644},
 	{"/etc/tether", fs.ModeDir | 0o755},
 	{"/etc/tether/gateway.yaml", 0o644},
@@ -203,6 +204,12 @@ func TestPackageDeb(t *testing.T) {
 		if got, want := strings.TrimSpace(mustRun(t, "/usr/bin/tetherctl", "version")), "tetherctl "+pkgs.version; got != want {
 			t.Errorf("tetherctl version = %q, want %q", got, want)
 		}
+		if target, err := os.Readlink("/usr/bin/kubectl-tether"); err != nil || target != "tetherctl" {
+			t.Errorf("/usr/bin/kubectl-tether links to %q (%v), want tetherctl", target, err)
+		}
+		if got := mustRun(t, "/usr/bin/kubectl-tether", "help"); !strings.HasPrefix(got, "Usage: kubectl tether ") {
+			t.Errorf("kubectl-tether help does not name itself kubectl tether:\n%s", got)
+		}
 	})
 
 	t.Run("systemd-analyze", func(t *testing.T) {
@@ -249,7 +256,7 @@ func TestPackageDeb(t *testing.T) {
 		if pathExists(wants) {
 			t.Errorf("%s is still there after dpkg --remove: the service stays enabled", wants)
 		}
-		for _, p := range []string{"/usr/bin/tether-edge", "/usr/bin/tether-gateway", "/usr/bin/tetherctl",
+		for _, p := range []string{"/usr/bin/tether-edge", "/usr/bin/tether-gateway", "/usr/bin/tetherctl", "/usr/bin/kubectl-tether",
 			"/usr/lib/systemd/system/tether-edge.service", "/usr/lib/systemd/system/tether-gateway.service"} {
 			if pathExists(p) {
 				t.Errorf("%s is still there after dpkg --remove", p)
