@@ -75,7 +75,8 @@ type Gateway struct {
 
 	updateTrigger *topology.Controller // nil without --enable-update-trigger
 	heartbeats    *heartbeat.Handler
-	poolTaint     *pooltaint.Controller // nil with --delegated-heartbeat-taint=false
+	records       *poolcheck.RecordCache // election records, for both handlers
+	poolTaint     *pooltaint.Controller  // nil with --delegated-heartbeat-taint=false
 
 	running  atomic.Bool // Run has started the parts
 	synced   atomic.Bool // the node informer has synced
@@ -171,11 +172,15 @@ func New(cfg Config) (_ *Gateway, err error) {
 		g.updateTrigger = topology.New(client, topology.Options{Logger: log.With("part", "update-trigger")})
 	}
 
+	// The pools' election records, read from an informer by both
+	// handlers' leader checks.
+	g.records = poolcheck.NewRecordCache(client, 10*time.Minute, log.With("part", "election-records"))
 	// Delegated heartbeats are always served: only a pool's leader may
 	// send them, and only for its pool's members.
 	g.heartbeats, err = heartbeat.New(heartbeat.Options{
 		Client:     client,
 		Nodes:      watcherPools{g.watcher},
+		Records:    g.records,
 		Logger:     log.With("part", "delegated-heartbeats"),
 		Registerer: g.metrics,
 	})
@@ -188,6 +193,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 	elections, err := election.New(election.Options{
 		Client:     client,
 		Nodes:      watcherPools{g.watcher},
+		Records:    g.records,
 		Logger:     log.With("part", "election-records"),
 		Registerer: g.metrics,
 	})
@@ -361,6 +367,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return g.poolTaint.Run(ectx) })
 	}
 	eg.Go(func() error { return g.watcher.Run(ectx) })
+	eg.Go(func() error { return g.records.Run(ectx) })
 	eg.Go(func() error {
 		if err := g.watcher.WaitSynced(ectx); err == nil {
 			g.synced.Store(true)
@@ -389,7 +396,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 }
 
 // Ready reports why the gateway cannot serve yet, or nil: its listeners
-// must be running, the node informer synced, and shutdown not begun.
+// must be running, the node and election record informers synced, and
+// shutdown not begun.
 func (g *Gateway) Ready() error {
 	switch {
 	case g.stopping.Load():
@@ -398,6 +406,8 @@ func (g *Gateway) Ready() error {
 		return errors.New("listeners not running")
 	case !g.synced.Load():
 		return errors.New("node informer not synced")
+	case g.records.Ready() != nil:
+		return g.records.Ready()
 	case g.dnat != nil && !g.dnat.Ready():
 		return errors.New("DNAT rules not applied yet")
 	case g.certs.acme != nil:

@@ -51,11 +51,26 @@
 // clock, from when it saw the record change, as client-go's leader
 // election does), not by the gateway, which keeps no memory of records.
 //
+// Whether the sender leads its pool (for a sync record) is read from
+// Options.Records: in the gateway a poolcheck.RecordCache, an informer; a
+// record it has not synced is Unavailable. The record an update is made on
+// is still read with a GET: the informer's copy is trimmed to the
+// election annotation (it may not be the base of a write: the labels,
+// annotations and data a write keeps are the cluster's), and the write
+// that follows costs a request anyway.
+//
+// A sender refused too often is not looked at: every refusal but
+// Unavailable (a conflict included: each cost a GET and a write) takes a
+// token of the sender's bucket (poolcheck.Limiter, Options.Limit: 20 in a
+// row, given back over a minute), and a sender with none left is answered
+// tunnel.RateLimited, before any check and without a request to the
+// apiserver, until a token is back; logged once when it runs out.
+//
 // Every answer is counted in tether_gateway_election_writes_total by
-// result (ok or the refusal's code); every refusal is logged with the
-// node, the pool, the record and the reason (a conflict, routine between
-// candidates, at info; the others at warn). Nothing is written on a
-// refusal.
+// result (ok, rate_limited or the refusal's code); every other refusal is
+// logged with the node, the pool, the record and the reason (a conflict,
+// routine between candidates, at info; the others at warn). Nothing is
+// written on a refusal.
 package election
 
 import (
@@ -86,8 +101,15 @@ type Options struct {
 	Client kubernetes.Interface
 	// Nodes tells the senders' pools. Required.
 	Nodes poolcheck.NodePools
-	// Clock clamps the records' times and decides whether an election
-	// record has expired; nil means the real clock.
+	// Records reads the election records for the leader check of a sync
+	// record (a poolcheck.RecordCache); nil means a GET with Client.
+	Records poolstore.ConfigMapGetter
+	// Limit is how many refusals a sender may draw before it is answered
+	// tunnel.RateLimited; zero means poolcheck.DefaultLimit.
+	Limit poolcheck.Limit
+	// Clock clamps the records' times, decides whether an election record
+	// has expired and gives back the refused senders' tokens; nil means
+	// the real clock.
 	Clock clock.PassiveClock
 	// Logger receives refusals and, at debug, writes; nil discards.
 	Logger *slog.Logger
@@ -100,6 +122,7 @@ type Options struct {
 type Handler struct {
 	client  kubernetes.Interface
 	check   poolcheck.Checker
+	limit   *poolcheck.Limiter
 	clock   clock.PassiveClock
 	log     *slog.Logger
 	results *prometheus.CounterVec
@@ -110,11 +133,15 @@ func New(o Options) (*Handler, error) {
 	if o.Client == nil || o.Nodes == nil {
 		return nil, errors.New("election records: a Kubernetes client and the nodes' pools are required")
 	}
+	records := o.Records
+	if records == nil {
+		records = o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+	}
 	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
-		check: poolcheck.Checker{Nodes: o.Nodes, Records: o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)},
+		check: poolcheck.Checker{Nodes: o.Nodes, Records: records},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_election_writes_total",
-			Help: "Pool election records written for edges, by result: ok (created or updated), or the refusal: conflict (written since the version the edge based its write on), bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_request, unavailable (apiserver error).",
+			Help: "Pool election records written for edges, by result: ok (created or updated), or the refusal: conflict (written since the version the edge based its write on), bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_request, unavailable (apiserver error), rate_limited (the sender was refused too often of late; not looked at).",
 		}, []string{"result"}),
 	}
 	if h.clock == nil {
@@ -123,6 +150,7 @@ func New(o Options) (*Handler, error) {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
+	h.limit = poolcheck.NewLimiter(o.Limit, h.clock)
 	for _, c := range tunnel.ElectionCodes() {
 		h.results.WithLabelValues(c.String())
 	}
@@ -137,6 +165,13 @@ func New(o Options) (*Handler, error) {
 // Elect checks req from sender and writes its record (see the package
 // doc).
 func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionRequest) tunnel.ElectionReply {
+	attrs := []any{"node", sender, "pool", req.Pool, "record", req.Record.String(), "op", req.Op.String()}
+	if err := h.limit.Allow(sender); err != nil {
+		r := poolcheck.AsRefusal(err)
+		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.log.Debug("election record write refused", append(attrs, "reason", r.Code.String(), "err", r.Msg)...)
+		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
+	}
 	stored, err := h.elect(ctx, sender, req)
 	var body []byte
 	if err == nil {
@@ -145,7 +180,6 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 		}
 	}
 	r := poolcheck.AsRefusal(err)
-	attrs := []any{"node", sender, "pool", req.Pool, "record", req.Record.String(), "op", req.Op.String()}
 	if r != nil {
 		h.results.WithLabelValues(r.Code.String()).Inc()
 		level := slog.LevelWarn
@@ -153,6 +187,9 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 			level = slog.LevelInfo
 		}
 		h.log.Log(ctx, level, "election record write refused", append(attrs, "reason", r.Code.String(), "err", r.Msg)...)
+		if h.limit.Refused(sender, r.Code) {
+			h.log.Warn("sender refused too often: its election record writes are answered rate_limited for a while", attrs...)
+		}
 		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
 	}
 	h.results.WithLabelValues(tunnel.OK.String()).Inc()

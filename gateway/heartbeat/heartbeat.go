@@ -36,9 +36,21 @@
 // tether_gateway_delegated_heartbeats_clamped_total by reason, and
 // logged.
 //
+// The election record is read from Options.Records: in the gateway a
+// poolcheck.RecordCache, an informer, so that no check costs a request to
+// the apiserver; a record the informer has not synced is Unavailable.
+//
+// A sender refused too often is not looked at: every refusal but
+// Unavailable takes a token of the sender's bucket (poolcheck.Limiter,
+// Options.Limit: 20 in a row, given back over a minute), and a sender with
+// none left is answered tunnel.RateLimited, before any check and without
+// a request to the apiserver, until a token is back; logged once when it
+// runs out, not for every request.
+//
 // Every answer is counted in tether_gateway_delegated_heartbeats_total by
-// result (ok or the refusal's code) and every refusal is logged with the
-// node, the sender and the reason. Nothing is written on a refusal.
+// result (ok, rate_limited or the refusal's code) and every other refusal
+// is logged with the node, the sender and the reason. Nothing is written
+// on a refusal.
 package heartbeat
 
 import (
@@ -70,8 +82,15 @@ type Options struct {
 	Client kubernetes.Interface
 	// Nodes tells the nodes' pools; nil means poolcheck.APINodes{Client}.
 	Nodes poolcheck.NodePools
-	// Clock decides whether an election record has expired, and is the
-	// latest renewTime written; nil means the real clock.
+	// Records reads the election records (a poolcheck.RecordCache); nil
+	// means a GET with Client for every check.
+	Records poolstore.ConfigMapGetter
+	// Limit is how many refusals a sender may draw before it is answered
+	// tunnel.RateLimited; zero means poolcheck.DefaultLimit.
+	Limit poolcheck.Limit
+	// Clock decides whether an election record has expired, is the
+	// latest renewTime written, and gives back the refused senders'
+	// tokens; nil means the real clock.
 	Clock clock.PassiveClock
 	// Logger receives refusals (warn) and writes (debug); nil discards.
 	Logger *slog.Logger
@@ -85,6 +104,7 @@ type Options struct {
 type Handler struct {
 	client  kubernetes.Interface
 	check   poolcheck.Checker
+	limit   *poolcheck.Limiter
 	clock   clock.PassiveClock
 	log     *slog.Logger
 	results *prometheus.CounterVec
@@ -107,11 +127,15 @@ func New(o Options) (*Handler, error) {
 	if nodes == nil {
 		nodes = poolcheck.APINodes{Client: o.Client}
 	}
+	records := o.Records
+	if records == nil {
+		records = o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+	}
 	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
-		check: poolcheck.Checker{Nodes: nodes, Records: o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)},
+		check: poolcheck.Checker{Nodes: nodes, Records: records},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_delegated_heartbeats_total",
-			Help: "Delegated heartbeats (node Lease renewals a pool leader sent for a member) by result: ok (written), or the refusal: not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable (apiserver error).",
+			Help: "Delegated heartbeats (node Lease renewals a pool leader sent for a member) by result: ok (written), or the refusal: not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable (apiserver error), rate_limited (the sender was refused too often of late; not looked at).",
 		}, []string{"result"}),
 		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_delegated_heartbeats_clamped_total",
@@ -124,6 +148,7 @@ func New(o Options) (*Handler, error) {
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
+	h.limit = poolcheck.NewLimiter(o.Limit, h.clock)
 	for _, c := range tunnel.DelegateCodes() {
 		h.results.WithLabelValues(c.String())
 	}
@@ -143,10 +168,19 @@ func New(o Options) (*Handler, error) {
 // Delegate checks req from sender and writes its Lease (see the package
 // doc).
 func (h *Handler) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
+	if err := h.limit.Allow(sender); err != nil {
+		r := poolcheck.AsRefusal(err)
+		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.log.Debug("delegated heartbeat refused", "node", req.Node, "sender", sender, "reason", r.Code.String(), "err", r.Msg)
+		return tunnel.Reply{Code: r.Code, Message: r.Msg}
+	}
 	pool, written, err := h.delegate(ctx, sender, req)
 	if r := poolcheck.AsRefusal(err); r != nil {
 		h.results.WithLabelValues(r.Code.String()).Inc()
 		h.log.Warn("delegated heartbeat refused", "node", req.Node, "sender", sender, "pool", pool, "reason", r.Code.String(), "err", r.Msg)
+		if h.limit.Refused(sender, r.Code) {
+			h.log.Warn("sender refused too often: its delegated heartbeats are answered rate_limited for a while", "sender", sender, "pool", pool)
+		}
 		return tunnel.Reply{Code: r.Code, Message: r.Msg}
 	}
 	h.results.WithLabelValues(tunnel.OK.String()).Inc()
