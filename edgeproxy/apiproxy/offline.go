@@ -232,6 +232,9 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 		return servedError
 	}
 	sent, err := cache.DecodeObject(j, "Lease", leasesGVR.GroupVersion().String())
+	if err == nil {
+		err = notTheURLs(sent, req)
+	}
 	if err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
 		return servedError
@@ -293,6 +296,9 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		keep = body
 	}
 	o, err := cache.DecodeObject(result, "", "")
+	if err == nil {
+		err = notTheURLs(o, req)
+	}
 	if err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
 		return servedError
@@ -332,6 +338,19 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 	p.log.Debug("status write queued", "component", comp, "object", describe(req, r), "seq", qw.Seq)
 	writeJSON(w, http.StatusOK, result)
 	return servedQueued
+}
+
+// notTheURLs refuses a written object (as sent, or as a patch made it)
+// that is not the one the URL names, as kube-apiserver does: it would be
+// kept in the cache as another object.
+func notTheURLs(o *cache.Object, req request) error {
+	if o.Name != req.Name {
+		return fmt.Errorf("the name of the object (%s) does not match the name on the URL (%s)", o.Name, req.Name)
+	}
+	if o.Namespace != req.Namespace {
+		return fmt.Errorf("the namespace of the object (%q) does not match the namespace on the URL (%q)", o.Namespace, req.Namespace)
+	}
+	return nil
 }
 
 func (p *Proxy) queueLen() int {
