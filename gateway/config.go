@@ -99,9 +99,10 @@ const (
 	DefaultDNSListen    = ":53"
 	DefaultAdminListen  = ":10265"
 	// DefaultKubeAPIQPS and DefaultKubeAPIBurst replace client-go's 5 and
-	// 10. A delegated heartbeat costs up to three requests (the pool's
-	// election record, the Lease's get and update) per offline node every
-	// 10 s: 5 QPS carries about 16 offline nodes, 100 about 300 per replica
+	// 10. A delegated heartbeat costs two requests (the Lease's get and
+	// update; the pool's election record comes from an informer) per
+	// offline node every 10 s: 5 QPS carries about 25 offline nodes, 100
+	// about 500 per replica
 	// next to the taint, VIP and update-trigger controllers; the burst takes
 	// a site that goes offline at once. kube-apiserver's API Priority and
 	// Fairness still queues the gateway fairly among its other clients.
