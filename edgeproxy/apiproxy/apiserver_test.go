@@ -18,9 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
@@ -44,9 +46,18 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 
 	// Each under a leak check: once its proxy has stopped and its
 	// clients are done, their goroutines and connections are gone.
-	t.Run("KubeletThroughCut", func(t *testing.T) { testenv.CheckLeaks(t); testKubeletThroughCut(t, cp, site) })
-	t.Run("OfflineDetails", func(t *testing.T) { testenv.CheckLeaks(t); testOfflineDetails(t, cp, site.Host("edge")) })
-	t.Run("SlowCloudStaysHealthy", func(t *testing.T) { testenv.CheckLeaks(t); testSlowCloud(t, cp, cloud, site.Host("edge")) })
+	// cp.Client outlives the subtests: a connection it opened during one
+	// (the apiserver may close an idle one, and the next request dials
+	// again) is closed before the check, which runs after it.
+	leakCheck := func(t *testing.T) {
+		testenv.CheckLeaks(t)
+		t.Cleanup(func() {
+			utilnet.CloseIdleConnectionsFor(cp.Client.CoreV1().RESTClient().(*rest.RESTClient).Client.Transport)
+		})
+	}
+	t.Run("KubeletThroughCut", func(t *testing.T) { leakCheck(t); testKubeletThroughCut(t, cp, site) })
+	t.Run("OfflineDetails", func(t *testing.T) { leakCheck(t); testOfflineDetails(t, cp, site.Host("edge")) })
+	t.Run("SlowCloudStaysHealthy", func(t *testing.T) { leakCheck(t); testSlowCloud(t, cp, cloud, site.Host("edge")) })
 }
 
 const (
