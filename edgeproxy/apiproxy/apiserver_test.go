@@ -18,11 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
@@ -44,20 +42,13 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 	site := topo.Site("site")
 	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{BindAddress: cloud.Addr.String(), Runner: cloud})
 
-	// Each under a leak check: once its proxy has stopped and its
-	// clients are done, their goroutines and connections are gone.
-	// cp.Client outlives the subtests: a connection it opened during one
-	// (the apiserver may close an idle one, and the next request dials
-	// again) is closed before the check, which runs after it.
-	leakCheck := func(t *testing.T) {
-		testenv.CheckLeaks(t)
-		t.Cleanup(func() {
-			utilnet.CloseIdleConnectionsFor(cp.Client.CoreV1().RESTClient().(*rest.RESTClient).Client.Transport)
-		})
-	}
-	t.Run("KubeletThroughCut", func(t *testing.T) { leakCheck(t); testKubeletThroughCut(t, cp, site) })
-	t.Run("OfflineDetails", func(t *testing.T) { leakCheck(t); testOfflineDetails(t, cp, site.Host("edge")) })
-	t.Run("SlowCloudStaysHealthy", func(t *testing.T) { leakCheck(t); testSlowCloud(t, cp, cloud, site.Host("edge")) })
+	// No leak check here: these subtests share the control plane's
+	// client-go clients, whose HTTP/2 connections and health pings to the
+	// apiserver outlive a subtest (CI saw them reported twice as leaks).
+	// The proxy's own leaks are checked in ProxyLeavesNothing.
+	t.Run("KubeletThroughCut", func(t *testing.T) { testKubeletThroughCut(t, cp, site) })
+	t.Run("OfflineDetails", func(t *testing.T) { testOfflineDetails(t, cp, site.Host("edge")) })
+	t.Run("SlowCloudStaysHealthy", func(t *testing.T) { testSlowCloud(t, cp, cloud, site.Host("edge")) })
 }
 
 const (
