@@ -169,7 +169,16 @@ func bodyJSON(contentType string, body []byte) ([]byte, error) {
 var patchTypes = map[string]any{"pods": corev1.Pod{}, "nodes": corev1.Node{}}
 
 // applyPatch applies a patch body to the JSON of an object of resource.
-func applyPatch(contentType string, original, patch []byte, resource string) ([]byte, error) {
+// The patch libraries are those kube-apiserver uses, and like it the edge
+// turns a panic of theirs on a malformed patch (a JSON patch "replace" of
+// the root without a value dereferences nil in json-patch v4) into an
+// error instead of a crash.
+func applyPatch(contentType string, original, patch []byte, resource string) (out []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, fmt.Errorf("malformed patch: %v", r)
+		}
+	}()
 	switch mt := mediaType(contentType); mt {
 	case string("application/strategic-merge-patch+json"):
 		t, ok := patchTypes[resource]
