@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -94,6 +95,11 @@ func httpHost(br *bufio.Reader) (string, error) {
 			}
 			if req.Host == "" {
 				return "", errNoName
+			}
+			// Go's server refuses such a request (a folded header line
+			// makes "Host: a\r\n b" the Host "a b"); so does the sniffer.
+			if strings.ContainsFunc(req.Host, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+				return "", fmt.Errorf("invalid HTTP Host %q", req.Host)
 			}
 			host := req.Host
 			if h, _, err := net.SplitHostPort(host); err == nil {
