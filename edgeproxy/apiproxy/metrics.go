@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		bytesUp:   bytes.WithLabelValues("up"),
 		bytesDown: bytes.WithLabelValues("down"),
 		replayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queue_replayed_total",
-			Help: "Queued status writes handled after the cloud came back, by result: applied, obsolete (the object is gone or was written since) or rejected (the apiserver refused it)."},
+			Help: "Queued status writes handled, by result: applied, obsolete (the object is gone or was written since) or rejected (the apiserver refused it) after the cloud came back, or coalesced (a later patch of the object took its place in the queue)."},
 			[]string{"result"}),
 		watchesOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "watches_open",
 			Help: "Watches of node components open now, by mode: upstream (relayed from the cloud) or held (offline: open, without events, until the cloud is back)."},

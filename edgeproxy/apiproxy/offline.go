@@ -322,16 +322,19 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		Group: req.GVR.Group, Version: req.GVR.Version, Resource: req.GVR.Resource,
 		Namespace: req.Namespace, Name: req.Name, UID: uid, QueuedAt: p.clock.Now(),
 	}
-	if err := p.store.Enqueue(qw); err != nil {
+	if req.Verb == verbPatch && coalescible(ct) {
+		qw.Base = cached.Raw
+	}
+	if err := p.enqueue(qw, result); err != nil {
 		p.log.Warn("status write refused: it cannot be queued", "component", comp, "object", describe(req, r), "err", err)
 		if errors.Is(err, cache.ErrQueueFull) {
 			return refused("the queue of status writes is full, this one is refused: %v", err)
 		}
 		return refused("the status write cannot be kept on disk: %v", err)
 	}
-	p.noteQueued(*qw)
 	if o, err := cache.DecodeObject(result, "", ""); err == nil {
 		p.store.PutLocal(comp, req.GVR, o)
+		p.store.Sync() // the next write of the object starts from this one
 		p.lastGet.Clear()
 	}
 	p.kickReplay()
@@ -391,6 +394,9 @@ func (p *Proxy) noteQueued(q cache.QueuedWrite) {
 	if q.Method == http.MethodPut {
 		o.lastPut = max(o.lastPut, q.Seq)
 	}
+	if q.Seq > o.last {
+		o.noteLast(q)
+	}
 }
 
 // dequeue removes a write from the queue.
@@ -406,6 +412,8 @@ func (p *Proxy) dequeue(q cache.QueuedWrite) error {
 	if o := p.pending[key]; o != nil {
 		if o.writes--; o.writes <= 0 {
 			delete(p.pending, key)
+		} else if o.last == q.Seq {
+			o.last = 0
 		}
 	}
 	return nil

@@ -111,9 +111,15 @@ type Proxy struct {
 	reads    http.RoundTripper // for gets and lists, counting bytes
 	replayCh chan struct{}
 
-	qmu     sync.Mutex
-	qlen    int
-	pending map[string]*pendingObject // by objectKey
+	// queueMu makes a patch taking a queued write's place (coalesce.go)
+	// one step, against the replay starting to send that write.
+	queueMu sync.Mutex
+
+	qmu      sync.Mutex
+	qlen     int
+	pending  map[string]*pendingObject // by objectKey
+	replaced map[uint64]uint64         // queued writes coalesced since the last replay: the seq of the one in their place
+	inflight uint64                    // the queued write being replayed
 
 	// retries are the backoffs of queued writes by seq, and of the
 	// replay under 0 (Run's goroutine only).
@@ -138,7 +144,7 @@ func New(o Options) (*Proxy, error) {
 	}
 	p := &Proxy{up: o.Upstream, store: o.Store, node: o.NodeName, cached: map[string]bool{},
 		recheck: o.HeldWatchRecheck, jitter: o.ReleaseJitter, clock: o.Clock, log: o.Logger,
-		replayCh: make(chan struct{}, 1), pending: map[string]*pendingObject{}, retries: map[uint64]*retryState{},
+		replayCh: make(chan struct{}, 1), pending: map[string]*pendingObject{}, replaced: map[uint64]uint64{}, retries: map[uint64]*retryState{},
 		pool: o.Pool, delegating: make(chan struct{}, 1)}
 	if p.recheck <= 0 {
 		p.recheck = 30 * time.Second

@@ -28,6 +28,8 @@ const (
 	replayApplied  = "applied"
 	replayObsolete = "obsolete"
 	replayRejected = "rejected"
+	// A patch queued later took its place (coalesce.go).
+	replayCoalesced = "coalesced"
 )
 
 // Backoff of a queued write the cloud answers 5xx or 429 (per write),
@@ -81,6 +83,13 @@ func replayBackoff(failures int, retryAfter time.Duration) time.Duration {
 type pendingObject struct {
 	writes  int
 	lastPut uint64 // seq of the latest update (PUT), 0 if none
+
+	// The latest queued write (0 once it is replayed), and whether a
+	// patch may take its place (coalesce.go).
+	last            uint64
+	lastCoalescible bool
+	lastComponent   string
+	lastContentType string
 }
 
 // Run replays queued status writes whenever the cloud is healthy, until
@@ -121,6 +130,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 // UID), or when another field manager wrote its status upstream after the
 // write was queued; as rejected when the cloud answers it 4xx.
 func (p *Proxy) replay(ctx context.Context) (next time.Time) {
+	p.takeReplaced()
 	now := p.clock.Now()
 	if r := p.retries[0]; r != nil && r.next.After(now) {
 		return r.next // the cloud did not answer lately
@@ -153,7 +163,11 @@ func (p *Proxy) replay(ctx context.Context) (next time.Time) {
 			if !p.up.Healthy() || ctx.Err() != nil {
 				return time.Time{} // Run starts again when the cloud is back
 			}
+			if !p.startReplay(q.Seq) {
+				continue // a later patch took its place
+			}
 			result, why, err = p.replayOne(ctx, q)
+			p.doneReplay()
 			var rf *refusedForNow
 			switch {
 			case ctx.Err() != nil:

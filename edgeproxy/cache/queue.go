@@ -34,6 +34,12 @@ type QueuedWrite struct {
 	UID       string `json:"uid,omitempty"`
 	// QueuedAt is when the edge accepted it.
 	QueuedAt time.Time `json:"queuedAt"`
+	// Base is the object as cached before a patch (strategic merge or
+	// JSON merge) applied: Body is the difference from it, so a later
+	// patch of the object can take this write's place with one
+	// difference from the same Base. Empty for updates and JSON patches,
+	// and in writes queued by older versions.
+	Base []byte `json:"base,omitempty"`
 }
 
 // Default bounds of the queue (SetQueueLimits changes them).

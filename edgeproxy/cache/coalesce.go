@@ -1,0 +1,84 @@
+package cache
+
+import (
+	"encoding/json"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// ReplaceQueued puts w in the queue in place of the queued write old, in
+// one transaction, setting w.Seq to a new sequence number: a node that is
+// offline for hours keeps one status patch per object rather than one per
+// kubelet sync. It reports whether old was still queued; when it was not
+// (replayed meanwhile), w is simply queued. The bounds are checked as
+// Enqueue checks them, with the room old held counted as free.
+func (s *Store) ReplaceQueued(old uint64, w *QueuedWrite) (replaced bool, err error) {
+	err = s.write(func(tx *bolt.Tx) error {
+		replaced = false
+		b := tx.Bucket(bucketQueue)
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		w.Seq = seq
+		v, err := json.Marshal(w)
+		if err != nil {
+			return err
+		}
+		writes, bytes := s.qtx.writes, s.qtx.bytes
+		prev := b.Get(seqKey(old))
+		if prev != nil {
+			writes--
+			bytes -= int64(len(prev))
+		}
+		s.qmu.Lock()
+		maxWrites, maxBytes := s.maxWrites, s.maxBytes
+		s.qmu.Unlock()
+		if writes+1 > maxWrites || bytes+int64(len(v)) > maxBytes {
+			w.Seq = 0
+			return &QueueFullError{Size: len(v), Writes: s.qtx.writes, Bytes: s.qtx.bytes, MaxWrites: maxWrites, MaxBytes: maxBytes}
+		}
+		// The new write goes in before the old one comes out: an error
+		// between the two (the batch still commits) leaves both queued,
+		// never neither.
+		s.dirty = true
+		if err := b.Put(seqKey(seq), v); err != nil {
+			return err
+		}
+		s.qtx.writes++
+		s.qtx.bytes += int64(len(v))
+		if prev != nil {
+			n := int64(len(prev))
+			if err := b.Delete(seqKey(old)); err != nil {
+				return err
+			}
+			s.qtx.writes--
+			s.qtx.bytes -= n
+			replaced = true
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("queue write in place of %d: %w", old, err)
+	}
+	return replaced, nil
+}
+
+// QueuedWrite returns the queued write seq, or nil if it is not queued.
+func (s *Store) QueuedWrite(seq uint64) (*QueuedWrite, error) {
+	var w *QueuedWrite
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketQueue).Get(seqKey(seq))
+		if v == nil {
+			return nil
+		}
+		w = &QueuedWrite{}
+		if err := json.Unmarshal(v, w); err != nil {
+			return fmt.Errorf("queued write %d: %w", seq, err)
+		}
+		w.Seq = seq
+		return nil
+	})
+	return w, err
+}
