@@ -49,7 +49,10 @@ func TestReplaceQueued(t *testing.T) {
 	// At the count bound a replacement still fits (it frees its room),
 	// a write that replaces nothing does not.
 	s.SetQueueLimits(3, 0)
-	must(t, func() error { _, err := s.ReplaceQueued(again.Seq, &QueuedWrite{Method: "PATCH", Name: "a", Body: []byte(`{"n":4}`)}); return err }())
+	must(t, func() error {
+		_, err := s.ReplaceQueued(again.Seq, &QueuedWrite{Method: "PATCH", Name: "a", Body: []byte(`{"n":4}`)})
+		return err
+	}())
 	if _, err := s.ReplaceQueued(12345, &QueuedWrite{Method: "PATCH", Name: "c", Body: []byte(`{}`)}); !errors.Is(err, ErrQueueFull) {
 		t.Errorf("a fourth write at a bound of 3: %v, want ErrQueueFull", err)
 	}
