@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var adminLn net.Listener
 	if cfg.AdminListen != "" {
 		var err error
-		if adminLn, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+		if adminLn, err = listen(listenerAdmin, cfg.AdminListen, reg, log); err != nil {
 			if ap != nil {
 				ap.ln.Close()
 			}
@@ -304,7 +304,7 @@ func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Cl
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", cfg.APIServerListen)
+	ln, err := listen(listenerAPIServer, cfg.APIServerListen, reg, log)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("apiserver proxy listener: %w", err)

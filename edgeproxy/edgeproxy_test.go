@@ -235,6 +235,28 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// nodeKubeconfig writes a kubeconfig for api into dir, with node's
+// certificate and key in files of their own as kubelet's, and returns the
+// three paths.
+func nodeKubeconfig(t *testing.T, dir string, api *httptest.Server, node *testenv.KeyPair) (kubeconfig, certFile, keyFile string) {
+	t.Helper()
+	certFile, keyFile, err := node.WriteFiles(dir, "kubelet-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: api.URL,
+		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{ClientCertificate: certFile, ClientKey: keyFile}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "c"
+	kubeconfig = filepath.Join(dir, "kubelet.conf")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig, certFile, keyFile
+}
+
 // TestRunAPIServerProxyOnly starts tether-edge with a kubeconfig and no
 // gateway, against a minimal apiserver, and checks the proxy and its
 // admin endpoints.
@@ -263,20 +285,7 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 	dir := t.TempDir()
 	ca := testenv.MustCA(t, "edgeproxy-test")
 	node, _ := ca.NodeCert("edge-9")
-	certFile, keyFile, err := node.WriteFiles(dir, "kubelet-client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: api.URL,
-		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})}
-	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{ClientCertificate: certFile, ClientKey: keyFile}
-	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	kc.CurrentContext = "c"
-	kubeconfig := filepath.Join(dir, "kubelet.conf")
-	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig, certFile, keyFile := nodeKubeconfig(t, dir, api, node)
 
 	cfg := DefaultConfig()
 	cfg.Kubeconfig = kubeconfig

@@ -67,7 +67,7 @@ func newPoolRunner(cfg Config, node string, access *apiserverAccess, tun *edgetu
 		log.Warn("node name unknown (give --node-name): no node pool")
 		return nil, nil
 	}
-	ln, err := net.Listen("tcp", cfg.PoolListen)
+	ln, err := listen(listenerPool, cfg.PoolListen, reg, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool listener: %w", err)
 	}
