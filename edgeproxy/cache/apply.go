@@ -60,7 +60,7 @@ func (s *Store) Delete(component string, gvr schema.GroupVersionResource, obj *O
 		}
 		s.dirty = true
 		if tombstone {
-			err = b.Put(key, encodeRecord(flagTombstone, obj))
+			err = b.Put(key, encodeTombstone(obj.RV, s.clock.Now()))
 		} else {
 			err = b.Delete(key)
 		}
@@ -106,7 +106,8 @@ type List struct {
 }
 
 // ApplyList caches a list's items and, for a complete list, removes what
-// it covers but lacks.
+// it covers but lacks; a complete list also makes an evicted resource
+// served again.
 func (s *Store) ApplyList(component string, gvr schema.GroupVersionResource, l List) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
 		b, err := objectsBucket(tx, component, gvr, true)
@@ -124,6 +125,9 @@ func (s *Store) ApplyList(component string, gvr schema.GroupVersionResource, l L
 			if err := s.prune(b, l.Scope, l.RV, keep); err != nil {
 				return err
 			}
+			if err := s.refilled(tx, component, gvr); err != nil {
+				return err
+			}
 		}
 		return s.noteResource(tx, component, gvr, l.Kind, l.APIVersion, l.RV)
 	}})
@@ -131,7 +135,8 @@ func (s *Store) ApplyList(component string, gvr schema.GroupVersionResource, l L
 
 // Prune removes the objects in scope, not newer than rv, whose keys are
 // not in keep: the end of a watch's initial events (sendInitialEvents),
-// which stand for a complete list at rv.
+// which stand for a complete list at rv (and make an evicted resource
+// served again, as ApplyList does).
 func (s *Store) Prune(component string, gvr schema.GroupVersionResource, scope Scope, rv uint64, keep map[string]bool) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
 		b, err := objectsBucket(tx, component, gvr, true)
@@ -139,6 +144,9 @@ func (s *Store) Prune(component string, gvr schema.GroupVersionResource, scope S
 			return err
 		}
 		if err := s.prune(b, scope, rv, keep); err != nil {
+			return err
+		}
+		if err := s.refilled(tx, component, gvr); err != nil {
 			return err
 		}
 		return s.noteResource(tx, component, gvr, "", "", rv)

@@ -19,6 +19,14 @@
 //	            <namespace>/<name>        -> record (cluster-scoped objects: "/<name>")
 //	queue/                                   status writes made offline, in order
 //	    <seq, 8 bytes big-endian>         -> JSON QueuedWrite (seq from the bucket's sequence)
+//	evicted/                                 resources evicted for the size bound (may be absent)
+//	    <component>/
+//	        <group>/<version>/<resource>  -> time of the eviction (Unix seconds, 8 bytes big-endian)
+//
+// ResourceInfo's "updated" (Unix seconds) and evicted/ were added within
+// version 1: older builds ignore them. A build that ignores evicted/
+// serves an evicted resource as soon as a watch event refills part of
+// it; the versions that know it wait for a complete list.
 //
 // Every schema version keeps queue/ as it is here (the top-level bucket,
 // its keys, its sequence and the JSON of QueuedWrite): it is what a
@@ -35,7 +43,9 @@
 // value, the number of indexed fields and each path and value: the fields
 // kube-apiserver supports in field selectors for the kind (spec.nodeName,
 // status.phase, ... of a Pod), so that lists with selectors never decode
-// objects. A tombstone has an empty meta section and no JSON.
+// objects. A tombstone has no JSON; its meta section is the time of the
+// deletion (Unix seconds, 8 bytes big-endian), or empty in tombstones of
+// older builds.
 //
 // # Invariants
 //
@@ -58,6 +68,23 @@
 //   - Read transactions are short: values are copied out and decoded after
 //     the transaction ends. No slice returned by this package points into
 //     the memory map.
+//   - The file is bounded (Options.MaxSize, tether-edge's
+//     --cache-max-size): when the bytes of its pages that hold data pass
+//     the bound, whole resources (a component's objects of one resource)
+//     are evicted, least recently updated first, until the data is under
+//     90 % of it. Queued writes are never evicted. An evicted resource is
+//     not served (Info, List, Scan: not found) until a complete list
+//     (ApplyList, Prune) fills it again, so that the cache never serves
+//     part of a list as the whole.
+//   - Tombstones expire after Options.TombstoneTTL (an hour): a version
+//     older than a deletion can only come from an answer that started
+//     before it, at a revision kube-apiserver still serves (etcd compacts
+//     older ones every 5 minutes by default). MaxRV is never lowered.
+//   - bbolt never shrinks its file: the file is compacted (copied into
+//     <file>.compact, fsynced, renamed over it) at open and after a batch
+//     when at least 4 MiB and half of it are free pages, or it is over the
+//     bound, at most every 10 minutes. The file at the path is whole at
+//     every instant; a copy left by a crash is removed at open.
 //   - Open walks the whole file; a file that does not open or does not
 //     pass the walk is renamed to <file>.corrupt-<time> (only the newest
 //     such file is kept), logged at error with both names, and a fresh

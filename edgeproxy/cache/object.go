@@ -215,6 +215,11 @@ type ResourceInfo struct {
 	APIVersion string `json:"apiVersion"`
 	// MaxRV is the largest resourceVersion seen for the resource.
 	MaxRV uint64 `json:"maxRV"`
+	// Updated is when the cache last changed the resource (objects,
+	// lists, deletions, bookmarks), in Unix seconds, to the minute: the
+	// least recently updated resources are evicted first. 0 in files of
+	// older versions.
+	Updated int64 `json:"updated,omitempty"`
 }
 
 // resourceKey names a resource's bucket: group/version/resource, with

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/boltfile"
 )
@@ -51,8 +52,10 @@ var errUnchanged = errors.New("unchanged")
 
 // Store is the bbolt file. Its methods are safe for concurrent use.
 type Store struct {
-	db  *bolt.DB
-	log *slog.Logger
+	db    *file
+	path  string
+	log   *slog.Logger
+	clock clock.PassiveClock
 
 	mu     sync.RWMutex // held for reading to submit, for writing to close
 	closed bool
@@ -68,8 +71,39 @@ type Store struct {
 	maxWrites  int
 	maxBytes   int64
 
+	// The size bound, tombstone expiry and compaction (bound.go,
+	// compact.go); the writer's.
+	upkeep upkeep
+
 	// MovedAside is the name a corrupt file was renamed to by Open, or "".
 	MovedAside string
+}
+
+// file is the open bbolt file. Compaction replaces it with a compacted
+// copy: transactions hold mu for reading, the swap holds it for writing
+// (for as long as a rename takes). Only the writer swaps, updates and
+// reads the embedded DB's settings.
+type file struct {
+	mu sync.RWMutex
+	*bolt.DB
+}
+
+func (f *file) View(fn func(*bolt.Tx) error) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.DB.View(fn)
+}
+
+func (f *file) Update(fn func(*bolt.Tx) error) error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.DB.Update(fn)
+}
+
+func (f *file) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.DB.Close()
 }
 
 // op is one write: apply runs inside the batch's transaction; done, if
@@ -79,18 +113,46 @@ type op struct {
 	done  chan error
 }
 
+// Options configure OpenWith.
+type Options struct {
+	Logger *slog.Logger
+	// MaxSize bounds the bytes of the file's pages that hold data; 0 is
+	// no bound. Past it whole resources are evicted (bound.go); queued
+	// writes never are. DefaultMaxSize is tether-edge's default.
+	MaxSize int64
+	// TombstoneTTL is how long a tombstone is kept (0:
+	// DefaultTombstoneTTL; negative: until a complete list removes it).
+	TombstoneTTL time.Duration
+	// Clock tells the time of tombstones, of resources' updates and of
+	// compactions (default: the real clock).
+	Clock clock.PassiveClock
+
+	noCompact bool // tests and benchmarks: never compact
+}
+
 // Open opens the store at path, creating it (and its directory) if
-// needed. A file that cannot be read is moved aside and replaced (see the
-// package doc); a file locked by another process, or one the operating
-// system will not let it read or write, is an error.
+// needed, without a size bound. A file that cannot be read is moved
+// aside and replaced (see the package doc); a file locked by another
+// process, or one the operating system will not let it read or write, is
+// an error.
 func Open(path string, log *slog.Logger) (*Store, error) {
+	return OpenWith(path, Options{Logger: log})
+}
+
+// OpenWith is Open with options. It removes what an interrupted
+// compaction left, and compacts the file first when that is worth it.
+func OpenWith(path string, o Options) (*Store, error) {
+	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{log: log, ops: make(chan op, 1024), done: make(chan struct{}),
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	s := &Store{path: path, log: log, clock: o.Clock, ops: make(chan op, 1024), done: make(chan struct{}),
 		maxWrites: DefaultMaxQueuedWrites, maxBytes: DefaultMaxQueuedBytes}
-	db, aside, err := boltfile.Open(path, boltfile.Options{
-		Bolt: bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType}, Init: initFile})
+	s.upkeep.init(o, s.clock.Now())
+	db, aside, err := boltfile.Open(path, boltfile.Options{Bolt: boltOptions(), Init: initFile})
 	var schemaErr *schemaError
 	switch {
 	case aside != nil && err == nil && errors.As(aside.Cause, &schemaErr):
@@ -113,13 +175,20 @@ func Open(path string, log *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open cache %s: %w", path, err)
 	}
-	s.db = db
+	removeCompactLeftover(path, log) // under the file's lock: no other process is compacting it
+	s.db = &file{DB: db}
 	db.View(func(tx *bolt.Tx) error {
 		s.queue = countQueue(tx)
 		return nil
 	})
+	s.maintain()
 	go s.run()
 	return s, nil
+}
+
+// boltOptions are the options the file is opened with.
+func boltOptions() bolt.Options {
+	return bolt.Options{Timeout: lockTimeout, FreelistType: bolt.FreelistMapType}
 }
 
 // initFile creates the buckets of a new file and checks the schema
@@ -163,7 +232,7 @@ func (s *Store) Close() error {
 }
 
 // Path is the store's file.
-func (s *Store) Path() string { return s.db.Path() }
+func (s *Store) Path() string { return s.path }
 
 // submit hands o to the writer; it blocks while the writer is behind.
 func (s *Store) submit(o op) error {
@@ -188,58 +257,79 @@ func (s *Store) write(apply func(tx *bolt.Tx) error) error {
 // Sync waits until every write submitted before it is committed.
 func (s *Store) Sync() error { return s.write(nil) }
 
-// run is the writer: it commits ops in batches, in order.
+// run is the writer: it commits ops in batches, in order, and after each
+// batch, and every minute when idle, keeps the file within its bounds.
 func (s *Store) run() {
 	defer close(s.done)
-	for first := range s.ops {
-		batch := []op{first}
-	fill:
-		for len(batch) < maxBatch {
-			select {
-			case o, ok := <-s.ops:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, o)
-			default:
+	tick := time.NewTicker(upkeepEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case first, ok := <-s.ops:
+			if !ok {
+				return
+			}
+			s.commit(first)
+			s.maintain()
+		case <-tick.C:
+			s.maintain()
+		case done := <-s.upkeep.compactNow:
+			done <- s.compact(s.usage())
+			s.maintain()
+		}
+	}
+}
+
+// commit applies first and the ops waiting behind it, up to maxBatch, in
+// one transaction.
+func (s *Store) commit(first op) {
+	batch := []op{first}
+fill:
+	for len(batch) < maxBatch {
+		select {
+		case o, ok := <-s.ops:
+			if !ok {
 				break fill
 			}
+			batch = append(batch, o)
+		default:
+			break fill
 		}
-		errs := make([]error, len(batch))
-		s.dirty = false
-		s.qmu.Lock()
-		s.qtx = s.queue
-		s.qmu.Unlock()
-		err := s.db.Update(func(tx *bolt.Tx) error {
-			for i, o := range batch {
-				if o.apply != nil {
-					errs[i] = o.apply(tx)
-				}
-			}
-			if !s.dirty {
-				return errUnchanged // roll back: no commit, no fsync
-			}
-			return nil
-		})
-		if errors.Is(err, errUnchanged) {
-			err = nil
-		} else if err == nil {
-			s.qmu.Lock()
-			s.queue = s.qtx
-			s.qmu.Unlock()
-		}
-		if err != nil {
-			s.log.Error("cache write failed; updates in this batch are lost", "err", err, "updates", len(batch))
-		}
+	}
+	errs := make([]error, len(batch))
+	s.dirty = false
+	s.qmu.Lock()
+	s.qtx = s.queue
+	s.qmu.Unlock()
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		for i, o := range batch {
-			if err != nil {
-				errs[i] = err
+			if o.apply != nil {
+				errs[i] = o.apply(tx)
 			}
-			if o.done != nil {
-				o.done <- errs[i]
-			} else if errs[i] != nil && err == nil {
-				s.log.Warn("cache update failed", "err", errs[i])
-			}
+		}
+		if !s.dirty {
+			return errUnchanged // roll back: no commit, no fsync
+		}
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		err = nil
+	} else if err == nil {
+		s.qmu.Lock()
+		s.queue = s.qtx
+		s.qmu.Unlock()
+	}
+	if err != nil {
+		s.log.Error("cache write failed; updates in this batch are lost", "err", err, "updates", len(batch))
+	}
+	for i, o := range batch {
+		if err != nil {
+			errs[i] = err
+		}
+		if o.done != nil {
+			o.done <- errs[i]
+		} else if errs[i] != nil && err == nil {
+			s.log.Warn("cache update failed", "err", errs[i])
 		}
 	}
 }
@@ -301,6 +391,26 @@ func encodeRecord(flag byte, o *Object) []byte {
 	b = appendMap(b, o.indexFields())
 	binary.BigEndian.PutUint32(b[headerLen:], uint32(len(b)-recordHeaderLen))
 	return append(b, o.Raw...)
+}
+
+// encodeTombstone is the record of a deletion at rv: its meta section is
+// the time of the deletion (Unix seconds, 8 bytes big-endian), for
+// tombstones to expire; tombstones of older versions have none.
+func encodeTombstone(rv uint64, at time.Time) []byte {
+	b := make([]byte, recordHeaderLen+8)
+	b[0] = flagTombstone
+	binary.BigEndian.PutUint64(b[1:], rv)
+	binary.BigEndian.PutUint32(b[headerLen:], 8)
+	binary.BigEndian.PutUint64(b[recordHeaderLen:], uint64(at.Unix()))
+	return b
+}
+
+// deletedAt is a tombstone's time, if it has one.
+func (r record) deletedAt() (time.Time, bool) {
+	if r.flag != flagTombstone || len(r.meta) != 8 {
+		return time.Time{}, false
+	}
+	return time.Unix(int64(binary.BigEndian.Uint64(r.meta)), 0), true
 }
 
 // record is a decoded record; meta and raw point into the value.
@@ -375,12 +485,17 @@ func (r record) object() (*Object, error) {
 
 // resourceInfo reads a resource's info (zero if none).
 func resourceInfo(tx *bolt.Tx, component string, gvr schema.GroupVersionResource) (ResourceInfo, bool) {
+	return resourceInfoAt(tx, component, resourceKey(gvr))
+}
+
+// resourceInfoAt reads the info of the resource of that key.
+func resourceInfoAt(tx *bolt.Tx, component string, key []byte) (ResourceInfo, bool) {
 	var info ResourceInfo
 	c := tx.Bucket(bucketResources).Bucket([]byte(component))
 	if c == nil {
 		return info, false
 	}
-	v := c.Get(resourceKey(gvr))
+	v := c.Get(key)
 	if v == nil {
 		return info, false
 	}
@@ -396,6 +511,9 @@ func (s *Store) noteResource(tx *bolt.Tx, component string, gvr schema.GroupVers
 	}
 	if rv > info.MaxRV {
 		info.MaxRV, changed = rv, true
+	}
+	if now := s.clock.Now().Unix(); changed || now-info.Updated >= 60 {
+		info.Updated, changed = now, true
 	}
 	if !changed {
 		return nil
@@ -439,7 +557,8 @@ func (s *Store) Get(component string, gvr schema.GroupVersionResource, namespace
 
 // List returns copies of the cached objects of a resource in scope, and
 // what the cache knows of the resource; found is false when the
-// component never cached this resource.
+// component never cached this resource, or when it was evicted and no
+// complete list has filled it again since (see Info).
 func (s *Store) List(component string, gvr schema.GroupVersionResource, scope Scope) (items []*Object, info ResourceInfo, found bool, err error) {
 	info, found, err = s.Scan(component, gvr, scope, func(o *Object) {
 		o.Raw = bytes.Clone(o.Raw)
@@ -456,7 +575,8 @@ func (s *Store) List(component string, gvr schema.GroupVersionResource, scope Sc
 func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Scope, f func(o *Object)) (info ResourceInfo, found bool, err error) {
 	bad := 0
 	err = s.db.View(func(tx *bolt.Tx) error {
-		if info, found = resourceInfo(tx, component, gvr); !found {
+		if info, found = resourceInfo(tx, component, gvr); !found || evicted(tx, component, gvr) {
+			found = false
 			return nil
 		}
 		b, _ := objectsBucket(tx, component, gvr, false)
@@ -497,10 +617,13 @@ func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Sc
 	return info, found, nil
 }
 
-// Info returns what the cache knows of a resource.
+// Info returns what the cache knows of a resource; found is false when
+// the component never cached it, or when it was evicted and no complete
+// list has filled it again since.
 func (s *Store) Info(component string, gvr schema.GroupVersionResource) (info ResourceInfo, found bool) {
 	s.db.View(func(tx *bolt.Tx) error {
 		info, found = resourceInfo(tx, component, gvr)
+		found = found && !evicted(tx, component, gvr)
 		return nil
 	})
 	return info, found
