@@ -215,6 +215,12 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err := g.metrics.Register(g.registry); err != nil {
 		return nil, fmt.Errorf("register registry metrics: %w", err)
 	}
+	if err := g.metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tether_gateway_edges_without_tunnel",
+		Help: "Edge nodes in the cluster with no live tunnel to this gateway replica (0 until the node informer has synced).",
+	}, g.edgesWithoutTunnel)); err != nil {
+		return nil, fmt.Errorf("register edge metrics: %w", err)
+	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
 		GetCertificate:    g.certs.getCertificate,
 		StatelessResetKey: resetKey,
@@ -526,4 +532,20 @@ func kubeClient(c Config) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return client, nil
+}
+
+// edgesWithoutTunnel counts the edge nodes of the latest snapshot that
+// have no tunnel to this replica (at scrape time: no series per node).
+func (g *Gateway) edgesWithoutTunnel() float64 {
+	snap := g.watcher.Snapshot()
+	if snap == nil {
+		return 0
+	}
+	n := 0
+	for name, node := range snap.Nodes {
+		if _, ok := g.registry.Lookup(name); node.Edge && !ok {
+			n++
+		}
+	}
+	return float64(n)
 }

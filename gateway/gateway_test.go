@@ -184,6 +184,7 @@ func TestRun(t *testing.T) {
 		`tether_gateway_proxy_refusals_total{reason="not_allowed"} 1`,
 		`tether_gateway_edge_refusals_total{node="edge-1",reason="not_allowed"} 1`,
 		`tether_gateway_edges_connected 1`,
+		`tether_gateway_edges_without_tunnel 1`, // edge-2
 		`tether_gateway_tunnel_connections_total{result="registered"} 1`,
 		`tether_gateway_edge_rtt_seconds{node="edge-1"}`,
 	} {
