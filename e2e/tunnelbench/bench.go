@@ -27,6 +27,7 @@ type mode struct {
 	profiled   bool   // they are the profiling build
 	bulkOnly   bool
 	bare       *bareQUIC // set for bare quic-go
+	client     *client   // how to reach url; nil: the bench's client (from the client host, routed as the world routes)
 }
 
 // rateResult is one new-connection measurement.
@@ -127,6 +128,14 @@ type bench struct {
 	prof   *profiler
 }
 
+// clientOf is the client that reaches m.
+func (b *bench) clientOf(m mode) *client {
+	if m.client != nil {
+		return m.client
+	}
+	return b.client
+}
+
 // Requests per turn when the new-connection measurements of the modes
 // take turns.
 const (
@@ -158,7 +167,7 @@ func (b *bench) measure(ctx context.Context, modes []mode) (map[string][]result,
 		profile := run == 0 && b.prof != nil
 		for _, m := range rate {
 			// Warm up: code paths, the tunnel's congestion window, caches.
-			r, err := b.client.sequential(ctx, m.url, 50)
+			r, err := b.clientOf(m).sequential(ctx, m.url, 50)
 			if err == nil && r.errs > 0 {
 				err = r.firstErr
 			}
@@ -167,11 +176,11 @@ func (b *bench) measure(ctx context.Context, modes []mode) (map[string][]result,
 			}
 		}
 		err := b.takeTurns(ctx, profile, "seq", rate, b.o.seq, seqTurn, rs,
-			func(m mode, n int) (rateResult, error) { return b.client.sequential(ctx, m.url, n) },
+			func(m mode, n int) (rateResult, error) { return b.clientOf(m).sequential(ctx, m.url, n) },
 			func(r *result) (*rateResult, *cpuUse) { return &r.seq, &r.seqCPU })
 		if err == nil {
 			err = b.takeTurns(ctx, profile, fmt.Sprintf("c%d", b.o.conc), rate, b.o.concReqs, concTurn*b.o.conc, rs,
-				func(m mode, n int) (rateResult, error) { return b.client.concurrent(ctx, m.url, b.o.conc, n) },
+				func(m mode, n int) (rateResult, error) { return b.clientOf(m).concurrent(ctx, m.url, b.o.conc, n) },
 				func(r *result) (*rateResult, *cpuUse) { return &r.conc, &r.concCPU })
 		}
 		if err != nil {
@@ -188,7 +197,7 @@ func (b *bench) measure(ctx context.Context, modes []mode) (map[string][]result,
 			if m.bare != nil {
 				r.bulk, err = m.bare.bulk(ctx, b.o.bulk)
 			} else {
-				r.bulk, err = b.client.bulk(ctx, m.url, b.o.bulk)
+				r.bulk, err = b.clientOf(m).bulk(ctx, m.url, b.o.bulk)
 			}
 			r.bulkCPU = cpu(m.pids).sub(before)
 			if profile {
@@ -244,6 +253,8 @@ func (b *bench) takeTurns(ctx context.Context, profile bool, metric string, mode
 type client struct {
 	perRequest *http.Client // a new TCP connection and TLS handshake per request
 	bulkClient *http.Client
+	dial       func(context.Context, string, string) (net.Conn, error)
+	tlsConfig  *tls.Config
 }
 
 func newClient(dial func(context.Context, string, string) (net.Conn, error), roots *x509.CertPool) *client {
@@ -257,6 +268,8 @@ func newClient(dial func(context.Context, string, string) (net.Conn, error), roo
 	return &client{
 		perRequest: &http.Client{Transport: tr(), Timeout: 10 * time.Second},
 		bulkClient: &http.Client{Transport: tr()},
+		dial:       dial,
+		tlsConfig:  &tls.Config{RootCAs: roots},
 	}
 }
 

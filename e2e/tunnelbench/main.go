@@ -10,7 +10,22 @@
 //   - bare quic-go: one stream over loopback UDP in this process with
 //     tunnel.QUICConfig, ServerTLS and ClientTLS, no relay (bulk only);
 //   - quic-path: the same between the edge host and the gateway host, over
-//     the tunnel's own path through the NAT and routers (bulk only).
+//     the tunnel's own path through the NAT and routers (bulk only);
+//   - konnectivity: Konnectivity (apiserver-network-proxy, built from its
+//     module by tools/build-konnectivity.sh) in the same world: proxy-server
+//     on the gateway host, proxy-agent on the edge host dialling it (gRPC
+//     over mTLS), the client reaching the same stand-in kubelet through the
+//     server's HTTP-CONNECT frontend as kube-apiserver's egress selector
+//     does (konnectivity.go).
+//
+// Then (issue 19, scenarios.go) the same world's site uplink is shaped as
+// WAN links are (testenv's WAN emulator: delay, loss, rate) and each
+// scenario measures, Tether against Konnectivity: head-of-line isolation
+// (new-connection GETs while one connection downloads), bulk throughput
+// and CPU per byte, and new connections, all time-bounded (--wan-time);
+// then a link cut (heal time; a request in flight across a short cut) and
+// a NAT rebinding during a download. The last line printed sums it up in
+// a machine-readable form (wan: ...).
 //
 // Metrics: new-connection request rate (one HTTPS GET /healthz per new TCP
 // connection) sequentially and with concurrent clients, with p50/p99
@@ -58,6 +73,12 @@ type options struct {
 	timeout    time.Duration
 	profileDir string
 	verbose    bool
+
+	scenarioList string
+	scenarios    []scenario
+	wanTime      time.Duration
+	holClients   int
+	konnectivity bool
 }
 
 func main() {
@@ -72,13 +93,22 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this `duration` (world setup included)")
 	flag.StringVar(&o.profileDir, "profile", "", "write CPU profiles of the gateway, the edge and this process into `dir`, for each phase of the first run: seq and c32 (all modes taking turns) and each mode's bulk (builds profiling binaries; ignores --bin-dir)")
 	flag.BoolVar(&o.verbose, "v", false, "log the world's setup steps")
+	flag.StringVar(&o.scenarioList, "scenarios", scenarioNames(), "comma-separated `list` of link scenarios to run, in this order whatever the list's: clean (the full measurement above plus head-of-line), rtt30, rtt80-loss1, rtt80-loss3, rate20-rtt80 (the site's uplink shaped in both directions), cut (30 s link cut, heal time; 3 s cut with a request in flight) and nat (NAT rebinding during a download)")
+	flag.DurationVar(&o.wanTime, "wan-time", 5*time.Second, "`duration` of each time-bounded measurement of a shaped scenario (head-of-line, bulk, new connections per mode) and of the clean head-of-line one")
+	flag.IntVar(&o.holClients, "hol-clients", 8, "`clients` making new-connection requests during the head-of-line measurement")
+	flag.BoolVar(&o.konnectivity, "konnectivity", true, "also measure Konnectivity (apiserver-network-proxy, built from its module by tools/build-konnectivity.sh) in the same world")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection and bare quic-go, in network namespaces on this machine (needs root).\n\n")
+		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection, bare quic-go and Konnectivity, on a clean\nand on shaped WAN links (delay, loss, rate), through a link cut and a NAT rebinding, in network\nnamespaces on this machine (needs root). The last line printed is machine-readable (wan: ...).\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if o.runs < 1 || o.seq < 1 || o.conc < 1 || o.concReqs < o.conc || o.bulk < 1 {
-		fmt.Fprintln(os.Stderr, "tunnelbench: --runs, --seq, --conc and --bulk must be positive, --conc-requests at least --conc")
+	if o.runs < 1 || o.seq < 1 || o.conc < 1 || o.concReqs < o.conc || o.bulk < 1 || o.wanTime < time.Second || o.holClients < 1 {
+		fmt.Fprintln(os.Stderr, "tunnelbench: --runs, --seq, --conc, --bulk and --hol-clients must be positive, --conc-requests at least --conc, --wan-time at least 1s")
+		os.Exit(2)
+	}
+	var err error
+	if o.scenarios, err = parseScenarios(o.scenarioList); err != nil {
+		fmt.Fprintf(os.Stderr, "tunnelbench: --scenarios: %v\n", err)
 		os.Exit(2)
 	}
 	world.RunBench("tunnelbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error { return run(ctx, s, o) })
@@ -103,6 +133,13 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	}
 	if err != nil {
 		return err
+	}
+	var konnDir, konnVersion string
+	if o.konnectivity {
+		note("building (or finding in the cache) Konnectivity's proxy-server and proxy-agent")
+		if konnDir, konnVersion, err = buildKonnectivity(ctx); err != nil {
+			return err
+		}
 	}
 	var base world.Binaries
 	if o.baseline != "" {
@@ -165,6 +202,16 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	if err != nil {
 		return err
 	}
+	if konnDir != "" {
+		note("starting Konnectivity %s: proxy-server on %s, proxy-agent on %s", konnVersion, gw.Label, edge.Name)
+		k, err := startKonnectivity(ctx, s, konnDir, konnVersion, w.Dir, gw, edge.Host, w.Client, edge.Kubelet.Addr)
+		if err != nil {
+			return err
+		}
+		modes = append(modes, mode{name: konnMode,
+			desc: fmt.Sprintf("client → %s proxy-server (HTTP CONNECT over mTLS) → gRPC/TCP/mTLS → proxy-agent on %s → kubelet (Konnectivity %s)", gw.Label, edge.Name, konnVersion),
+			url:  edge.KubeletURL(""), pids: k.pids(), client: newClient(k.DialContext, w.KubeletCA.Pool())})
+	}
 	modes = append(modes,
 		mode{name: "direct", desc: "client → stand-in on the apiserver host " + ref.Addr, url: "https://" + ref.Addr},
 		mode{name: "bare-quic", desc: "one quic-go stream over loopback UDP in this process, no relay", bulkOnly: true, bare: bq},
@@ -172,13 +219,86 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	)
 	note("world ready in %v", time.Since(setup).Round(time.Second))
 	b := &bench{o: o, client: newClient(w.Client.DialContext, w.KubeletCA.Pool()), prof: prof}
-	res, err := b.measure(ctx, modes)
-	if err != nil {
-		return err
+	wb := &wanBench{bench: b, w: w, gw: gw, edge: edge, tun: modes[0], d: o.wanTime}
+	for _, m := range modes {
+		if m.name == konnMode {
+			wb.konn = m
+		}
+		if !m.bulkOnly {
+			wb.rate = append(wb.rate, m)
+		}
+		if m.pids != nil {
+			wb.bulk = append(wb.bulk, m)
+		}
 	}
-	printTable(o, modes, res)
-	printTargets(o, res)
+	sum := summary{scen: map[string]*scenResult{}}
+	shaped := false
+	for i, sc := range o.scenarios {
+		if sc.event && shaped {
+			if err := shape(edge.Site, link{}); err != nil {
+				return fmt.Errorf("clear the link shape: %w", err)
+			}
+			shaped = false
+		}
+		switch sc.name {
+		case "cut":
+			cr, err := wb.runCut(ctx)
+			if err != nil {
+				return err
+			}
+			sum.cut = cr
+			printCut(cr)
+			continue
+		case "nat":
+			nr, err := wb.runNAT(ctx)
+			if err != nil {
+				return err
+			}
+			sum.nat = nr
+			printNAT(nr)
+			continue
+		}
+		sr := &scenResult{sc: sc, fig: map[string]*figures{}}
+		sum.scen[sc.name] = sr
+		if sc.name == "clean" {
+			phase("clean: the full measurement (%d runs of every mode)", o.runs)
+			res, err := b.measure(ctx, modes)
+			if err != nil {
+				return err
+			}
+			fmt.Println()
+			printTable(o, modes, res)
+			printTargets(o, res)
+			fromMeasure(sr, o, modes, res)
+		} else {
+			phase("%s: shaping the site's uplink: %s", sc.name, sc.desc)
+			if err := shape(edge.Site, sc.link); err != nil {
+				sr.skipped = err.Error()
+				printScenario(o, sr, modes)
+				continue
+			}
+			shaped = true
+			if err := wb.waitWorking(ctx, 30*time.Second); err != nil {
+				return fmt.Errorf("%s: %w", sc.name, err)
+			}
+		}
+		if err := wb.runShaped(ctx, sr, i); err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		if st, ok := wb.tunnelStatus(ctx); ok {
+			sr.rttMs = st.RTTMillis
+		}
+		printScenario(o, sr, modes)
+	}
+	if shaped {
+		if err := shape(edge.Site, link{}); err != nil {
+			return fmt.Errorf("clear the link shape: %w", err)
+		}
+	}
 	printNotes(ctx, w, gw, edge, o, prof)
+	printSummary(o, sum)
+	fmt.Printf("load average at the end: %s\n", world.LoadAvg())
+	fmt.Println(wanLine(sum))
 	return nil
 }
 

@@ -40,7 +40,7 @@ func printHeader(o options) {
 			eff = append(eff, fmt.Sprintf("--%s=%s", f.Name, f.Value))
 		}
 	})
-	fmt.Printf("tunnelbench: Tether tunnel vs direct vs bare quic-go (issue 9)\n")
+	fmt.Printf("tunnelbench: Tether tunnel vs direct, bare quic-go and Konnectivity, clean and on WAN links (issues 9, 19)\n")
 	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
 	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, Linux %s, %s, quic-go %s\n",
@@ -91,11 +91,11 @@ func cpuColumns(o options) []column {
 	perByte := func(d time.Duration, b bulkResult) float64 { return float64(d) / float64(max(b.bytes, 1)) }
 	c := fmt.Sprintf("c%d", o.conc)
 	return []column{
-		{head: "seq tether", f: func(r result) float64 { return perReq(r.seqCPU.tether, r.seq) }, tether: true},
+		{head: "seq relay", f: func(r result) float64 { return perReq(r.seqCPU.tether, r.seq) }, tether: true},
 		{head: "seq all", f: func(r result) float64 { return perReq(r.seqCPU.all(), r.seq) }},
-		{head: c + " tether", f: func(r result) float64 { return perReq(r.concCPU.tether, r.conc) }, tether: true},
+		{head: c + " relay", f: func(r result) float64 { return perReq(r.concCPU.tether, r.conc) }, tether: true},
 		{head: c + " all", f: func(r result) float64 { return perReq(r.concCPU.all(), r.conc) }},
-		{head: "bulk tether", f: func(r result) float64 { return perByte(r.bulkCPU.tether, r.bulk) }, prec: 2, bulk: true, tether: true},
+		{head: "bulk relay", f: func(r result) float64 { return perByte(r.bulkCPU.tether, r.bulk) }, prec: 2, bulk: true, tether: true},
 		{head: "bulk all", f: func(r result) float64 { return perByte(r.bulkCPU.all(), r.bulk) }, prec: 2, bulk: true},
 	}
 }
@@ -103,13 +103,13 @@ func cpuColumns(o options) []column {
 // printGrid prints the medians of cols for every mode, "-" where a column
 // does not apply.
 func printGrid(modes []mode, res map[string][]result, cols []column, width int) {
-	fmt.Printf("%-10s", "mode")
+	fmt.Printf("%-12s", "mode")
 	for _, c := range cols {
 		fmt.Printf(" %*s", width, c.head)
 	}
 	fmt.Println()
 	for _, m := range modes {
-		fmt.Printf("%-10s", m.name)
+		fmt.Printf("%-12s", m.name)
 		for _, c := range cols {
 			if (m.bulkOnly && !c.bulk) || (m.pids == nil && c.tether) {
 				fmt.Printf(" %*s", width, "-")
@@ -128,16 +128,17 @@ func printTable(o options, modes []mode, res map[string][]result) {
 	printGrid(modes, res, columns(o), 11)
 	fmt.Println()
 	for _, m := range modes {
-		fmt.Printf("%-10s %s\n", m.name, m.desc)
+		fmt.Printf("%-12s %s\n", m.name, m.desc)
 	}
 
-	fmt.Printf("\nCPU time (user+system), µs per request and ns per byte; tether = tether-gateway + tether-edge,\n")
-	fmt.Printf("all = that plus this process (client and stand-in servers; both ends of bare quic-go). Medians of %d runs.\n\n", o.runs)
+	fmt.Printf("\nCPU time (user+system), µs per request and ns per byte; relay = the tunnel's two processes (tether-gateway +\n")
+	fmt.Printf("tether-edge, or proxy-server + proxy-agent), all = that plus this process (client and stand-in servers; both\n")
+	fmt.Printf("ends of bare quic-go). Medians of %d runs.\n\n", o.runs)
 	printGrid(modes, res, cpuColumns(o), 13)
 	if o.runs > 1 {
 		fmt.Printf("\nevery run (seq req/s, c%d req/s, c%d p99 ms, bulk MB/s):\n", o.conc, o.conc)
 		for _, m := range modes {
-			fmt.Printf("%-10s", m.name)
+			fmt.Printf("%-12s", m.name)
 			for _, r := range res[m.name] {
 				if m.bulkOnly {
 					fmt.Printf("  [%.0f]", r.bulk.mbps())
@@ -203,5 +204,4 @@ func printTargets(o options, res map[string][]result) {
 			fmt.Printf("  %-16s %10.*f -> %10.*f  (%+.0f%%)\n", c.head, c.prec, b, c.prec, t, 100*(t-b)/b)
 		}
 	}
-	fmt.Printf("load average at the end: %s\n", world.LoadAvg())
 }
