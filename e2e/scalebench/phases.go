@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// results are the figures of the phases that ran.
+type results struct {
+	edges          int
+	connectedAtEnd int
+	failed         error
+
+	routeOne, routeAll *routeResult
+	cold               *regResult
+	steady             *steadyResult
+	storm              *stormResult
+	hb                 *hbPhase
+	churn              *churnResult
+	replicas           *replicaResult
+}
+
+// routeOne measures routing with one edge connected, before the cold
+// start: a gateway with every Node known but only edge-1's tunnel.
+func (b *bench) routeOne(ctx context.Context, res *results) error {
+	note("routing: baseline, a gateway with edge-1 alone connected")
+	one := []int{1}
+	if err := b.agent.start(ctx, one, b.gatewayAddr(0)); err != nil {
+		return err
+	}
+	g, err := b.startGateway(ctx, 0)
+	if err != nil {
+		return err
+	}
+	if r := b.waitRegistered(ctx, g, 1, "routing baseline"); !r.all() {
+		return errors.New("edge-1 did not register")
+	}
+	r, err := b.measureRoute(ctx, one, "1 edge")
+	if err != nil {
+		return err
+	}
+	res.routeOne = &r
+	if err := b.stopGateway(0); err != nil {
+		return err
+	}
+	return b.agent.stop(ctx, one)
+}
+
+// cold starts every edge and the gateway together and waits until every
+// edge is registered.
+func (b *bench) cold(ctx context.Context, res *results) error {
+	note("cold start: %d edges dialling, gateway starting", b.o.edges)
+	if err := b.agent.start(ctx, b.all, b.gatewayAddr(0)); err != nil {
+		return err
+	}
+	g, err := b.startGateway(ctx, 0)
+	if err != nil {
+		return err
+	}
+	r := b.waitRegistered(ctx, g, b.o.edges, "cold start")
+	res.cold = &r
+	note("cold start: %d/%d registered in %v, peak RSS %s MiB, CPU %.1f s", r.reached, r.want, r.took.Round(100*time.Millisecond), mib(r.peakRSS), r.cpu.Seconds())
+	return nil
+}
+
+// steadyResult is the steady phase.
+type steadyResult struct {
+	connected  int
+	took       time.Duration
+	rss        int64
+	cpuPct     float64 // of one core
+	udpIn      float64 // datagrams per second
+	udpOut     float64
+	goroutines int
+	agent      agentStats
+}
+
+func (r steadyResult) perEdgeKiB() float64 {
+	if r.connected == 0 {
+		return 0
+	}
+	return float64(r.rss) / 1024 / float64(r.connected)
+}
+
+// steadyState measures the gateway with the fleet connected and nothing
+// but keepalives going.
+func (b *bench) steadyState(ctx context.Context, res *results) error {
+	g := b.gws[0]
+	if g == nil {
+		return errors.New("no gateway running")
+	}
+	note("steady: settling 5 s, then %v of keepalives only", b.o.steady)
+	if err := sleep(ctx, 5*time.Second); err != nil {
+		return err
+	}
+	n, err := registered(ctx, g.host)
+	if err != nil {
+		return err
+	}
+	in0, out0, err := udpDatagrams(ctx, g.host)
+	if err != nil {
+		return err
+	}
+	b.profile(ctx, g, "steady", b.o.steady)
+	cpu0, t0 := procCPU(g.pid), time.Now()
+	stop := progress(ctx, 10*time.Second, func() {
+		el := time.Since(t0)
+		note("steady: %v/%v, RSS %s MiB, CPU %.1f%% of a core", el.Round(time.Second), b.o.steady, mib(readMem(g.pid).rss),
+			100*(procCPU(g.pid)-cpu0).Seconds()/el.Seconds())
+	})
+	err = sleep(ctx, b.o.steady)
+	stop()
+	if err != nil {
+		return err
+	}
+	cpu1, took := procCPU(g.pid), time.Since(t0)
+	in1, out1, err := udpDatagrams(ctx, g.host)
+	if err != nil {
+		return err
+	}
+	r := steadyResult{
+		connected: n, took: took, rss: readMem(g.pid).rss,
+		cpuPct: 100 * (cpu1 - cpu0).Seconds() / took.Seconds(),
+		udpIn:  float64(in1-in0) / took.Seconds(), udpOut: float64(out1-out0) / took.Seconds(),
+	}
+	if n2, err := registered(ctx, g.host); err == nil {
+		r.connected = min(n, n2)
+	}
+	r.goroutines = goroutines(ctx, g.host)
+	r.agent, _ = b.agent.stats(ctx)
+	res.steady = &r
+	if b.o.profileDir != "" {
+		for _, p := range []struct{ path, name string }{{"/debug/pprof/heap", "steady-heap"}, {"/debug/pprof/goroutine", "steady-goroutine"}} {
+			if err := b.fetchProfile(ctx, g, p.path, p.name, 30*time.Second); err != nil {
+				note("profile %s: %v", p.name, err)
+			}
+		}
+	}
+	note("steady: %d edges, RSS %s MiB (%.1f KiB per edge), CPU %.1f%%, UDP %.0f in + %.0f out datagrams/s, %d goroutines",
+		r.connected, mib(r.rss), r.perEdgeKiB(), r.cpuPct, r.udpIn, r.udpOut, r.goroutines)
+	return nil
+}
+
+// routeAll measures routing to random edges of the whole fleet.
+func (b *bench) routeAll(ctx context.Context, res *results) error {
+	r, err := b.measureRoute(ctx, b.all, fmt.Sprintf("%d edges", b.o.edges))
+	if err != nil {
+		return err
+	}
+	res.routeAll = &r
+	return nil
+}
+
+// stormResult is the restart storm.
+type stormResult struct {
+	reg      regResult
+	sinceKil time.Duration // from the kill to every edge registered
+}
+
+// storm kills the gateway with SIGKILL, starts it again at once and waits
+// until every edge is registered again.
+func (b *bench) storm(ctx context.Context, res *results) error {
+	if b.gws[0] == nil {
+		return errors.New("no gateway running")
+	}
+	note("storm: kill -9 the gateway and start it again")
+	killed := time.Now()
+	if err := b.killGateway(0); err != nil {
+		return err
+	}
+	g, err := b.startGateway(ctx, 0)
+	if err != nil {
+		return err
+	}
+	r := b.waitRegistered(ctx, g, b.o.edges, "storm")
+	res.storm = &stormResult{reg: r, sinceKil: time.Since(killed)}
+	note("storm: %d/%d registered %v after the restart, peak RSS %s MiB, peak %.0f registrations/s", r.reached, r.want,
+		r.took.Round(100*time.Millisecond), mib(r.peakRSS), r.peakRate)
+	return nil
+}

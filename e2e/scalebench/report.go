@@ -1,0 +1,109 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/tether-edge/tether/e2e/world"
+)
+
+func printHeader(o options) {
+	var eff []string
+	flag.VisitAll(func(f *flag.Flag) {
+		if f.Name != "v" {
+			eff = append(eff, fmt.Sprintf("--%s=%s", f.Name, f.Value))
+		}
+	})
+	fmt.Printf("scalebench: one tether-gateway, %d simulated edges (issue 18)\n", o.edges)
+	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
+	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
+	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), world.LoadAvg(), runtime.Version())
+	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+func mib(n int64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1f", d.Seconds()) }
+
+// row prints one line of a result table.
+func row(what, value string) { fmt.Printf("  %-44s %s\n", what, value) }
+
+func printResults(o options, r *results) {
+	fmt.Println()
+	if c := r.cold; c != nil {
+		fmt.Printf("cold start (gateway start → every edge on /status):\n")
+		row("registered", fmt.Sprintf("%d of %d", c.reached, c.want))
+		row("time", secs(c.took)+" s")
+		row("gateway peak RSS", mib(c.peakRSS)+" MiB")
+		row("gateway CPU", fmt.Sprintf("%.1f s (%.0f%% of a core on average)", c.cpu.Seconds(), 100*c.cpu.Seconds()/c.took.Seconds()))
+		row("registrations/s, best 1 s", fmt.Sprintf("%.0f", c.peakRate))
+	}
+	if s := r.steady; s != nil {
+		fmt.Printf("steady state (%v, keepalives only):\n", s.took.Round(time.Second))
+		row("edges connected", fmt.Sprint(s.connected))
+		row("gateway RSS", fmt.Sprintf("%s MiB, %.1f KiB per edge", mib(s.rss), s.perEdgeKiB()))
+		row("gateway CPU", fmt.Sprintf("%.1f%% of a core", s.cpuPct))
+		row("UDP datagrams/s in the gateway's namespace", fmt.Sprintf("%.0f in, %.0f out", s.udpIn, s.udpOut))
+		row("gateway goroutines", fmt.Sprint(s.goroutines))
+		row("load generator", fmt.Sprintf("%d goroutines, %.0f MiB heap", s.agent.Goroutines, s.agent.HeapMiB))
+	}
+	if r.routeOne != nil || r.routeAll != nil {
+		fmt.Printf("routing (new connection + TLS per GET /healthz, %d clients, random edges):\n", o.routeConc)
+		for _, x := range []*routeResult{r.routeOne, r.routeAll} {
+			if x == nil {
+				continue
+			}
+			row(fmt.Sprintf("%d edge(s) connected", x.edges), fmt.Sprintf("%.0f req/s, p50 %s ms, p99 %s ms, %d failed", x.rate(), ms(x.p(50)), ms(x.p(99)), x.errs))
+			if x.firstErr != nil {
+				row("", "first failure: "+x.firstErr.Error())
+			}
+		}
+		if r.routeOne != nil && r.routeAll != nil && r.routeOne.p(99) > 0 {
+			row("p99 all / p99 one", fmt.Sprintf("%.2f (target ≤ 1.5)", float64(r.routeAll.p(99))/float64(r.routeOne.p(99))))
+		}
+	}
+	if s := r.storm; s != nil {
+		fmt.Printf("restart storm (kill -9, start again):\n")
+		row("registered", fmt.Sprintf("%d of %d", s.reg.reached, s.reg.want))
+		row("time from the restart (from the kill)", fmt.Sprintf("%s s (%s s)", secs(s.reg.took), secs(s.sinceKil)))
+		row("gateway peak RSS", mib(s.reg.peakRSS)+" MiB")
+		row("gateway CPU", fmt.Sprintf("%.1f s", s.reg.cpu.Seconds()))
+		row("registrations/s, best 1 s / average", fmt.Sprintf("%.0f / %.0f", s.reg.peakRate, float64(s.reg.reached)/s.reg.took.Seconds()))
+	}
+	printLaterPhases(o, r)
+	if r.failed != nil {
+		fmt.Printf("\nstopped early: %v\n", r.failed)
+	}
+	fmt.Printf("\nload average at the end: %s\n", world.LoadAvg())
+	fmt.Println(summary(r))
+}
+
+// summary is the machine-readable last line; -1 for a phase not run.
+func summary(r *results) string {
+	rss, cpu, cold, restart, p99, p991, hbRate, hbLost := -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1
+	if s := r.steady; s != nil {
+		rss, cpu = float64(s.rss)/(1<<20), s.cpuPct
+	}
+	if c := r.cold; c != nil && c.all() {
+		cold = c.took.Seconds()
+	}
+	if s := r.storm; s != nil && s.reg.all() {
+		restart = s.reg.took.Seconds()
+	}
+	if x := r.routeAll; x != nil {
+		p99 = float64(x.p(99)) / float64(time.Millisecond)
+	}
+	if x := r.routeOne; x != nil {
+		p991 = float64(x.p(99)) / float64(time.Millisecond)
+	}
+	hbRate, hbLost = r.hbSummary()
+	return fmt.Sprintf("scale: edges=%d rss_mib=%.0f idle_cpu_pct=%.1f cold_s=%.1f restart_s=%.1f route_p99_ms=%.2f route_p99_1_ms=%.2f hb_per_s=%.1f hb_lost=%d",
+		r.connectedAtEnd, rss, cpu, cold, restart, p99, p991, hbRate, hbLost)
+}

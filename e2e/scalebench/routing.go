@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tether-edge/tether/e2e/world"
+)
+
+// routeClient makes HTTPS GETs from the cloud client host to edges'
+// kubelet addresses, as make bench-tunnel's client does: a new TCP
+// connection and TLS handshake per request, trusting only the stand-in
+// kubelets' CA, whose certificate for the edge's address proves the
+// request went end to end to the right edge.
+type routeClient struct{ c *http.Client }
+
+func newRouteClient(dial func(context.Context, string, string) (net.Conn, error), roots *x509.CertPool) *routeClient {
+	return &routeClient{c: &http.Client{
+		Transport: &http.Transport{
+			DialContext:       dial,
+			TLSClientConfig:   &tls.Config{RootCAs: roots},
+			DisableKeepAlives: true,
+		},
+		Timeout: 10 * time.Second,
+	}}
+}
+
+// get fetches /healthz of edge i.
+func (c *routeClient) get(ctx context.Context, i int) error {
+	url := fmt.Sprintf("https://%s:%d/healthz", edgeAddr(i), world.KubeletPort)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK || len(body) == 0 {
+		return fmt.Errorf("GET %s: %s %q", url, resp.Status, body)
+	}
+	return nil
+}
+
+// routeResult is one routing measurement.
+type routeResult struct {
+	edges    int // the random targets were among this many edges
+	reqs     int
+	errs     int
+	firstErr error
+	elapsed  time.Duration
+	lat      []time.Duration // sorted
+}
+
+func (r routeResult) rate() float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.reqs) / r.elapsed.Seconds()
+}
+
+func (r routeResult) p(q float64) time.Duration { return pct(r.lat, q) }
+
+// load sends GETs to random edges among targets from conc clients until
+// stop is closed or d passes (d 0: only stop), and reports.
+func (c *routeClient) load(ctx context.Context, targets []int, conc int, d time.Duration, stop <-chan struct{}) routeResult {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if d > 0 {
+		var c2 context.CancelFunc
+		ctx, c2 = context.WithTimeout(ctx, d)
+		defer c2()
+	}
+	go func() {
+		select {
+		case <-stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	r := routeResult{edges: len(targets)}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := targets[rand.N(len(targets))]
+				t0 := time.Now()
+				err := c.get(ctx, i)
+				took := time.Since(t0)
+				if ctx.Err() != nil {
+					return // cut short by the end: not counted
+				}
+				mu.Lock()
+				if err != nil {
+					r.errs++
+					if r.firstErr == nil {
+						r.firstErr = err
+					}
+				} else {
+					r.reqs++
+					r.lat = append(r.lat, took)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	r.elapsed = time.Since(start)
+	slices.Sort(r.lat)
+	return r
+}
+
+// warmUp retries GETs to edge i until one succeeds (the gateway has
+// applied the node's DNAT and the edge's tunnel is up), for up to 60 s.
+func (c *routeClient) warmUp(ctx context.Context, i int) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := c.get(ctx, i)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("edge %s not reachable through the gateway within a minute: %w", edgeName(i), err)
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// measureRoute runs the warm-up and one measurement over targets.
+func (b *bench) measureRoute(ctx context.Context, targets []int, label string) (routeResult, error) {
+	for _, i := range []int{targets[0], targets[len(targets)-1]} {
+		if err := b.route.warmUp(ctx, i); err != nil {
+			return routeResult{}, err
+		}
+	}
+	b.route.load(ctx, targets, b.o.routeConc, 2*time.Second, nil) // code paths, caches
+	note("routing: %s: %d clients for %v", label, b.o.routeConc, b.o.route)
+	if b.gws[0] != nil {
+		b.profile(ctx, b.gws[0], "routing-"+label, b.o.route)
+	}
+	r := b.route.load(ctx, targets, b.o.routeConc, b.o.route, nil)
+	note("routing: %s: %d requests, %.0f/s, p50 %s ms, p99 %s ms, %d failed", label, r.reqs, r.rate(), ms(r.p(50)), ms(r.p(99)), r.errs)
+	return r, nil
+}
