@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Builds the real components Tether's tests run — kube-apiserver, kube-proxy,
 # kube-controller-manager, kubectl (it finds tetherctl as its plugin), etcd,
-# Pebble (the ACME test server) and promtool (the alerting rules' unit
-# tests) — from their Go modules (pinned in tools/kube,
-# tools/etcd, tools/pebble and tools/promtool) into a cache directory keyed by
-# version, so a warm machine never rebuilds them.
+# Pebble (the ACME test server), promtool (the alerting rules' unit
+# tests) and helm (the chart's tests) — from their Go modules (pinned in
+# tools/kube, tools/etcd, tools/pebble, tools/promtool and tools/helm) into a
+# cache directory keyed by version, so a warm machine never rebuilds them.
 #
 #   tools/build-testbins.sh            build what is missing, print the bin dir
 #   TETHER_CACHE_DIR=/x tools/...      cache somewhere else (default ~/.cache/tether)
 #
-# A cold build takes about 15 minutes on 2 cores; progress is printed to stderr.
+# A cold build takes about 18 minutes on 2 cores; progress is printed to stderr.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,19 +17,24 @@ kube_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$h
 etcd_version=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$here/etcd/go.mod")
 pebble_version=$(awk '$1 == "require" && $2 == "github.com/letsencrypt/pebble/v2" {print $3}' "$here/pebble/go.mod")
 promtool_version=$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" {print $3}' "$here/promtool/go.mod")
+helm_version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v3" {print $3}' "$here/helm/go.mod")
+# helm's own build stamps its version and, from its client-go (v0.X.Y), the
+# Kubernetes version 1.X that `helm template` and `helm lint` assume.
+helm_k8s_minor=$(awk '$1 == "k8s.io/client-go" {split($2, v, "."); print v[2]}' "$here/helm/go.mod")
 cache=${TETHER_CACHE_DIR:-${HOME:-/root}/.cache/tether}
 kube_dir="$cache/kube-$kube_version"
 etcd_dir="$cache/etcd-$etcd_version"
 pebble_dir="$cache/pebble-$pebble_version"
 promtool_dir="$cache/promtool-$promtool_version"
+helm_dir="$cache/helm-$helm_version"
 mkdir -p "$cache"
 
 say() { printf 'testbins: %s\n' "$*" >&2; }
 
-# build DIR NAME MODULE_DIR PACKAGE HINT: go build PACKAGE as DIR/NAME, with a
-# heartbeat every 30 s so a cold build is never silent.
+# build DIR NAME MODULE_DIR PACKAGE HINT [LDFLAGS]: go build PACKAGE as DIR/NAME,
+# with a heartbeat every 30 s so a cold build is never silent.
 build() {
-	local dir=$1 name=$2 moddir=$3 pkg=$4 hint=$5
+	local dir=$1 name=$2 moddir=$3 pkg=$4 hint=$5 ldflags=${6:-}
 	[ -x "$dir/$name" ] && return 0
 	say "building $name from $pkg ($hint) into $dir"
 	local start=$SECONDS
@@ -37,7 +42,7 @@ build() {
 	local beat=$!
 	local tmp
 	tmp=$(mktemp -d "$cache/.build.XXXXXX")
-	if ! (cd "$moddir" && go build -trimpath -o "$tmp/$name" "$pkg"); then
+	if ! (cd "$moddir" && go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" "$pkg"); then
 		kill "$beat" 2>/dev/null || true
 		rm -rf "$tmp"
 		say "FAILED to build $name"
@@ -60,7 +65,12 @@ build "$kube_dir" kube-controller-manager "$here/kube" k8s.io/kubernetes/cmd/kub
 build "$kube_dir" kubectl "$here/kube" k8s.io/kubernetes/cmd/kubectl "about a minute once kube-apiserver is built"
 build "$pebble_dir" pebble "$here/pebble" github.com/letsencrypt/pebble/v2/cmd/pebble "about 30 s cold"
 build "$promtool_dir" promtool "$here/promtool" github.com/prometheus/prometheus/cmd/promtool "about 5 minutes cold"
+helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
+for p in chartutil lint/rules; do
+	helm_ldflags+=" -X helm.sh/helm/v3/pkg/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$p.k8sVersionMinor=$helm_k8s_minor"
+done
+build "$helm_dir" helm "$here/helm" helm.sh/helm/v3/cmd/helm "about 3 minutes cold" "$helm_ldflags"
 
-printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\n' \
+printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\nHELM=%s\n' \
 	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$kube_dir/kubectl" "$etcd_dir/etcd" "$pebble_dir/pebble" \
-	"$promtool_dir/promtool"
+	"$promtool_dir/promtool" "$helm_dir/helm"

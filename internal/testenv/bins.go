@@ -19,6 +19,8 @@ type Bins struct {
 	KubeAPIServer, KubeProxy, KubeControllerManager, Etcd string
 	// Pebble is the ACME test server (StartPebble).
 	Pebble string
+	// Helm lints, renders and installs packaging/helm/tether.
+	Helm string
 }
 
 var (
@@ -102,9 +104,10 @@ func parseBins(out []byte) (Bins, error) {
 		KubeControllerManager: values["KUBE_CONTROLLER_MANAGER"],
 		Etcd:                  values["ETCD"],
 		Pebble:                values["PEBBLE"],
+		Helm:                  values["HELM"],
 	}
 	var errs []error
-	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "ETCD", "PEBBLE"} {
+	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "ETCD", "PEBBLE", "HELM"} {
 		if values[key] == "" {
 			errs = append(errs, fmt.Errorf("no %s= line", key))
 		}

@@ -7,7 +7,8 @@ import (
 
 func TestParseBins(t *testing.T) {
 	out := "KUBE_APISERVER=/c/kube/kube-apiserver\nKUBE_PROXY=/c/kube/kube-proxy\n" +
-		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n"
+		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n" +
+		"HELM=/c/helm/helm\n"
 	b, err := parseBins([]byte(out))
 	if err != nil {
 		t.Fatal(err)
@@ -18,6 +19,7 @@ func TestParseBins(t *testing.T) {
 		KubeControllerManager: "/c/kube/kube-controller-manager",
 		Etcd:                  "/c/etcd/etcd",
 		Pebble:                "/c/pebble/pebble",
+		Helm:                  "/c/helm/helm",
 	}
 	if b != want {
 		t.Errorf("parseBins = %+v, want %+v", b, want)
