@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/utils/clock"
 )
 
@@ -132,7 +133,7 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 		return nil, err
 	}
 	var err error
-	if req.scope, err = newScope(req.namespace, req.name, req.opts); err != nil {
+	if req.scope, err = newScope(req.resource, req.namespace, req.name, req.opts); err != nil {
 		return nil, err
 	}
 	return req, nil
@@ -186,14 +187,35 @@ func parseRV(s string) (uint64, error) {
 type readScope struct {
 	namespace string
 	labels    labels.Selector // nil: all
-	fields    fields.Selector // nil: all
+	fields    fields.Selector // nil: all; metadata.name and metadata.namespace only
+	// content are the field selector's requirements on the object's
+	// content (contentFields), which, like labels, can change.
+	content []contentRequirement
 }
 
-// newScope returns the scope of a request. Field selectors may use
-// metadata.name and metadata.namespace, the fields every resource
-// supports; others are refused as kube-apiserver refuses fields a
-// resource does not index.
-func newScope(namespace, name string, opts metainternalversion.ListOptions) (readScope, error) {
+// contentRequirement is a field selector's requirement on a content
+// field, with the field's JSON path.
+type contentRequirement struct {
+	fields.Requirement
+	path []string
+}
+
+// contentFields are, by resource, the fields beyond metadata.name and
+// metadata.namespace that kube-apiserver supports in field selectors,
+// with their JSON path in the object. kube-proxy lists and watches
+// Services with spec.clusterIP!=None.
+var contentFields = map[string]map[string][]string{
+	ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {
+		"spec.clusterIP": {"spec", "clusterIP"},
+		"spec.type":      {"spec", "type"},
+	},
+}
+
+// newScope returns the scope of a request for resource. Field selectors
+// may use metadata.name and metadata.namespace, the fields every resource
+// supports, and the resource's contentFields; others are refused as
+// kube-apiserver refuses fields a resource does not index.
+func newScope(resource, namespace, name string, opts metainternalversion.ListOptions) (readScope, error) {
 	sc := readScope{namespace: namespace}
 	if opts.LabelSelector != nil && !opts.LabelSelector.Empty() {
 		sc.labels = opts.LabelSelector
@@ -210,13 +232,71 @@ func newScope(namespace, name string, opts metainternalversion.ListOptions) (rea
 	if fs == nil || fs.Empty() {
 		return sc, nil
 	}
+	var keys []fields.Selector
 	for _, r := range fs.Requirements() {
-		if r.Field != "metadata.name" && r.Field != "metadata.namespace" {
+		switch {
+		case r.Field == "metadata.name" || r.Field == "metadata.namespace":
+			keys = append(keys, requirementSelector(r))
+		case contentFields[resource][r.Field] != nil:
+			sc.content = append(sc.content, contentRequirement{r, contentFields[resource][r.Field]})
+		default:
 			return sc, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", r.Field))
 		}
 	}
-	sc.fields = fs
+	if len(keys) > 0 {
+		sc.fields = fields.AndSelectors(keys...)
+	}
 	return sc, nil
+}
+
+// requirementSelector is the selector of one requirement (a field
+// selector's requirements use =, == or !=).
+func requirementSelector(r fields.Requirement) fields.Selector {
+	if r.Operator == selection.NotEquals {
+		return fields.OneTermNotEqualSelector(r.Field, r.Value)
+	}
+	return fields.OneTermEqualSelector(r.Field, r.Value)
+}
+
+// filtersContent reports whether the scope depends on what can change
+// in an object (labels, content fields), not only on its key.
+func (sc readScope) filtersContent() bool { return sc.labels != nil || len(sc.content) > 0 }
+
+// matchesContent reports whether an object with labels l and JSON raw
+// matches the scope's label selector and content fields.
+func (sc readScope) matchesContent(l map[string]string, raw json.RawMessage) bool {
+	if sc.labels != nil && !sc.labels.Matches(labels.Set(l)) {
+		return false
+	}
+	if len(sc.content) == 0 {
+		return true
+	}
+	var obj map[string]any
+	if json.Unmarshal(raw, &obj) != nil {
+		return false
+	}
+	for _, r := range sc.content {
+		v := jsonString(obj, r.path)
+		if (v == r.Value) == (r.Operator == selection.NotEquals) {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonString is the string at path in obj, or "" (absent fields select
+// as empty, as kube-apiserver's field sets have them).
+func jsonString(obj map[string]any, path []string) string {
+	var v any = obj
+	for _, k := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return ""
+		}
+		v = m[k]
+	}
+	s, _ := v.(string)
+	return s
 }
 
 // matchesKey reports whether an object's namespace and name are in the
@@ -228,13 +308,8 @@ func (sc readScope) matchesKey(namespace, name string) bool {
 	return sc.fields == nil || sc.fields.Matches(objectFields{namespace, name})
 }
 
-// matchesLabels reports whether labels l are in the scope.
-func (sc readScope) matchesLabels(l map[string]string) bool {
-	return sc.labels == nil || sc.labels.Matches(labels.Set(l))
-}
-
 func (sc readScope) matches(o *Object) bool {
-	return sc.matchesKey(o.Namespace, o.Name) && sc.matchesLabels(o.Labels)
+	return sc.matchesKey(o.Namespace, o.Name) && sc.matchesContent(o.Labels, o.Raw)
 }
 
 // objectFields are the fields of an object a field selector may use

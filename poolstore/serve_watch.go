@@ -28,7 +28,8 @@ type apiWatcher struct {
 	// afterRV is the resourceVersion the client is at: changes up to it
 	// are sent (or not in its scope).
 	afterRV uint64
-	// view is, for a watch with a label selector, which objects the
+	// view is, for a watch with a label selector or content fields
+	// (readScope.filtersContent), which objects the
 	// client holds: key -> the object last sent, or nil for an object
 	// known not to be held. complete is true when every key the client
 	// holds is in view (the watch began with the objects), false when it
@@ -51,7 +52,7 @@ func (h *Handler) serveWatch(ctx context.Context, w http.ResponseWriter, req *re
 		deadline = timer.C()
 	}
 	wt := &apiWatcher{h: h, req: req, w: w, rc: http.NewResponseController(w)}
-	if req.scope.labels != nil {
+	if req.scope.filtersContent() {
 		wt.view = map[string]json.RawMessage{}
 	}
 	if send := req.opts.SendInitialEvents; send != nil && !*send {
@@ -211,7 +212,7 @@ func (wt *apiWatcher) event(c Change) (typ string, obj json.RawMessage) {
 		known = true // not held
 	}
 	held := prev != nil
-	matches := wt.matchesLabels(c.Object)
+	matches := wt.matchesContent(c.Object)
 	switch {
 	case c.Type == Deleted:
 		wt.forget(k)
@@ -252,9 +253,9 @@ func (wt *apiWatcher) forget(k string) {
 	}
 }
 
-func (wt *apiWatcher) matchesLabels(raw json.RawMessage) bool {
+func (wt *apiWatcher) matchesContent(raw json.RawMessage) bool {
 	o, err := decodeObject(raw)
-	return err == nil && wt.req.scope.matchesLabels(o.Labels)
+	return err == nil && wt.req.scope.matchesContent(o.Labels, raw)
 }
 
 // bookmark sends a BOOKMARK at afterRV; initialEnd marks the end of the
