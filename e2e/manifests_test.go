@@ -42,7 +42,16 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("server-side dry run: %v", err)
 		}
 	}
+	checkGatewayRBAC(t, ctx, cp)
+}
 
+// checkGatewayRBAC asks the apiserver what the gateway's identities (its
+// ServiceAccount, the user tether-gateway) may do once gateway-rbac.yaml
+// and gateway-hosts-configmap-rbac.yaml (or the Helm chart with
+// gateway.hostsConfigMap kube-system/tether-nodes) are applied: the least
+// RBAC, no more.
+func checkGatewayRBAC(t *testing.T, ctx context.Context, cp *testenv.ControlPlane) {
+	t.Helper()
 	for _, user := range []string{"system:serviceaccount:tether-system:tether-gateway", "tether-gateway"} {
 		for _, c := range []struct {
 			verb, resource, namespace, name string
@@ -102,6 +111,13 @@ func TestEdgeRBAC(t *testing.T) {
 	if err := testenv.ApplyManifests(ctx, cp.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml")); err != nil {
 		t.Fatal(err)
 	}
+	checkEdgeRBAC(t, ctx, cp)
+}
+
+// checkEdgeRBAC asks the apiserver what a node may do once edge-rbac.yaml
+// and pool-rbac.yaml (or the Helm chart) are applied.
+func checkEdgeRBAC(t *testing.T, ctx context.Context, cp *testenv.ControlPlane) {
+	t.Helper()
 	for _, c := range []struct {
 		verb, resource, namespace, name string
 		allowed                         bool
@@ -177,6 +193,14 @@ func TestEdgeBootstrapRBAC(t *testing.T) {
 	if err := testenv.ApplyManifests(ctx, cp.Admin, false, filepath.Join(world.RepoRoot(), "packaging", "kubernetes", "edge-bootstrap-rbac.yaml")); err != nil {
 		t.Fatal(err)
 	}
+	checkEdgeBootstrapRBAC(t, ctx, cp)
+}
+
+// checkEdgeBootstrapRBAC asks the apiserver what bootstrap tokens and
+// nodes may do with certificate requests once edge-bootstrap-rbac.yaml (or
+// the Helm chart with edge.bootstrapRBAC) is applied.
+func checkEdgeBootstrapRBAC(t *testing.T, ctx context.Context, cp *testenv.ControlPlane) {
+	t.Helper()
 	token := []string{"system:bootstrap:abcdef", "system:bootstrappers", "system:authenticated"}
 	node := []string{"system:node:edge-1", "system:nodes", "system:authenticated"}
 	for _, c := range []struct {
