@@ -6,14 +6,28 @@
 // edges connect to it in both phases, as they campaign for the pool's lead
 // through it (nodes may only read the election record), so its tunnels'
 // keepalives are in both phases' uplink figures. Then, in each run, it
-// measures two phases with fresh tether-edge processes (the apiserver
-// proxy and the tunnel, default settings, a fresh data directory each):
+// measures these phases (--phases) with fresh tether-edge processes (the
+// apiserver proxy and the tunnel, default settings, a fresh data
+// directory each):
 //
 //   - no-pool: --pool-listen "", every node's proxy relays its kube-proxy's
 //     watch to the cloud;
 //   - pool: the default, one elected node watches EndpointSlices,
 //     Endpoints and Services in the cloud and the others replicate its
-//     store over the pool listener and serve their kube-proxy from it.
+//     store over the pool listener and serve their kube-proxy from it;
+//   - members: the pool at size, --members nodes: one tether-edge (on
+//     the first edge, so the only candidate and the leader) and
+//     --members − 1 simulated followers in this process, each the
+//     project's own poolstore.Follower with a bbolt replica of its own, a
+//     node certificate and Node of its own (sim-001, ...) and its own
+//     TLS connection to the leader's pool listener, which leaves from
+//     the second edge's namespace and so crosses the site's LAN (a
+//     forwarder in this process carries it there and counts its bytes).
+//     It measures the followers' first sync, the leader's CPU, RSS and
+//     goroutines, the bytes on each follower's connection at idle and
+//     while the slices change, and the replication lag: a follower's
+//     replica holding a change minus the leader node's kube-proxy-like
+//     informer receiving it.
 //
 // On every node a kube-proxy-like client-go informer (in this process,
 // dialling from the node's namespace, kube-proxy's User-Agent and content
@@ -28,7 +42,11 @@
 // update returning to the informers, and the RSS of every tether-edge.
 //
 // It prints tables and how the pool fares against the issue's targets; it
-// asserts nothing. Timings on a shared machine vary with its load, which
+// asserts nothing. Its last line is machine-readable:
+//
+//	pool: members=<n> lag_p99_ms=<> leader_cpu_pct=<> leader_rss_mib=<> lan_bytes_per_follower=<>
+//
+// from the members phase (or, without it, the pool phase). Timings on a shared machine vary with its load, which
 // it prints at start and end.
 //
 // It needs root (network namespaces) and uses only addresses inside the
@@ -42,6 +60,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
@@ -58,12 +78,28 @@ type options struct {
 	settle  time.Duration
 	timeout time.Duration
 	verbose bool
+
+	phases     []string // of allPhases, in that order
+	members    int
+	cpuProfile string
 }
+
+// The phases, in the order a run measures them (no-pool and pool swap
+// places in even runs).
+const (
+	phaseNoPool  = "no-pool"
+	phasePool    = "pool"
+	phaseMembers = "members"
+)
+
+var allPhases = []string{phaseNoPool, phasePool, phaseMembers}
+
+func (o options) has(phase string) bool { return slices.Contains(o.phases, phase) }
 
 func main() {
 	var o options
 	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-edge and tether-gateway, as make build leaves them in bin; empty builds it from this tree into a temporary directory")
-	flag.IntVar(&o.runs, "runs", 1, "measure both phases this many `times` (they alternate which goes first); the targets are judged on the median ratio, the lag of all runs together and the largest RSS")
+	flag.IntVar(&o.runs, "runs", 1, "measure the phases this many `times` (no-pool and pool alternate which goes first); the targets are judged on the median ratio, the lag of all runs together and the largest RSS")
 	flag.IntVar(&o.changes, "changes", 1000, "`n` EndpointSlices (5 endpoints each) in namespace bench; each phase changes every one once")
 	flag.IntVar(&o.edges, "edges", 10, "`n` edge nodes in the pool")
 	flag.IntVar(&o.workers, "workers", 4, "concurrent `writers` of the changes (the admin client allows 100 requests/s)")
@@ -71,13 +107,33 @@ func main() {
 	flag.DurationVar(&o.settle, "settle", 5*time.Second, "wait this `duration` after the informers synced before measuring")
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "give up after this `duration` (world setup included)")
 	flag.BoolVar(&o.verbose, "verbose", false, "log the world's setup and each phase's steps")
+	phases := flag.String("phases", strings.Join(allPhases, ","), "the `phases` to measure in each run, comma-separated: no-pool (every node watches the cloud), pool (--edges tether-edge in one pool), members (one tether-edge leading --members − 1 simulated followers)")
+	flag.IntVar(&o.members, "members", 100, "`n` nodes in the pool of the members phase: one tether-edge, the leader, and n − 1 simulated followers (2..1000)")
+	flag.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of the leader during the members phase's changes to this `file` (the leader runs with --profiling)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: poolbench [flags]\n\nBenchmarks the Tether node pool: uplink bytes with and without it, replication lag, RSS per node, in network namespaces on this machine (needs root).\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if o.runs < 1 || o.runs > maxRounds/2 || o.changes < 1 || o.changes > maxSlices || o.edges < 2 || o.edges > 200 || o.workers < 1 || o.idle <= 0 || o.settle < 0 {
-		fmt.Fprintf(os.Stderr, "poolbench: --runs must be 1..%d, --changes 1..%d, --edges 2..200, --workers and --idle positive\n", maxRounds/2, maxSlices)
+	var asked []string
+	for _, p := range strings.Split(*phases, ",") {
+		if p = strings.TrimSpace(p); !slices.Contains(allPhases, p) {
+			fmt.Fprintf(os.Stderr, "poolbench: --phases: unknown phase %q (phases: %s)\n", p, strings.Join(allPhases, ", "))
+			os.Exit(2)
+		}
+		asked = append(asked, p)
+	}
+	for _, p := range allPhases {
+		if slices.Contains(asked, p) {
+			o.phases = append(o.phases, p)
+		}
+	}
+	if o.members < 2 || o.members > 1000 {
+		fmt.Fprintf(os.Stderr, "poolbench: --members must be 2..1000\n")
+		os.Exit(2)
+	}
+	if o.runs < 1 || o.runs > maxRounds/len(allPhases) || o.changes < 1 || o.changes > maxSlices || o.edges < 2 || o.edges > 200 || o.workers < 1 || o.idle <= 0 || o.settle < 0 {
+		fmt.Fprintf(os.Stderr, "poolbench: --runs must be 1..%d, --changes 1..%d, --edges 2..200, --workers and --idle positive\n", maxRounds/len(allPhases), maxSlices)
 		os.Exit(2)
 	}
 	world.RunBench("poolbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error { return run(ctx, s, o) })
@@ -118,11 +174,17 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 
 	b := &bench{o: o, s: s, w: w, bins: bins, uplink: uplink{site.Router()}, perEdge: counters, logf: logf}
 	var res []phaseResult
+	var mres []membersResult
 	round := 0
 	for r := 1; r <= o.runs; r++ {
-		order := []bool{false, true} // pool off, then on
+		var order []bool // pool off, then on
+		for _, p := range []string{phaseNoPool, phasePool} {
+			if o.has(p) {
+				order = append(order, p == phasePool)
+			}
+		}
 		if r%2 == 0 {
-			order = []bool{true, false}
+			slices.Reverse(order)
 		}
 		for _, pool := range order {
 			round++
@@ -134,11 +196,27 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 			note("run %d %s done in %v", r, pr.phase, time.Since(start).Round(time.Second))
 			res = append(res, pr)
 		}
+		if o.has(phaseMembers) {
+			round++
+			start := time.Now()
+			mr, err := b.membersPhase(ctx, r, round)
+			if err != nil {
+				return fmt.Errorf("run %d, %s: %w", r, phaseMembers, err)
+			}
+			note("run %d %s done in %v", r, phaseMembers, time.Since(start).Round(time.Second))
+			mres = append(mres, mr)
+		}
 	}
-	printTable(o, res)
-	printTargets(res)
-	printNotes(res)
+	if len(res) > 0 {
+		printTable(o, res)
+		printTargets(res)
+		printNotes(res)
+	}
+	if len(mres) > 0 {
+		printMembers(o, mres)
+	}
 	fmt.Printf("\nload average at end: %s\n", world.LoadAvg())
+	printSummary(res, mres)
 	return nil
 }
 

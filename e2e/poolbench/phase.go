@@ -30,6 +30,7 @@ type bench struct {
 	uplink  uplink
 	perEdge *edgeCounters
 	logf    func(string, ...any)
+	certs   []*testenv.KeyPair // the simulated followers', by index
 }
 
 // phaseResult is one phase of one run.
@@ -55,6 +56,7 @@ type phaseResult struct {
 	mem        map[string]procMem // after the changes
 	peaks      []stagePeak        // the largest VmHWM of the edges at each stage
 	leaderPID  int
+	leaderCPU  time.Duration      // the leader's CPU time while the slices changed (took)
 	proxyDown  float64            // bodies the proxies relayed from the cloud, while the slices changed
 	replicated float64            // bytes followers received over the pool listener, while the slices changed
 	served     map[string]float64 // kube-proxy requests by how they were served, all edges, whole phase
@@ -147,6 +149,11 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 	if err != nil {
 		return res, err
 	}
+	li := slices.IndexFunc(edges, func(e *world.Edge) bool { return e.Name == res.leader })
+	var cpu0 time.Duration
+	if li >= 0 {
+		cpu0 = mustCPU(pids[li])
+	}
 	start := time.Now()
 	returned, err := changeAll(ctx, b.w.CP.Client, b.o.changes, round, b.o.workers)
 	if err != nil {
@@ -163,6 +170,9 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 	}
 	if err := errors.Join(errs...); err != nil {
 		return res, fmt.Errorf("waiting for the informers: %w", err)
+	}
+	if li >= 0 {
+		res.leaderCPU = mustCPU(pids[li]) - cpu0
 	}
 	s1, err = b.snapshot(ctx, edges)
 	if err != nil {

@@ -209,6 +209,9 @@ type edgeMetrics struct {
 	// heapInuse and goSys: the Go runtime's heap in use and all the
 	// memory it obtained from the OS (go_memstats_*).
 	heapInuse, goSys float64
+	// goroutines is go_goroutines; streams the pool's replication
+	// streams the node serves (tether_edge_pool_streams_serving).
+	goroutines, streams float64
 	// served counts kube-proxy's requests by how the proxy served them
 	// (upstream, pool, ...).
 	served map[string]float64
@@ -224,6 +227,8 @@ func readMetrics(ctx context.Context, e *world.Edge) (edgeMetrics, error) {
 		replicated: world.Metric(body, "tether_edge_pool_bytes_received_total"),
 		heapInuse:  world.Metric(body, "go_memstats_heap_inuse_bytes"),
 		goSys:      world.Metric(body, "go_memstats_sys_bytes"),
+		goroutines: world.Metric(body, "go_goroutines"),
+		streams:    world.Metric(body, "tether_edge_pool_streams_serving"),
 		served:     map[string]float64{},
 	}
 	for _, line := range strings.Split(body, "\n") {

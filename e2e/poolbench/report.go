@@ -25,7 +25,11 @@ func printHeader(o options) {
 	flag.VisitAll(func(f *flag.Flag) {
 		eff = append(eff, fmt.Sprintf("--%s=%s", f.Name, f.Value))
 	})
-	fmt.Printf("poolbench: Tether node pool, %d edges, %d EndpointSlices changed once per phase\n", o.edges, o.changes)
+	fmt.Printf("poolbench: Tether node pool, %d edges, %d EndpointSlices changed once per phase; phases %s", o.edges, o.changes, strings.Join(o.phases, ", "))
+	if o.has(phaseMembers) {
+		fmt.Printf(" (members: a pool of %d)", o.members)
+	}
+	fmt.Println()
 	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
 	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), world.LoadAvg(), runtime.Version())
@@ -207,6 +211,8 @@ func printNotes(res []phaseResult) {
 		lm := r.mem[r.leader]
 		fmt.Printf("  %-8s run %d: RSS leader %s MiB (anonymous %s, files %s, Go heap in use %s; peak %s; pid %d), followers median %s MiB\n", "", r.run,
 			mB(lm.rss), mB(lm.anon), mB(lm.file), mB(lm.heap), mB(lm.hwm), r.leaderPID, mB(int64(medianI(f))))
+		fmt.Printf("  %-8s run %d: CPU of the leader while the slices changed: %.2f s over %.1f s, %.1f %% of one core\n", "", r.run,
+			r.leaderCPU.Seconds(), r.took.Seconds(), pctOf(r.leaderCPU, r.took))
 		if r.leaderAfter != r.leader {
 			fmt.Printf("  %-8s run %d: note: the leader changed from %s to %q during the phase\n", "", r.run, r.leader, r.leaderAfter)
 		}
@@ -260,4 +266,126 @@ func medianI(v []int64) float64 {
 		return 0
 	}
 	return medianF(f)
+}
+
+// printMembers prints the members phases: the pool at size.
+func printMembers(o options, res []membersResult) {
+	nf := o.members - 1
+	fmt.Printf("\nPool of %d members (one tether-edge, the leader; %d simulated followers), while %d EndpointSlices changed once:\n\n", o.members, nf, o.changes)
+	fmt.Printf("%3s %8s %8s %8s %9s %7s %8s %8s %8s %8s %10s %10s %10s %8s\n",
+		"run", "lag p50", "lag p99", "lag max", "upd→flw", "took", "ldr CPU", "ldr idle", "ldr RSS", "ldr HWM", "LAN/flw", "frames/flw", "idle/flw", "1st sync")
+	fmt.Printf("%3s %8s %8s %8s %9s %7s %8s %8s %8s %8s %10s %10s %10s %8s\n",
+		"", "ms", "ms", "ms", "p99 ms", "s", "%", "CPU %", "MiB", "MiB", "kB", "kB", "B/s", "s")
+	for _, r := range res {
+		fmt.Printf("%3d %8s %8s %8s %9s %7.1f %8.1f %8.1f %8s %8s %10s %10s %10.0f %8.1f\n",
+			r.run, ms(pct(r.lag, 50)), ms(pct(r.lag, 99)), ms(pct(r.lag, 100)), ms(pct(r.toFollowers, 99)), r.took.Seconds(),
+			r.changeCPUPct(), pctOf(r.idleCPU, r.idle), mB(r.memAfter.rss), mB(r.memAfter.hwm),
+			kB(r.lanPerFollower()), kB(meanF(r.frames)), meanTraffic(r.idleBytes)/r.idle.Seconds(), r.firstSync.Seconds())
+	}
+	fmt.Printf("\nlag: a follower's replica holding a change minus the leader node's kube-proxy-like informer receiving it (both\n" +
+		"read by this process; negative when the replica is first). upd→flw: the update returning to the change in a\n" +
+		"follower's replica. took: the first update sent to the last change in the last replica. ldr CPU: the leader's\n" +
+		"CPU time over took, in percent of one core; idle: over --idle with no change. ldr RSS: VmRSS after the changes; HWM:\n" +
+		"its peak. LAN/flw: bytes on a follower's connection while the slices changed, both directions (TLS records,\n" +
+		"without TCP/IP headers), mean of the followers; frames/flw: the replication frames in it; idle/flw: bytes per\n" +
+		"second on a follower's connection with no change (sync frames, HTTP/2 pings). 1st sync: starting the followers\n" +
+		"to every replica holding the leader's store (a snapshot each).\n")
+
+	fmt.Printf("\nDetails:\n")
+	for _, r := range res {
+		n := float64(max(len(r.bytes), 1))
+		changes := float64(o.changes)
+		fmt.Printf("  run %d: leader %s (pid %d): CPU %.2f s over %.1f s of changes; first sync of %d followers %.1f s with %.2f s of CPU (this process: %.2f s), peak RSS %s MiB then\n",
+			r.run, r.leader, r.leaderPID, r.changeCPU.Seconds(), r.took.Seconds(), len(r.bytes), r.firstSync.Seconds(), r.firstSyncCPU.Seconds(),
+			r.firstSyncOwn.Seconds(), mB(r.syncHWM))
+		fmt.Printf("  run %d: leader before the followers → after the changes: RSS %s → %s MiB (anonymous %s → %s), Go heap in use %s → %s MiB, goroutines %.0f → %.0f; %.0f streams served\n",
+			r.run, mB(r.memBefore.rss), mB(r.memAfter.rss), mB(r.memBefore.anon), mB(r.memAfter.anon),
+			mB(int64(r.before.heapInuse)), mB(int64(r.after.heapInuse)), r.before.goroutines, r.after.goroutines, r.streams)
+		fmt.Printf("  run %d: per follower on the leader: RSS %.0f KiB, Go heap %.0f KiB, %.1f goroutines; CPU %.0f µs per change per follower\n",
+			r.run, float64(r.memAfter.rss-r.memBefore.rss)/n/1024, (r.after.heapInuse-r.before.heapInuse)/n/1024,
+			(r.after.goroutines-r.before.goroutines)/n, r.changeCPU.Seconds()*1e6/changes/n)
+		var down []int64
+		var up int64
+		for _, t := range r.bytes {
+			down = append(down, t.down)
+			up += t.up
+		}
+		slices.Sort(down)
+		if len(down) > 0 {
+			fmt.Printf("  run %d: per follower while changing: down min %s mean %s max %s kB, up mean %s kB; %.0f B per change on the LAN, %.0f B of frames\n",
+				r.run, kB(float64(down[0])), kB(medianI(down)), kB(float64(down[len(down)-1])), kB(float64(up)/n),
+				r.lanPerFollower()/changes, meanF(r.frames)/changes)
+		}
+		fmt.Printf("  run %d: written to storage while changing: leader %s kB (%.0f B per change); followers %s kB each (%.0f B per change, %.1f× the frames' bytes)\n",
+			r.run, kB(float64(r.leaderDisk)), float64(r.leaderDisk)/changes, kB(float64(r.followerDisk)/n),
+			float64(r.followerDisk)/n/changes, float64(r.followerDisk)/n/max(meanF(r.frames), 1))
+		fmt.Printf("  run %d: this process (followers, writers, informers) used %.2f s of CPU while changing, %.0f µs per change per follower\n",
+			r.run, r.selfCPU.Seconds(), r.selfCPU.Seconds()*1e6/changes/n)
+		fmt.Printf("  run %d: replicas equal to the leader's at the end: %s; snapshots loaded by the followers: %d (one each at first sync)\n",
+			r.run, r.digests, r.resyncs)
+	}
+	var lag []time.Duration
+	for _, r := range res {
+		lag = append(lag, r.lag...)
+	}
+	slices.Sort(lag)
+	met := "MISSED"
+	if pct(lag, 99) <= targetLag {
+		met = "met   "
+	}
+	fmt.Printf("\nTarget, %d members:\n  %s replication lag p99 at most %v: p99 %s ms, p50 %s ms, max %s ms (%d follower receipts)\n",
+		o.members, met, targetLag, ms(pct(lag, 99)), ms(pct(lag, 50)), ms(pct(lag, 100)), len(lag))
+	fmt.Printf("  (figures from this machine are indicative: the leader, %d followers, the writers and the control plane share its %d CPUs)\n",
+		nf, runtime.NumCPU())
+}
+
+func meanF(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
+}
+
+// printSummary prints the machine-readable last line, from the members
+// phases (all runs: lag p99 of all receipts, the largest CPU and RSS,
+// the mean bytes), or else from the pool phases. lan_bytes_per_follower:
+// in the members phase, the bytes on a follower's connection while the
+// slices changed (TLS records both ways); in the pool phase, the
+// replication frames a follower received (tether_edge_pool_bytes_received_total).
+func printSummary(res []phaseResult, mres []membersResult) {
+	var lag []time.Duration
+	var cpu, lan float64
+	var rss int64
+	members, n := 0, 0
+	for _, r := range mres {
+		members = r.members
+		lag = append(lag, r.lag...)
+		cpu = max(cpu, r.changeCPUPct())
+		rss = max(rss, r.memAfter.rss)
+		lan += r.lanPerFollower()
+		n++
+	}
+	if len(mres) == 0 {
+		for _, r := range res {
+			if !r.pool {
+				continue
+			}
+			members = len(r.mem)
+			lag = append(lag, r.lag...)
+			cpu = max(cpu, pctOf(r.leaderCPU, r.took))
+			rss = max(rss, r.mem[r.leader].rss)
+			lan += r.replicated / float64(max(members-1, 1))
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	slices.Sort(lag)
+	fmt.Printf("pool: members=%d lag_p99_ms=%s leader_cpu_pct=%.1f leader_rss_mib=%s lan_bytes_per_follower=%.0f\n",
+		members, ms(pct(lag, 99)), cpu, mB(rss), lan/float64(n))
 }

@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore"
+)
+
+// membersResult is the members phase of one run: a pool of --members
+// nodes, one tether-edge (the leader) and the others simulated followers.
+type membersResult struct {
+	run       int
+	members   int // the pool's size: the leader and its followers
+	leader    string
+	leaderPID int
+
+	// The followers' first sync: from starting them to every replica
+	// holding the leader's store (a snapshot each).
+	firstSync    time.Duration
+	firstSyncCPU time.Duration // the leader's CPU time meanwhile
+	firstSyncOwn time.Duration // and this process's (the followers)
+	syncHWM      int64         // the leader's VmHWM after it
+
+	// --idle with no change.
+	idle      time.Duration
+	idleCPU   time.Duration
+	idleBytes []traffic // per follower, on its connection
+
+	// While the slices changed: the first update sent to the last change
+	// in the last replica.
+	writes, took time.Duration
+	changeCPU    time.Duration
+	selfCPU      time.Duration // this process's: the followers, the writers, the informer
+	lag          []time.Duration
+	toLeader     []time.Duration // update returned → the leader's informer received it
+	toFollowers  []time.Duration // update returned → in a follower's replica
+	bytes        []traffic       // per follower, on its connection
+	frames       []float64       // per follower, replication frames' bytes
+	leaderDisk   int64           // bytes the leader wrote to storage
+	followerDisk int64           // bytes all followers wrote to storage (this process)
+
+	// The leader's memory and goroutines before the followers connected,
+	// and after the changes.
+	memBefore, memAfter procMem
+	before, after       edgeMetrics
+	streams             float64 // replication streams the leader served at the end
+	resyncs             uint64  // snapshots the followers loaded, all together
+	digests             string  // replicas equal to the leader's at the end
+}
+
+// lanPerFollower is the mean bytes (both directions) on a follower's
+// connection while the slices changed.
+func (r membersResult) lanPerFollower() float64 { return meanTraffic(r.bytes) }
+
+func meanTraffic(ts []traffic) float64 {
+	if len(ts) == 0 {
+		return 0
+	}
+	var sum int64
+	for _, t := range ts {
+		sum += t.down + t.up
+	}
+	return float64(sum) / float64(len(ts))
+}
+
+func (r membersResult) changeCPUPct() float64 { return pctOf(r.changeCPU, r.took) }
+
+func pctOf(cpu, wall time.Duration) float64 {
+	if wall <= 0 {
+		return 0
+	}
+	return 100 * cpu.Seconds() / wall.Seconds()
+}
+
+// ensureSimNodes creates the Nodes of the simulated followers (pool
+// label, edge label; no address: nobody dials a follower) unless they
+// exist. The leader learns its pool's members from the Nodes.
+func (b *bench) ensureSimNodes(ctx context.Context, n int) error {
+	nodes := b.w.CP.Client.CoreV1().Nodes()
+	return parallel(ctx, 8, n, func(i int) error {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: simName(i + 1),
+			Labels: map[string]string{world.EdgeLabel: "true", world.PoolLabel: siteName, corev1.LabelHostname: simName(i + 1)}}}
+		if _, err := nodes.Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create node %s: %w", node.Name, err)
+		}
+		return nil
+	})
+}
+
+// simCerts issues the simulated followers' node certificates, once.
+func (b *bench) simCerts(n int) ([]*testenv.KeyPair, error) {
+	for k := len(b.certs) + 1; k <= n; k++ {
+		kp, err := b.w.ClusterCA.NodeCert(simName(k))
+		if err != nil {
+			return nil, err
+		}
+		b.certs = append(b.certs, kp)
+	}
+	return b.certs[:n], nil
+}
+
+// membersPhase runs one tether-edge, which leads the pool, and
+// --members − 1 simulated followers, and measures their first sync, an
+// idle window and one round of changes.
+func (b *bench) membersPhase(ctx context.Context, run, round int) (membersResult, error) {
+	res := membersResult{run: run, members: b.o.members}
+	leader, src := b.w.Edges[0], b.w.Edges[1]
+	nf := b.o.members - 1
+	note("run %d members: %d simulated followers (nodes and certificates)", run, nf)
+	if err := b.ensureSimNodes(ctx, nf); err != nil {
+		return res, err
+	}
+	certs, err := b.simCerts(nf)
+	if err != nil {
+		return res, err
+	}
+
+	// The leader: the only tether-edge, so the only candidate.
+	args := []string{
+		"--cert", leader.CertFile, "--key", leader.KeyFile,
+		"--server-addr", b.w.CP.URL, "--server-ca", b.w.Path("cluster-ca.crt"),
+		"--data-dir", b.w.Path(fmt.Sprintf("poolbench-run%d-members-%s", run, leader.Name)),
+		"--gateway", fmt.Sprintf("%s:%d", b.w.Gateways[0].Addr, world.TunnelPort), "--gateway-ca", b.w.Path("gateway-ca.crt"),
+		"--allow-ports", fmt.Sprint(world.KubeletPort),
+		"--log-level", "info",
+	}
+	if b.o.cpuProfile != "" {
+		args = append(args, "--profiling")
+	}
+	cmds := []*exec.Cmd{leader.Host.Start(b.s, b.bins.Edge, args...)}
+	defer b.stopEdges([]*world.Edge{leader}, cmds)
+	pid, err := edgePID(ctx, cmds[0].Process.Pid, b.bins.Edge)
+	if err != nil {
+		return res, err
+	}
+	res.leaderPID = pid
+	var pr phaseResult
+	if err := b.waitReady(ctx, []*world.Edge{leader}, cmds, true, &pr); err != nil {
+		return res, err
+	}
+	if res.leader = pr.leader; res.leader != leader.Name {
+		return res, fmt.Errorf("%s does not lead its pool (%q does)", leader.Name, res.leader)
+	}
+	st, err := leader.Status(ctx)
+	if err != nil {
+		return res, err
+	}
+	if res.before, err = readMetrics(ctx, leader); err != nil {
+		return res, err
+	}
+	if res.memBefore, err = readMem(pid); err != nil {
+		return res, err
+	}
+
+	// The followers.
+	b.logf("run %d members: starting %d followers", run, nf)
+	dir := b.w.Path(fmt.Sprintf("poolbench-run%d-members", run))
+	leaderAddr := fmt.Sprintf("%s:%d", leader.Host.Addr, poolstore.DefaultPort)
+	log := slog.New(slog.DiscardHandler)
+	if b.o.verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	fctx, fcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		fcancel()
+		wg.Wait()
+	}()
+	cpu0, err := procCPU(pid)
+	if err != nil {
+		return res, err
+	}
+	own0 := mustCPU(os.Getpid())
+	start := time.Now()
+	sims := make([]*simFollower, 0, nf)
+	for k := range nf {
+		sf, err := newSimFollower(simName(k+1), dir, certs[k].TLS, b.w.ClusterCA, src.Host, leader.Name, leaderAddr, b.o.changes, log)
+		if err != nil {
+			return res, err
+		}
+		sims = append(sims, sf)
+		wg.Go(func() {
+			if err := sf.run(fctx); err != nil && fctx.Err() == nil {
+				note("follower %s: %v", sf.name, err)
+			}
+		})
+	}
+	if err := waitReplicas(ctx, sims, st.Pool.Epoch, st.Pool.Rev, b.o.changes); err != nil {
+		return res, err
+	}
+	res.firstSync = time.Since(start)
+	cpu1, _ := procCPU(pid)
+	res.firstSyncCPU, res.firstSyncOwn = cpu1-cpu0, mustCPU(os.Getpid())-own0
+	if m, err := readMem(pid); err == nil {
+		res.syncHWM = m.hwm
+	}
+	note("run %d members: %d followers synced in %v", run, nf, res.firstSync.Round(10*time.Millisecond))
+
+	// The leader node's own kube-proxy, as in the pool phase.
+	w, err := startWatcher(leader, b.o.changes)
+	if err != nil {
+		return res, err
+	}
+	defer w.close()
+	if err := b.waitSynced(ctx, []*watcher{w}); err != nil {
+		return res, err
+	}
+	if err := sleep(ctx, b.o.settle); err != nil {
+		return res, err
+	}
+
+	b.logf("run %d members: %v with no change", run, b.o.idle)
+	b0, cpu0 := fwdBytes(sims), mustCPU(pid)
+	t0 := time.Now()
+	if err := sleep(ctx, b.o.idle); err != nil {
+		return res, err
+	}
+	res.idle, res.idleCPU = time.Since(t0), mustCPU(pid)-cpu0
+	res.idleBytes = subAll(fwdBytes(sims), b0)
+
+	b.logf("run %d members: changing %d EndpointSlices", run, b.o.changes)
+	w.expect(round)
+	for _, sf := range sims {
+		sf.track.expect(round)
+	}
+	b0, f0 := fwdBytes(sims), frameBytes(sims)
+	cpu0, self0 := mustCPU(pid), mustCPU(os.Getpid())
+	disk0, fdisk0 := procWritten(pid), procWritten(os.Getpid())
+	start = time.Now()
+	var profErr chan error
+	if b.o.cpuProfile != "" {
+		profErr = make(chan error, 1)
+		secs := 5 + b.o.changes/(20*b.o.workers)
+		go func() { profErr <- cpuProfile(ctx, leader, secs, b.o.cpuProfile) }()
+	}
+	returned, err := changeAll(ctx, b.w.CP.Client, b.o.changes, round, b.o.workers)
+	if err != nil {
+		return res, err
+	}
+	res.writes = slices.MaxFunc(returned, time.Time.Compare).Sub(start)
+	rctx, cancel := context.WithTimeout(ctx, receiveTimeout)
+	defer cancel()
+	ldr, err := w.wait(rctx)
+	errs := []error{err}
+	got := make([][]time.Time, len(sims))
+	for k, sf := range sims {
+		got[k], err = sf.track.wait(rctx, sf.name)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return res, fmt.Errorf("waiting for the replicas: %w", err)
+	}
+	res.changeCPU, res.selfCPU = mustCPU(pid)-cpu0, mustCPU(os.Getpid())-self0
+	res.leaderDisk, res.followerDisk = procWritten(pid)-disk0, procWritten(os.Getpid())-fdisk0
+	res.bytes = subAll(fwdBytes(sims), b0)
+	f1 := frameBytes(sims)
+	for k := range f1 {
+		res.frames = append(res.frames, f1[k]-f0[k])
+	}
+	res.analyse(returned, ldr, got, start)
+	if res.after, err = readMetrics(ctx, leader); err != nil {
+		return res, err
+	}
+	res.streams = res.after.streams
+	if res.memAfter, err = readMem(pid); err != nil {
+		return res, err
+	}
+	for _, sf := range sims {
+		res.resyncs += sf.f.Status().Resyncs
+	}
+	res.digests = compareReplicas(ctx, leader, sims)
+	if profErr != nil {
+		if err := <-profErr; err != nil {
+			note("CPU profile of the leader: %v", err)
+		} else {
+			note("CPU profile of the leader during the changes: %s (go tool pprof %s %s)", b.o.cpuProfile, b.bins.Edge, b.o.cpuProfile)
+		}
+	}
+	return res, nil
+}
+
+// waitReplicas waits until every follower's replica is of epoch, at rev
+// or later and holds at least n objects.
+func waitReplicas(ctx context.Context, sims []*simFollower, epoch string, rev uint64, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	for {
+		var pending []string
+		for _, sf := range sims {
+			if sf.store.Epoch() != epoch || sf.store.Rev() < rev || sf.store.Len() < n {
+				pending = append(pending, sf.name)
+			}
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+		if err := sleep(ctx, pollEvery); err != nil {
+			st := sims[slices.IndexFunc(sims, func(sf *simFollower) bool { return sf.name == pending[0] })].f.Status()
+			return fmt.Errorf("%d followers not synced within %v (%s...; %s: rev %d, last error %q)",
+				len(pending), syncTimeout, strings.Join(pending[:min(5, len(pending))], ", "), pending[0], st.Rev, st.LastError)
+		}
+	}
+}
+
+// compareReplicas says how many followers' replicas equal the leader's
+// (same revision and digest) within 10 s.
+func compareReplicas(ctx context.Context, leader *world.Edge, sims []*simFollower) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		st, err := leader.Status(ctx)
+		if err != nil || st.Pool == nil {
+			return fmt.Sprintf("unknown (%v)", err)
+		}
+		equal := 0
+		for _, sf := range sims {
+			if sf.store.Rev() == st.Pool.Rev && sf.store.Digest() == st.Pool.Digest {
+				equal++
+			}
+		}
+		if equal == len(sims) || sleep(ctx, pollEvery) != nil {
+			return fmt.Sprintf("%d of %d", equal, len(sims))
+		}
+	}
+}
+
+// analyse turns the arrival times into latencies: lag is a follower's
+// replica holding a change minus the leader's informer receiving it.
+func (res *membersResult) analyse(returned, ldr []time.Time, got [][]time.Time, start time.Time) {
+	last := slices.MaxFunc(ldr, time.Time.Compare)
+	for i, t := range ldr {
+		res.toLeader = append(res.toLeader, t.Sub(returned[i]))
+	}
+	for _, g := range got {
+		for i, t := range g {
+			last = later(last, t)
+			res.lag = append(res.lag, t.Sub(ldr[i]))
+			res.toFollowers = append(res.toFollowers, t.Sub(returned[i]))
+		}
+	}
+	res.took = last.Sub(start)
+	for _, d := range [][]time.Duration{res.lag, res.toLeader, res.toFollowers} {
+		slices.Sort(d)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func fwdBytes(sims []*simFollower) []traffic {
+	out := make([]traffic, len(sims))
+	for k, sf := range sims {
+		out[k] = sf.fwd.bytes()
+	}
+	return out
+}
+
+func frameBytes(sims []*simFollower) []float64 {
+	out := make([]float64, len(sims))
+	for k, sf := range sims {
+		out[k] = sf.receivedBytes()
+	}
+	return out
+}
+
+func subAll(after, before []traffic) []traffic {
+	out := make([]traffic, len(after))
+	for k := range after {
+		out[k] = after[k].sub(before[k])
+	}
+	return out
+}
+
+// mustCPU is procCPU, 0 if the process is gone.
+func mustCPU(pid int) time.Duration {
+	d, _ := procCPU(pid)
+	return d
+}
+
+// cpuProfile saves a CPU profile of e's tether-edge (started with
+// --profiling) over secs seconds to path.
+func cpuProfile(ctx context.Context, e *world.Edge, secs int, path string) error {
+	c := &http.Client{Timeout: time.Duration(secs+30) * time.Second, Transport: &http.Transport{DialContext: e.Host.DialContext}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, world.EdgeAdmin(fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs)), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
