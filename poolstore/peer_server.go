@@ -64,6 +64,8 @@ type Server struct {
 	m   *serverMetrics
 	mux *http.ServeMux
 	tls *tls.Config
+	// encoded is the JSON of recent changes, shared by the streams.
+	encoded encodedChanges
 }
 
 // NewServer checks o and registers the metrics; Serve (or ServeHTTP
