@@ -1,6 +1,7 @@
 # Tether — build, test, demo. Run as root on Debian 12 with Go installed.
 #
 #   make demo     the tunnel demo: real control plane, a gateway, two edges
+#   make demo-tour  the tunnel demo, then service topology, a node pool, kubectl logs
 #   make test     everything CI runs (installs what the tests need first)
 
 SHELL      := /bin/bash
@@ -120,6 +121,15 @@ image: build
 
 demo: build testbins
 	$(GO) run ./e2e/demo
+
+# demo-tour goes on after the tunnel: a real kube-proxy behind tether-edge
+# (service topology), a node cut from the cloud kept Ready by its pool,
+# kubectl logs through kube-apiserver. About a minute; Enter between
+# steps; Ctrl-C stops it and cleans up. DEMO_FLAGS=--once runs it through.
+.PHONY: demo-tour
+DEMO_FLAGS ?=
+demo-tour: build testbins
+	$(GO) run ./e2e/demo --tour $(DEMO_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -5,6 +5,12 @@
 // with curl, verifying the kubelet's own certificate. Ctrl-C stops it and
 // removes everything it created.
 //
+// With --tour (`make demo-tour`) it goes on to the rest of the product, in
+// a world of three edges (edge-1 and edge-2 in pool site-a, edge-3 in
+// site-b) whose tether-edges are their nodes' apiserver proxies: service
+// topology under a real kube-proxy, a node cut from the cloud kept Ready
+// by its pool, and `kubectl logs` through kube-apiserver (tour.go).
+//
 // It needs root (network namespaces) and uses only addresses inside the
 // namespaces it creates.
 package main
@@ -27,9 +33,10 @@ import (
 
 func main() {
 	binDir := flag.String("bin-dir", "bin", "directory holding tether-gateway and tether-edge (built by `make build`); empty builds them into a temporary directory")
-	once := flag.Bool("once", false, "exit after showing the requests instead of waiting for Ctrl-C")
+	once := flag.Bool("once", false, "run straight through and exit (status 1 if a step did not show what it claims) instead of pausing between tour steps and waiting for Ctrl-C at the end")
+	tour := flag.Bool("tour", false, "after the tunnel, tour the rest of the product: service topology under a real kube-proxy, a node cut from the cloud kept Ready by its pool, kubectl logs through kube-apiserver (about a minute more)")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: demo [--bin-dir DIR] [--once]\n\nRuns the Tether tunnel demo in network namespaces on this machine (needs root).\n\n")
+		fmt.Fprintf(os.Stderr, "Usage: demo [--bin-dir DIR] [--once] [--tour]\n\nRuns the Tether demo in network namespaces on this machine (needs root).\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -43,7 +50,7 @@ func main() {
 	defer stop()
 
 	s := &testenv.Session{Log: log}
-	err := s.Run(func() error { return run(ctx, s, *binDir, *once) })
+	err := s.Run(func() error { return run(ctx, s, *binDir, *once, *tour) })
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(1)
@@ -55,21 +62,37 @@ func step(format string, args ...any) {
 	fmt.Printf("==> "+format+"\n", args...)
 }
 
-func run(ctx context.Context, s *testenv.Session, binDir string, once bool) error {
+func run(ctx context.Context, s *testenv.Session, binDir string, once, tour bool) error {
 	bins, err := binaries(s, binDir)
 	if err != nil {
 		return err
 	}
 	step("building the world (the first run builds kube-apiserver and etcd from their Go modules: several minutes)")
 	testenv.Binaries(s)
-	w := world.New(s, bins, world.Options{}, step)
+	var t *tourWorld
+	opts := world.Options{}
+	if tour {
+		if t, opts, err = newTour(s, once); err != nil {
+			return err
+		}
+	}
+	w := world.New(s, bins, opts, step)
+	if t != nil {
+		if err := t.prepare(ctx, s, w); err != nil {
+			return err
+		}
+	}
 
 	gw := w.Gateways[0]
 	step("starting tether-gateway on %s (QUIC :%d/udp, transparent listener :%d, nftables DNAT, DNS :53 for *.%s)", gw.Addr, world.TunnelPort, world.ProxyPort, world.Zone)
 	w.StartGateway(s, gw, "--netrules", "nftables", "--dns-listen", ":53", "--dns-zone", world.Zone)
 	for _, e := range w.Edges {
 		step("starting tether-edge on %s: dials out to the gateway, allows :%d", e.Name, world.KubeletPort)
-		w.StartEdge(s, e)
+		var extra []string
+		if t != nil {
+			extra = w.ProxyArgs(e)
+		}
+		w.StartEdge(s, e, extra...)
 	}
 	step("the VPC routes the edge sites' ranges to the gateway (node-ip mode): route on the client host")
 	w.RouteSitesVia(s, gw)
@@ -93,6 +116,11 @@ func run(ctx context.Context, s *testenv.Session, binDir string, once bool) erro
 	step("gateway status: curl http://%s:%d/status", gw.Addr, world.AdminPort)
 	if out, err := gw.Command(ctx, "curl", "--silent", fmt.Sprintf("http://%s:%d/status", gw.Addr, world.AdminPort)).CombinedOutput(); err == nil {
 		fmt.Printf("%s\n", out)
+	}
+	if t != nil {
+		if err := t.run(ctx, s, w); err != nil {
+			return err
+		}
 	}
 	if once {
 		return nil

@@ -20,6 +20,9 @@ import (
 //	/healthz           "ok <node>"
 //	/bytes?n=N         N bytes of a fixed pattern (bulk transfers)
 //	/echo              the request body back
+//	/containerLogs/<namespace>/<pod>/<container>
+//	                   a few log lines naming them and the node (what
+//	                   kube-apiserver asks for `kubectl logs`)
 type Kubelet struct {
 	Node string
 	Addr string // host:port as seen inside the site
@@ -55,6 +58,12 @@ func StartKubelet(t testenv.T, h *testenv.Host, node string, ca *testenv.CA) *Ku
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(w, r.Body)
+	})
+	mux.HandleFunc("/containerLogs/{namespace}/{pod}/{container}", func(w http.ResponseWriter, r *http.Request) {
+		for i := 1; i <= 3; i++ {
+			fmt.Fprintf(w, "%s/%s container %s, line %d: served by the kubelet of %s\n",
+				r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("container"), i, node)
+		}
 	})
 	k.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

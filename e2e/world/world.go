@@ -48,6 +48,11 @@ type Options struct {
 	Sites []testenv.SiteSpec
 	// Gateways is the number of gateway replicas (cloud hosts gw1, gw2, ...); default 1.
 	Gateways int
+	// APIServerArgs are extra kube-apiserver flags.
+	APIServerArgs []string
+	// KubeletCA signs the stand-in kubelets' serving certificates;
+	// default a new CA.
+	KubeletCA *testenv.CA
 }
 
 // World is the running world.
@@ -144,10 +149,12 @@ func New(t testenv.T, bins Binaries, opts Options, logf func(string, ...any)) *W
 
 	logf("control plane: etcd and kube-apiserver (built from their Go modules) on the apiserver host")
 	api := w.Topo.Cloud("apiserver")
-	w.CP = testenv.StartControlPlane(t, testenv.ControlPlaneOptions{Runner: api, BindAddress: api.Addr.String()})
+	w.CP = testenv.StartControlPlane(t, testenv.ControlPlaneOptions{Runner: api, BindAddress: api.Addr.String(), ExtraAPIServerArgs: opts.APIServerArgs})
 	w.ClusterCA = w.CP.CA
 	w.GatewayCA = testenv.MustCA(t, "tether-gateway-ca")
-	w.KubeletCA = testenv.MustCA(t, "kubelet-serving-ca")
+	if w.KubeletCA = opts.KubeletCA; w.KubeletCA == nil {
+		w.KubeletCA = testenv.MustCA(t, "kubelet-serving-ca")
+	}
 	w.writeCAs(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
