@@ -46,7 +46,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo: needs root (it creates network namespaces); run `sudo make demo`")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: closing the terminal cleans up as Ctrl-C does.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 
 	s := &testenv.Session{Log: log}
