@@ -107,3 +107,35 @@ func summary(r *results) string {
 	return fmt.Sprintf("scale: edges=%d rss_mib=%.0f idle_cpu_pct=%.1f cold_s=%.1f restart_s=%.1f route_p99_ms=%.2f route_p99_1_ms=%.2f hb_per_s=%.1f hb_lost=%d",
 		r.connectedAtEnd, rss, cpu, cold, restart, p99, p991, hbRate, hbLost)
 }
+
+func printLaterPhases(o options, r *results) {
+	if h := r.hb; h != nil {
+		fmt.Printf("delegated heartbeats (%d offline edges in %d pools, every %v for %v):\n", h.offline, h.pools, o.hbInterval, o.hbDuration)
+		row("renewals sent / answered ok", fmt.Sprintf("%d / %d", h.agent.Sent, h.agent.OK))
+		row("renewals written (Lease updates seen)", fmt.Sprintf("%d, %.1f/s (wanted %.1f/s; target ≥ 100/s at 1,000 offline)", h.written, h.rate(), float64(h.offline)/o.hbInterval.Seconds()))
+		row("leader send → Lease update seen", fmt.Sprintf("p50 %s ms, p99 %s ms", ms(pct(h.lat, 50)), ms(pct(h.lat, 99))))
+		row("leader send → gateway's reply", fmt.Sprintf("p50 %s ms, p99 %s ms", ms(h.agent.ReplyP50), ms(h.agent.ReplyP99)))
+		row("lost (sent, not written)", fmt.Sprint(h.lost()))
+		if len(h.agent.Errors) > 0 {
+			row("refusals and errors", fmt.Sprintf("%v; first: %s", h.agent.Errors, h.agent.FirstErr))
+		}
+	}
+	if c := r.churn; c != nil {
+		fmt.Printf("Node churn (%d added and removed per second for %v, each living %v):\n", o.churnRate, o.churnDuration, churnLifetime)
+		row("added / removed / failed", fmt.Sprintf("%d / %d / %d in %s s", c.added, c.removed, c.failed, secs(c.took)))
+		row("created → answered by the gateway's DNS", fmt.Sprintf("p50 %s ms, p99 %s ms, %d of %d not within %v", ms(pct(c.dns, 50)), ms(pct(c.dns, 99)), c.dnsMiss, c.probes, churnProbeLimit))
+		row("created → DNATed to the transparent listener", fmt.Sprintf("p50 %s ms, p99 %s ms, %d of %d not within %v", ms(pct(c.dnat, 50)), ms(pct(c.dnat, 99)), c.dnatMiss, c.probes, churnProbeLimit))
+		row("gateway CPU", fmt.Sprintf("%.1f%% of a core", c.cpuPct))
+		if c.firstErr != nil {
+			row("first failure", c.firstErr.Error())
+		}
+	}
+	if x := r.replicas; x != nil {
+		fmt.Printf("3 replicas, one killed -9 and restarted (%d edges, routing through another replica):\n", x.edges)
+		row("restarted replica has every edge again", fmt.Sprintf("%d of %d after %s s, peak RSS %s MiB", x.back.reached, x.edges, secs(x.back.took), mib(x.back.peakRSS)))
+		row("routing meanwhile", fmt.Sprintf("%d requests, %d failed, p50 %s ms, p99 %s ms", x.routing.reqs, x.routing.errs, ms(x.routing.p(50)), ms(x.routing.p(99))))
+		if x.routing.firstErr != nil {
+			row("first failure", x.routing.firstErr.Error())
+		}
+	}
+}
