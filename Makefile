@@ -94,6 +94,17 @@ BENCH_POOL_FLAGS ?=
 bench-pool: build testbins
 	$(GO) run ./e2e/poolbench --bin-dir $(BIN) $(BENCH_POOL_FLAGS)
 
+# bench-scale measures one gateway serving a fleet of simulated edges
+# (default 10,000): cold start, steady RSS and CPU, routing, restart storm,
+# delegated heartbeats, Node churn, 3 replicas, in namespaces on this
+# machine, and prints a table ending in a machine-readable "scale:" line;
+# it needs root and takes about 10 minutes (--edges 200 for a quick run).
+# BENCH_SCALE_FLAGS: see --help.
+.PHONY: bench-scale
+BENCH_SCALE_FLAGS ?=
+bench-scale: build testbins
+	$(GO) run ./e2e/scalebench --bin-dir $(BIN) $(BENCH_SCALE_FLAGS)
+
 lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
