@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -22,6 +23,7 @@ import (
 	"github.com/tether-edge/tether/gateway/selfca"
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
+	"github.com/tether-edge/tether/tunnel"
 )
 
 // Config is tether-gateway's configuration. The JSON names are the flag
@@ -88,6 +90,11 @@ type Config struct {
 	LogLevel          string          `json:"log-level"`
 	LogFormat         string          `json:"log-format"`
 
+	// MaxReceiveMemory bounds how far the tunnels' QUIC receive windows
+	// may grow beyond their initial size, together (tunnel.ReceiveBudget);
+	// 0 leaves each free to grow to tunnel.MaxConnectionReceiveWindow.
+	MaxReceiveMemory resource.Quantity `json:"max-receive-memory"`
+
 	// Logger is where the gateway logs; nil discards.
 	Logger *slog.Logger `json:"-"`
 }
@@ -141,6 +148,7 @@ func DefaultConfig() Config {
 		CleanupOnExit:     true,
 		DNSTTL:            metav1.Duration{Duration: dns.DefaultTTL},
 		MaxStreamsPerEdge: registry.DefaultMaxStreams,
+		MaxReceiveMemory:  *resource.NewQuantity(tunnel.DefaultReceiveBudget, resource.BinarySI),
 		IdleTimeout:       metav1.Duration{Duration: 15 * time.Second},
 		StreamIdleTimeout: metav1.Duration{Duration: 4 * time.Hour},
 		ShutdownGrace:     metav1.Duration{Duration: 10 * time.Second},
@@ -284,6 +292,9 @@ func (c *Config) Validate() error {
 	if c.MaxStreamsPerEdge < 1 {
 		bad("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)
 	}
+	if c.MaxReceiveMemory.Sign() < 0 {
+		bad("--max-receive-memory %s: want 0 (no bound) or a positive size", c.MaxReceiveMemory.String())
+	}
 	if c.IdleTimeout.Duration <= 0 {
 		bad("--idle-timeout %s: want a positive duration", c.IdleTimeout.Duration)
 	}
@@ -294,6 +305,15 @@ func (c *Config) Validate() error {
 		bad("--shutdown-grace %s: want 0 or a positive duration", c.ShutdownGrace.Duration)
 	}
 	return errors.Join(errs...)
+}
+
+// receiveBudget is the tunnels' receive budget, --max-receive-memory; nil
+// when it is 0.
+func (c *Config) receiveBudget() *tunnel.ReceiveBudget {
+	if c.MaxReceiveMemory.Sign() <= 0 {
+		return nil
+	}
+	return tunnel.NewReceiveBudget(c.MaxReceiveMemory.Value())
 }
 
 // validateACME checks the --acme-* settings.

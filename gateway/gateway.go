@@ -225,7 +225,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		GetCertificate:    g.certs.getCertificate,
 		StatelessResetKey: resetKey,
 		GetClientCAs:      g.certs.clientCAs.Pool,
-		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration},
+		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration, ReceiveBudget: cfg.receiveBudget()},
 		ShutdownGrace:     cfg.ShutdownGrace.Duration,
 		Logger:            log,
 		Registerer:        g.metrics,

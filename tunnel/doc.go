@@ -103,4 +103,15 @@
 //
 // An election request is at most MaxElectionRequestLen bytes (64 KiB and
 // the fixed part), a reply at most MaxElectionReplyLen.
+//
+// # Receive windows
+//
+// What a peer sent and the application has not read waits in memory, up
+// to the QUIC receive windows: per stream 512 KiB, grown by quic-go's
+// auto-tuning up to 4 MiB; per connection 768 KiB up to 8 MiB (the
+// constants in quic.go, chosen from BenchmarkBulkWindow). A
+// ReceiveBudget bounds the growth of all of a process's connections
+// together (the gateway's --max-receive-memory): the receive buffers of
+// N connections then hold at most N x 768 KiB + the budget.
+// README.md has the measurements and the formula.
 package tunnel

@@ -41,6 +41,50 @@ func TestFileAndFlags(t *testing.T) {
 	}
 }
 
+// --max-receive-memory takes Kubernetes sizes, in the file and as a
+// flag; 0 turns the bound off, a negative size is refused.
+func TestMaxReceiveMemory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\nmax-receive-memory: 64Mi\n"), 0o600)
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, 64 << 20},
+		{[]string{"--max-receive-memory", "2Gi"}, 2 << 30},
+		{[]string{"--max-receive-memory=0"}, 0},
+	} {
+		cfg := gateway.DefaultConfig()
+		if got := cfg.MaxReceiveMemory.Value(); got != 256<<20 {
+			t.Fatalf("default %d, want 256Mi", got)
+		}
+		fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		registerFlags(fs, &cfg)
+		if err := config.Parse(fs, append([]string{"--config", path}, tc.args...), &cfg); err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if got := cfg.MaxReceiveMemory.Value(); got != tc.want {
+			t.Errorf("%q: %d, want %d", tc.args, got, tc.want)
+		}
+	}
+	cfg := gateway.DefaultConfig()
+	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	registerFlags(fs, &cfg)
+	if err := config.Parse(fs, []string{"--config", path, "--max-receive-memory", "-1Gi"}, &cfg); err == nil {
+		t.Error("--max-receive-memory -1Gi accepted")
+	}
+	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\nmax-receive-memory: -5Mi\n"), 0o600)
+	cfg = gateway.DefaultConfig()
+	fs = flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	registerFlags(fs, &cfg)
+	if err := config.Parse(fs, []string{"--config", path}, &cfg); err == nil || !strings.Contains(err.Error(), "--max-receive-memory") {
+		t.Errorf("max-receive-memory: -5Mi in the file: %v, want a refusal naming it", err)
+	}
+}
+
 func TestExitCodes(t *testing.T) {
 	stderr := os.Stderr
 	t.Cleanup(func() { os.Stderr = stderr })

@@ -87,15 +87,16 @@ type Options struct {
 	// StatelessResetKey, stable across restarts (tunnel.StatelessResetKey),
 	// lets a restarted gateway reset the edges' stale connections at once.
 	StatelessResetKey *quic.StatelessResetKey
-	// Limits: IdleTimeout applies to every tunnel; the per-edge stream limit
-	// is the registry's.
+	// Limits: IdleTimeout and ReceiveBudget apply to every tunnel; the
+	// per-edge stream limit is the registry's.
 	Limits tunnel.Limits
 	// ShutdownGrace bounds how long open streams may drain at shutdown; 0
 	// means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
 	// Logger receives connection logs; nil discards them.
 	Logger *slog.Logger
-	// Registerer, if set, gets tether_gateway_tunnel_connections_total.
+	// Registerer, if set, gets tether_gateway_tunnel_connections_total and
+	// the others, with the receive budget's when Limits has one.
 	Registerer prometheus.Registerer
 	// Now is the clock certificates are verified with; nil means time.Now.
 	Now func() time.Time
@@ -259,7 +260,11 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		return nil, fmt.Errorf("tunnel listener %s: %w", addr, err)
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.conns, s.evictions, s.edgeStreams} {
+		collectors := []prometheus.Collector{s.conns, s.evictions, s.edgeStreams}
+		if b := opts.Limits.ReceiveBudget; b != nil {
+			collectors = append(collectors, budgetCollectors(b)...)
+		}
+		for _, c := range collectors {
 			if err := opts.Registerer.Register(c); err != nil {
 				s.ln.Close()
 				tr.Close()
@@ -268,6 +273,25 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		}
 	}
 	return s, nil
+}
+
+// budgetCollectors are the metrics of the receive budget
+// (--max-receive-memory).
+func budgetCollectors(b *tunnel.ReceiveBudget) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_gateway_tunnel_receive_window_growth_bytes",
+			Help: "How far the live tunnels' QUIC receive windows have grown beyond their initial size, together: taken from --max-receive-memory, given back when a tunnel closes.",
+		}, func() float64 { return float64(b.Used()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_gateway_tunnel_receive_window_growth_limit_bytes",
+			Help: "--max-receive-memory: the most the tunnels' receive windows may grow beyond their initial size, together.",
+		}, func() float64 { return float64(b.Limit()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tether_gateway_tunnel_receive_window_refusals_total",
+			Help: "Receive window increases refused because --max-receive-memory was spent: the tunnel kept its window (slower bulk transfers on long paths, nothing lost).",
+		}, func() float64 { return float64(b.Refused()) }),
+	}
 }
 
 // Addr is the UDP address the server listens on.

@@ -435,3 +435,37 @@ func TestDelegateHeartbeatStreamLimit(t *testing.T) {
 		t.Fatalf("after the busy streams: %+v, %v", rep, err)
 	}
 }
+
+// With a receive budget (--max-receive-memory), the server exports its
+// limit, what the tunnels hold of it, and the refusals.
+func TestReceiveBudgetMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	startWith(t, func(o *Options) {
+		o.Registerer = reg
+		o.Limits.ReceiveBudget = tunnel.NewReceiveBudget(64 << 20)
+	})
+	want := map[string]float64{
+		"tether_gateway_tunnel_receive_window_growth_limit_bytes": 64 << 20,
+		"tether_gateway_tunnel_receive_window_growth_bytes":       0,
+		"tether_gateway_tunnel_receive_window_refusals_total":     0,
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		v, ok := want[mf.GetName()]
+		if !ok {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		got := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		if got != v {
+			t.Errorf("%s = %g, want %g", mf.GetName(), got, v)
+		}
+		delete(want, mf.GetName())
+	}
+	for name := range want {
+		t.Errorf("%s not exported", name)
+	}
+}
