@@ -111,9 +111,15 @@ func TestHelmChart(t *testing.T) {
 		})
 	}
 
-	if _, err := helm(append([]string{"install", "tether", chart, "--namespace", "tether-system", "--create-namespace"}, allValues...)...); err != nil {
+	out, err := helm(append([]string{"install", "tether", chart, "--namespace", "tether-system", "--create-namespace"}, allValues...)...)
+	if err != nil {
 		t.FailNow()
 	}
+	// NOTES.txt: what is left to do, and not what the values did.
+	if !strings.Contains(out, "kubectl label node <cloud-node> tether.io/gateway=true") || strings.Contains(out, "create secret tls") {
+		t.Errorf("helm install's notes:\n%s", out)
+	}
+	t.Logf("helm install:\n%s", out)
 	secret, err := cp.Client.CoreV1().Secrets("tether-system").Get(ctx, "tether-gateway-tls", metav1.GetOptions{})
 	if err != nil || !bytes.Equal(secret.Data["tls.crt"], kp.CertPEM) || !bytes.Equal(secret.Data["tls.key"], kp.KeyPEM) {
 		t.Errorf("Secret tether-gateway-tls after helm install (%v) does not hold the certificate and key given", err)
@@ -122,7 +128,7 @@ func TestHelmChart(t *testing.T) {
 	if err != nil || caMap.Data["ca.crt"] != string(ca.CertPEM) {
 		t.Errorf("ConfigMap tether-gateway-ca after helm install (%v) does not hold the CA given", err)
 	}
-	out, _ := helm("list", "--namespace", "tether-system", "--short")
+	out, _ = helm("list", "--namespace", "tether-system", "--short")
 	if strings.TrimSpace(out) != "tether" {
 		t.Errorf("helm list: %q, want the release tether", out)
 	}
