@@ -31,6 +31,11 @@ type membersResult struct {
 	leader    string
 	leaderPID int
 
+	// The leader alone (its own informer, no follower) while the slices
+	// changed once: its CPU time and how long that round took, the base
+	// that the followers' cost is over.
+	aloneCPU, aloneTook time.Duration
+
 	// The followers' first sync: from starting them to every replica
 	// holding the leader's store (a snapshot each).
 	firstSync    time.Duration
@@ -60,9 +65,12 @@ type membersResult struct {
 	// and after the changes.
 	memBefore, memAfter procMem
 	before, after       edgeMetrics
-	streams             float64 // replication streams the leader served at the end
-	resyncs             uint64  // snapshots the followers loaded, all together
-	digests             string  // replicas equal to the leader's at the end
+	streams             float64            // replication streams the leader served at the end
+	ended               map[string]float64 // streams the leader ended, by reason, during the phase
+	epochBefore         string             // the leader's term before the followers
+	epochAfter          string             // and after the changes
+	resyncs             uint64             // snapshots the followers loaded, all together
+	digests             string             // replicas equal to the leader's at the end
 }
 
 // lanPerFollower is the mean bytes (both directions) on a follower's
@@ -81,6 +89,16 @@ func meanTraffic(ts []traffic) float64 {
 }
 
 func (r membersResult) changeCPUPct() float64 { return pctOf(r.changeCPU, r.took) }
+
+// perFollowerCPU is the leader's CPU time per change and follower: its
+// CPU time while the slices changed with the followers minus that with
+// none, over changes and followers.
+func (r membersResult) perFollowerCPU(changes int) time.Duration {
+	if len(r.bytes) == 0 || changes == 0 {
+		return 0
+	}
+	return (r.changeCPU - r.aloneCPU) / time.Duration(changes*len(r.bytes))
+}
 
 func pctOf(cpu, wall time.Duration) float64 {
 	if wall <= 0 {
@@ -116,10 +134,11 @@ func (b *bench) simCerts(n int) ([]*testenv.KeyPair, error) {
 	return b.certs[:n], nil
 }
 
-// membersPhase runs one tether-edge, which leads the pool, and
-// --members − 1 simulated followers, and measures their first sync, an
-// idle window and one round of changes.
-func (b *bench) membersPhase(ctx context.Context, run, round int) (membersResult, error) {
+// membersPhase runs one tether-edge, which leads the pool, and measures
+// a round of changes (alone) with only its own informer; then it starts
+// --members − 1 simulated followers and measures their first sync, an
+// idle window and another round of changes (round).
+func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (membersResult, error) {
 	res := membersResult{run: run, members: b.o.members}
 	leader, src := b.w.Edges[0], b.w.Edges[1]
 	nf := b.o.members - 1
@@ -162,6 +181,32 @@ func (b *bench) membersPhase(ctx context.Context, run, round int) (membersResult
 	if err != nil {
 		return res, err
 	}
+	res.epochBefore = st.Pool.Epoch
+
+	// The leader node's own kube-proxy, as in the pool phase.
+	w, err := startWatcher(leader, b.o.changes)
+	if err != nil {
+		return res, err
+	}
+	defer w.close()
+	if err := b.waitSynced(ctx, []*watcher{w}); err != nil {
+		return res, err
+	}
+	b.logf("run %d members: changing %d EndpointSlices, the leader alone", run, b.o.changes)
+	w.expect(alone)
+	cpu0, start := mustCPU(pid), time.Now()
+	if _, err := changeAll(ctx, b.w.CP.Client, b.o.changes, alone, b.o.workers); err != nil {
+		return res, err
+	}
+	actx, cancel := context.WithTimeout(ctx, receiveTimeout)
+	defer cancel()
+	if _, err := w.wait(actx); err != nil {
+		return res, fmt.Errorf("the leader alone: %w", err)
+	}
+	res.aloneCPU, res.aloneTook = mustCPU(pid)-cpu0, time.Since(start)
+	if st, err = leader.Status(ctx); err != nil {
+		return res, err
+	}
 	if res.before, err = readMetrics(ctx, leader); err != nil {
 		return res, err
 	}
@@ -183,12 +228,8 @@ func (b *bench) membersPhase(ctx context.Context, run, round int) (membersResult
 		fcancel()
 		wg.Wait()
 	}()
-	cpu0, err := procCPU(pid)
-	if err != nil {
-		return res, err
-	}
-	own0 := mustCPU(os.Getpid())
-	start := time.Now()
+	cpu0, own0 := mustCPU(pid), mustCPU(os.Getpid())
+	start = time.Now()
 	sims := make([]*simFollower, 0, nf)
 	for k := range nf {
 		sf, err := newSimFollower(simName(k+1), dir, certs[k].TLS, b.w.ClusterCA, src.Host, leader.Name, leaderAddr, b.o.changes, log)
@@ -213,15 +254,6 @@ func (b *bench) membersPhase(ctx context.Context, run, round int) (membersResult
 	}
 	note("run %d members: %d followers synced in %v", run, nf, res.firstSync.Round(10*time.Millisecond))
 
-	// The leader node's own kube-proxy, as in the pool phase.
-	w, err := startWatcher(leader, b.o.changes)
-	if err != nil {
-		return res, err
-	}
-	defer w.close()
-	if err := b.waitSynced(ctx, []*watcher{w}); err != nil {
-		return res, err
-	}
 	if err := sleep(ctx, b.o.settle); err != nil {
 		return res, err
 	}
@@ -279,6 +311,15 @@ func (b *bench) membersPhase(ctx context.Context, run, round int) (membersResult
 		return res, err
 	}
 	res.streams = res.after.streams
+	res.ended = map[string]float64{}
+	for reason, v := range res.after.ended {
+		if d := v - res.before.ended[reason]; d > 0 {
+			res.ended[reason] = d
+		}
+	}
+	if st, err := leader.Status(ctx); err == nil && st.Pool != nil {
+		res.epochAfter = st.Pool.Epoch
+	}
 	if res.memAfter, err = readMem(pid); err != nil {
 		return res, err
 	}

@@ -212,6 +212,9 @@ type edgeMetrics struct {
 	// goroutines is go_goroutines; streams the pool's replication
 	// streams the node serves (tether_edge_pool_streams_serving).
 	goroutines, streams float64
+	// ended counts the replication streams the node ended, by reason
+	// (tether_edge_pool_streams_ended_total).
+	ended map[string]float64
 	// served counts kube-proxy's requests by how the proxy served them
 	// (upstream, pool, ...).
 	served map[string]float64
@@ -230,8 +233,15 @@ func readMetrics(ctx context.Context, e *world.Edge) (edgeMetrics, error) {
 		goroutines: world.Metric(body, "go_goroutines"),
 		streams:    world.Metric(body, "tether_edge_pool_streams_serving"),
 		served:     map[string]float64{},
+		ended:      map[string]float64{},
 	}
 	for _, line := range strings.Split(body, "\n") {
+		if rest, ok := strings.CutPrefix(line, `tether_edge_pool_streams_ended_total{reason="`); ok {
+			reason, _, _ := strings.Cut(rest, `"`)
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			m.ended[reason] = v
+			continue
+		}
 		if !strings.HasPrefix(line, "tether_edge_apiserver_requests_total{") || !strings.Contains(line, `component="kube-proxy"`) {
 			continue
 		}

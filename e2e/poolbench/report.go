@@ -301,9 +301,11 @@ func printMembers(o options, res []membersResult) {
 		fmt.Printf("  run %d: leader before the followers → after the changes: RSS %s → %s MiB (anonymous %s → %s), Go heap in use %s → %s MiB, goroutines %.0f → %.0f; %.0f streams served\n",
 			r.run, mB(r.memBefore.rss), mB(r.memAfter.rss), mB(r.memBefore.anon), mB(r.memAfter.anon),
 			mB(int64(r.before.heapInuse)), mB(int64(r.after.heapInuse)), r.before.goroutines, r.after.goroutines, r.streams)
-		fmt.Printf("  run %d: per follower on the leader: RSS %.0f KiB, Go heap %.0f KiB, %.1f goroutines; CPU %.0f µs per change per follower\n",
+		fmt.Printf("  run %d: the leader alone (its own informer, no follower): CPU %.2f s over %.1f s of the same changes (%.1f %% of one core)\n",
+			r.run, r.aloneCPU.Seconds(), r.aloneTook.Seconds(), pctOf(r.aloneCPU, r.aloneTook))
+		fmt.Printf("  run %d: per follower on the leader: RSS %.0f KiB, Go heap %.0f KiB, %.1f goroutines; CPU %.1f µs per change per follower (CPU with followers minus alone)\n",
 			r.run, float64(r.memAfter.rss-r.memBefore.rss)/n/1024, (r.after.heapInuse-r.before.heapInuse)/n/1024,
-			(r.after.goroutines-r.before.goroutines)/n, r.changeCPU.Seconds()*1e6/changes/n)
+			(r.after.goroutines-r.before.goroutines)/n, float64(r.perFollowerCPU(o.changes))/1e3)
 		var down []int64
 		var up int64
 		for _, t := range r.bytes {
@@ -323,6 +325,18 @@ func printMembers(o options, res []membersResult) {
 			r.run, r.selfCPU.Seconds(), r.selfCPU.Seconds()*1e6/changes/n)
 		fmt.Printf("  run %d: replicas equal to the leader's at the end: %s; snapshots loaded by the followers: %d (one each at first sync)\n",
 			r.run, r.digests, r.resyncs)
+		if len(r.ended) > 0 {
+			var parts []string
+			for reason, v := range r.ended {
+				parts = append(parts, fmt.Sprintf("%s %.0f", reason, v))
+			}
+			slices.Sort(parts)
+			fmt.Printf("  run %d: note: replication streams the leader ended meanwhile: %s\n", r.run, strings.Join(parts, ", "))
+		}
+		if r.epochAfter != r.epochBefore {
+			fmt.Printf("  run %d: note: the leader's term changed during the phase (%s → %q): every follower resynced from a snapshot\n",
+				r.run, r.epochBefore, r.epochAfter)
+		}
 	}
 	var lag []time.Duration
 	for _, r := range res {
