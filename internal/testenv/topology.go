@@ -100,6 +100,7 @@ type Site struct {
 	router *Host
 	cloud  *Host  // the cloud router
 	uplink string // the cloud router's end of the uplink
+	wan    wanShaper
 }
 
 // Fixed names of interfaces; each lives in its own namespace.
@@ -117,8 +118,8 @@ var (
 	uplinkSpace     = netip.MustParsePrefix("100.64.0.0/16")
 )
 
-// ErrNetemUnavailable is returned by SetLatency when the kernel has no
-// netem queueing discipline (sch_netem is neither built in nor loadable).
+// ErrNetemUnavailable was returned by SetLatency when it used netem. SetLatency
+// now uses Shape's delay line, which needs no netem, and never returns it.
 var ErrNetemUnavailable = errors.New("tc netem unavailable: the kernel lacks sch_netem")
 
 // NewTopology builds the network that spec describes (see the address
@@ -460,36 +461,11 @@ func (s *Site) Heal() {
 }
 
 // SetLatency delays every packet crossing the site's uplink by d, in each
-// direction (so round trips to the cloud grow by 2d), with netem queueing
-// disciplines on both ends of the uplink. Zero removes the delay. It
-// returns an error wrapping ErrNetemUnavailable where the kernel has no
-// netem.
+// direction (so round trips to the cloud grow by 2d), keeping the rest of
+// the link's shaping: it is Shape with the current Link's Delay set to d.
+// Zero removes the delay.
 func (s *Site) SetLatency(d time.Duration) error {
-	if d < 0 {
-		return fmt.Errorf("set latency of site %s: negative delay %v", s.Name, d)
-	}
-	ends := []struct {
-		h   *Host
-		dev string
-	}{{s.router, siteUplink}, {s.cloud, s.uplink}}
-	for _, e := range ends {
-		var out string
-		var err error
-		if d == 0 {
-			out, err = e.h.run("tc", "qdisc", "del", "dev", e.dev, "root")
-			if err != nil && (strings.Contains(out, "handle of zero") || strings.Contains(out, "No such file")) {
-				err = nil // no delay was set
-			}
-		} else {
-			usec := fmt.Sprintf("%dus", d.Microseconds())
-			out, err = e.h.run("tc", "qdisc", "replace", "dev", e.dev, "root", "netem", "delay", usec)
-			if err != nil && strings.Contains(out, "qdisc kind is unknown") {
-				return fmt.Errorf("set latency of site %s: %w", s.Name, ErrNetemUnavailable)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("set latency of site %s: %w", s.Name, err)
-		}
-	}
-	return nil
+	l := s.Link()
+	l.Delay = d
+	return s.Shape(l)
 }
