@@ -252,10 +252,25 @@ func (s *Store) evict(use usage, now time.Time) bool {
 		s.log.Error("cache over its bound: eviction failed", "err", err, "used", mib(use.used), "max", mib(u.maxSize))
 		return false
 	}
-	var names []string
+	// A resource evicted before and partly refilled since by watch
+	// events or local answers was not served: dropping it again loses
+	// nothing, and is only logged at debug (offline with the queue over
+	// the bound, that happens after every batch).
+	var names, again []string
 	for _, c := range gone {
+		name := fmt.Sprintf("%s %s (%s)", c.component, c.key, mib(c.bytes))
+		if c.evicted {
+			again = append(again, name)
+			continue
+		}
 		u.evictions.WithLabelValues(c.component).Inc()
-		names = append(names, fmt.Sprintf("%s %s (%s)", c.component, c.key, mib(c.bytes)))
+		names = append(names, name)
+	}
+	if len(again) > 0 {
+		s.log.Debug("cache over its bound: dropped again what was refilled of evicted resources", "used", mib(use.used), "max", mib(u.maxSize), "dropped", strings.Join(again, ", "))
+	}
+	if len(names) == 0 {
+		return true
 	}
 	s.log.Warn("cache over its bound: evicted whole resources, least recently updated first; each is served again once its component lists it completely (raise --cache-max-size if this repeats)",
 		"used", mib(use.used), "max", mib(u.maxSize), "evicted", strings.Join(names, ", "))

@@ -184,6 +184,14 @@ func TestBoundNeverEvictsQueue(t *testing.T) {
 	if _, found := s.Info("kubelet", pods); found {
 		t.Error("pods still served with the cache over its bound")
 	}
+	// The pod the watch event brought back each time went again, but
+	// the resource was evicted (and counted) once.
+	if n := counter(t, s.upkeep.evictions.WithLabelValues("kubelet")); n != 1 {
+		t.Errorf("kubelet evictions counted %v, want 1", n)
+	}
+	if o, _ := s.Get("kubelet", pods, "ns", "late"); o != nil {
+		t.Error("what watch events refilled of an evicted resource stays over the bound")
+	}
 	if n := strings.Count(logs.String(), "nothing left to evict"); n != 1 {
 		t.Errorf("'nothing left to evict' logged %d times, want once:\n%s", n, logs)
 	}
