@@ -14,7 +14,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -384,54 +383,23 @@ func createSlices(t *testing.T, ctx context.Context, c kubernetes.Interface, ns 
 // kubelet does when it starts.
 func markReady(t *testing.T, ctx context.Context, c kubernetes.Interface, name string) {
 	t.Helper()
-	if _, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
-		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The node lifecycle controller writes the new Node too: retry on
-	// conflict with the current one.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		now := metav1.Now()
-		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			LastHeartbeatTime: now, LastTransitionTime: now}}
-		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
+	if err := world.MarkReady(ctx, c, name); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func nodeReady(t *testing.T, ctx context.Context, c kubernetes.Interface, name string) bool {
 	t.Helper()
-	n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	ready, _, err := world.NodeCondition(ctx, c, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, cond := range n.Status.Conditions {
-		if cond.Type == corev1.NodeReady {
-			return cond.Status == corev1.ConditionTrue
-		}
-	}
-	return false
+	return ready == corev1.ConditionTrue
 }
 
 func hasTaint(ctx context.Context, c kubernetes.Interface, name string) bool {
-	n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return false
-	}
-	for _, tn := range n.Spec.Taints {
-		if tn.Key == poolstore.UnschedulableTaintKey && tn.Effect == corev1.TaintEffectNoSchedule {
-			return true
-		}
-	}
-	return false
+	_, tainted, err := world.NodeCondition(ctx, c, name)
+	return err == nil && tainted
 }
 
 // writeCert writes a node certificate for node from ca into the world's
@@ -469,17 +437,9 @@ func followerCounts(t *testing.T, ctx context.Context, e *world.Edge) replicatio
 // replica.
 func poolServed(t *testing.T, ctx context.Context, e *world.Edge) float64 {
 	t.Helper()
-	body, err := world.Get(ctx, e.Host, world.EdgeAdmin("/metrics"))
+	n, err := e.Served(ctx, "pool")
 	if err != nil {
 		t.Fatal(err)
 	}
-	total := 0.0
-	for _, line := range strings.Split(body, "\n") {
-		if strings.HasPrefix(line, "tether_edge_apiserver_requests_total{") && strings.Contains(line, `served="pool"`) {
-			var v float64
-			fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &v)
-			total += v
-		}
-	}
-	return total
+	return n
 }

@@ -2,10 +2,8 @@ package apiproxy
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -14,8 +12,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -31,7 +27,6 @@ func TestTopologyKubeProxy(t *testing.T) {
 		}
 		t.Fatalf("nft not installed; CI installs it (make deps): %v", err)
 	}
-	bins := testenv.Binaries(t)
 	topo := testenv.NewTopology(t, testenv.TopologySpec{
 		CloudHosts: []string{"apiserver"},
 		Sites:      []testenv.SiteSpec{{Name: "site", Hosts: []string{"edge"}}},
@@ -58,72 +53,13 @@ func TestTopologyKubeProxy(t *testing.T) {
 	e := startEdge(t, edgeSpec{net: host, server: cp.URL, node: "me", cert: kp.TLS, ca: cp.CA, topology: true})
 	e.waitHealthy(true, 30*time.Second)
 
-	dir := t.TempDir()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["edge"] = &clientcmdapi.Cluster{Server: "http://" + e.Addr}
-	kc.AuthInfos["kube-proxy"] = &clientcmdapi.AuthInfo{}
-	kc.Contexts["edge"] = &clientcmdapi.Context{Cluster: "edge", AuthInfo: "kube-proxy"}
-	kc.CurrentContext = "edge"
-	kubeconfig := filepath.Join(dir, "kube-proxy.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(dir, "kube-proxy.yaml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-hostnameOverride: me
-clientConnection:
-  kubeconfig: %s
-  contentType: application/vnd.kubernetes.protobuf
-conntrack:
-  maxPerCore: 0
-nftables:
-  minSyncPeriod: 0s
-  syncPeriod: 30s
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 127.0.0.1:10256
-`, kubeconfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	pctx, pcancel := context.WithCancel(ctx)
-	cmd := host.Command(pctx, bins.KubeProxy, "--config", config, "--v=2")
-	logf, _ := os.Create(filepath.Join(dir, "kube-proxy.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pcancel()
-		cmd.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
-			}
-			t.Logf("kube-proxy log (tail):\n%s", b)
-		}
-	})
-
-	// endpoints is the endpoint IPs kube-proxy programs for a Service.
-	chainRE := regexp.MustCompile(`(?s)chain service-[0-9A-Z]+-topo/([a-z]+)/tcp/ \{(.*?)\n\t\}`)
-	ipRE := regexp.MustCompile(`10\.1\.0\.[0-9]+`)
+	kubeProxy := testenv.StartKubeProxy(t, host, "me", "http://"+e.Addr)
 	endpoints := func() map[string][]string {
-		out, err := host.Command(ctx, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
-		if err != nil {
-			return nil
-		}
 		m := map[string][]string{}
-		for _, sm := range chainRE.FindAllStringSubmatch(string(out), -1) {
-			for _, ip := range ipRE.FindAllString(sm[2], -1) {
-				if !slices.Contains(m[sm[1]], ip) {
-					m[sm[1]] = append(m[sm[1]], ip)
-				}
+		for _, svc := range []string{"host", "pool", "fallback", "plain"} {
+			if ips, err := kubeProxy.Endpoints(ctx, "topo", svc); err == nil && ips != nil {
+				m[svc] = ips
 			}
-		}
-		for k := range m {
-			slices.Sort(m[k])
 		}
 		return m
 	}
@@ -164,8 +100,7 @@ healthzBindAddress: 127.0.0.1:10256
 	const synced = `Caches are synced" controller="serviceCIDR config"`
 	var kpLog string
 	for start := time.Now(); !strings.Contains(kpLog, synced) && time.Since(start) < 30*time.Second; time.Sleep(50 * time.Millisecond) {
-		b, _ := os.ReadFile(logf.Name())
-		kpLog = string(b)
+		kpLog = kubeProxy.Log()
 	}
 	if !strings.Contains(kpLog, synced) {
 		t.Errorf("kube-proxy's log has no %s after 30 s", synced)
