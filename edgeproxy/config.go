@@ -9,9 +9,11 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
+	"github.com/tether-edge/tether/edgeproxy/cache"
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/cli"
@@ -63,6 +65,11 @@ type Config struct {
 	AdminListen     string `json:"admin-listen,omitempty"`
 	Profiling       bool   `json:"profiling,omitempty"`
 	DataDir         string `json:"data-dir,omitempty"`
+	// CacheMaxSize bounds the apiserver proxy's cache file (the bytes
+	// of its pages that hold data), a quantity such as "256Mi"; "0"
+	// removes the bound. Past it whole resources are evicted; queued
+	// status writes never are.
+	CacheMaxSize string `json:"cache-max-size,omitempty"`
 
 	// Pool is this node's pool; by default its apps.openyurt.io/nodepool
 	// label. PoolListen is the pool listener (empty: no pool). PoolCA
@@ -121,7 +128,12 @@ const (
 	// cost CPU in bursts: 16Mi cut the offline lists served per second
 	// to a third (BenchmarkAPIServerProxy).
 	DefaultMemoryLimit = "64Mi"
-	DefaultMaxStreams  = 1024
+	// DefaultCacheMaxSize is cache.DefaultMaxSize as a quantity.
+	DefaultCacheMaxSize = "256Mi"
+	// minCacheMaxSize leaves the cached objects room beside a full
+	// queue of status writes (cache.DefaultMaxQueuedBytes).
+	minCacheMaxSize   = 2 * cache.DefaultMaxQueuedBytes
+	DefaultMaxStreams = 1024
 )
 
 // DefaultConfig is the configuration before the file and the flags.
@@ -133,6 +145,7 @@ func DefaultConfig() Config {
 		AdminListen:     DefaultAdminListen,
 		PoolListen:      DefaultPoolListen,
 		DataDir:         DefaultDataDir,
+		CacheMaxSize:    DefaultCacheMaxSize,
 
 		PoolResources:     []string{"endpointslices.discovery.k8s.io/v1", "endpoints/v1", "services/v1"},
 		PoolLeaseDuration: metav1.Duration{Duration: 15 * time.Second},
@@ -209,6 +222,9 @@ func (c Config) validateProxy() []error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir is empty: the apiserver proxy keeps its cache there"))
 	}
+	if _, err := c.cacheMaxSize(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.HealthCheckInterval.Duration <= 0 || c.HealthCheckTimeout.Duration <= 0 {
 		errs = append(errs, errors.New("--health-check-interval and --health-check-timeout must be positive"))
 	}
@@ -253,6 +269,25 @@ func (c Config) validatePool() []error {
 		errs = append(errs, fmt.Errorf("pool election: want --pool-lease-duration (%v) > --pool-renew-deadline (%v) > --pool-retry-period (%v) > 0", l, d, r))
 	}
 	return errs
+}
+
+// cacheMaxSize is --cache-max-size in bytes (0: no bound).
+func (c Config) cacheMaxSize() (int64, error) {
+	if c.CacheMaxSize == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(c.CacheMaxSize)
+	if err != nil {
+		return 0, fmt.Errorf("--cache-max-size %q: want a quantity such as 256Mi or 1Gi (0: no bound)", c.CacheMaxSize)
+	}
+	n, ok := q.AsInt64()
+	if !ok || n < 0 {
+		return 0, fmt.Errorf("--cache-max-size %q: want a whole number of bytes, at least 0", c.CacheMaxSize)
+	}
+	if n > 0 && n < minCacheMaxSize {
+		return 0, fmt.Errorf("--cache-max-size %q: at least %dMi, so that a full queue of status writes (%dMi) leaves room for the cache", c.CacheMaxSize, minCacheMaxSize>>20, cache.DefaultMaxQueuedBytes>>20)
+	}
+	return n, nil
 }
 
 // Ports is a list of TCP ports (flag: "10250,10255"; YAML: a list or that string).

@@ -300,8 +300,16 @@ func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Cl
 	if err != nil {
 		return nil, fmt.Errorf("apiserver proxy: %w", err)
 	}
-	store, err := cache.Open(filepath.Join(cfg.DataDir, cache.FileName), log)
+	maxSize, err := cfg.cacheMaxSize()
 	if err != nil {
+		return nil, err
+	}
+	store, err := cache.OpenWith(filepath.Join(cfg.DataDir, cache.FileName), cache.Options{Logger: log, MaxSize: maxSize})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.Register(reg); err != nil {
+		store.Close()
 		return nil, err
 	}
 	ln, err := listen(listenerAPIServer, cfg.APIServerListen, reg, log)
@@ -344,7 +352,7 @@ func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Cl
 		store.Close()
 		return nil, err
 	}
-	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(),
+	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
 	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo, pool: pool, certFiles: acc.certFiles}, nil
 }
