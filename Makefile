@@ -87,8 +87,10 @@ soak: build testbins
 
 # bench-pool measures the node pool (10 edges, 1,000 EndpointSlices changed):
 # uplink bytes with and without it, replication lag and RSS per node, in
-# namespaces on this machine, and prints a table; it needs root and takes a
-# few minutes. BENCH_POOL_FLAGS: see --help.
+# namespaces on this machine, and a pool of 100 (one tether-edge leading 99
+# simulated followers: the leader's CPU and RSS, lag, LAN bytes per
+# follower); it prints tables, needs root and takes a few minutes.
+# BENCH_POOL_FLAGS: see --help (--phases members --members 100).
 .PHONY: bench-pool
 BENCH_POOL_FLAGS ?=
 bench-pool: build testbins
