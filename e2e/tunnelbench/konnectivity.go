@@ -125,6 +125,12 @@ func startKonnectivity(ctx context.Context, s *testenv.Session, binDir, version,
 	return k, nil
 }
 
+// logTails is the end of both processes' logs.
+func (k *konnectivity) logTails(n int) string {
+	return fmt.Sprintf("proxy-server log:\n%s\nproxy-agent log:\n%s",
+		indent(lastLines(k.serverHost.Log(k.server), n), "  "), indent(lastLines(k.agentHost.Log(k.agent), n), "  "))
+}
+
 func (k *konnectivity) pids() []int { return []int{k.server.Process.Pid, k.agent.Process.Pid} }
 
 // waitReachable retries a CONNECT to target until one succeeds.

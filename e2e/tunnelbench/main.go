@@ -202,12 +202,14 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	if err != nil {
 		return err
 	}
+	var konn *konnectivity
 	if konnDir != "" {
 		note("starting Konnectivity %s: proxy-server on %s, proxy-agent on %s", konnVersion, gw.Label, edge.Name)
 		k, err := startKonnectivity(ctx, s, konnDir, konnVersion, w.Dir, gw, edge.Host, w.Client, edge.Kubelet.Addr)
 		if err != nil {
 			return err
 		}
+		konn = k
 		modes = append(modes, mode{name: konnMode,
 			desc: fmt.Sprintf("client → %s proxy-server (HTTP CONNECT over mTLS) → gRPC/TCP/mTLS → proxy-agent on %s → kubelet (Konnectivity %s)", gw.Label, edge.Name, konnVersion),
 			url:  edge.KubeletURL(""), pids: k.pids(), client: newClient(k.DialContext, w.KubeletCA.Pool())})
@@ -219,7 +221,7 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	)
 	note("world ready in %v", time.Since(setup).Round(time.Second))
 	b := &bench{o: o, client: newClient(w.Client.DialContext, w.KubeletCA.Pool()), prof: prof}
-	wb := &wanBench{bench: b, w: w, gw: gw, edge: edge, tun: modes[0], d: o.wanTime}
+	wb := &wanBench{bench: b, w: w, gw: gw, edge: edge, tun: modes[0], d: o.wanTime, k: konn}
 	for _, m := range modes {
 		if m.name == konnMode {
 			wb.konn = m
@@ -279,7 +281,7 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 			}
 			shaped = true
 			if err := wb.waitWorking(ctx, 30*time.Second); err != nil {
-				return fmt.Errorf("%s: %w", sc.name, err)
+				return fmt.Errorf("%s: %w\n%s", sc.name, err, wb.diagnose(ctx))
 			}
 		}
 		if err := wb.runShaped(ctx, sr, i); err != nil {

@@ -106,6 +106,7 @@ type wanBench struct {
 	gw         *testenv.Host
 	edge       *world.Edge
 	tun, konn  mode // konn.name is empty without Konnectivity
+	k          *konnectivity
 	rate, bulk []mode
 	d          time.Duration
 }
@@ -294,6 +295,30 @@ func (wb *wanBench) tunnelStatus(ctx context.Context) (gateway.EdgeStatus, bool)
 	return gateway.EdgeStatus{}, false
 }
 
+// diagnose says what the tunnel and the shaped path look like, for an
+// error message.
+func (wb *wanBench) diagnose(ctx context.Context) string {
+	var b strings.Builder
+	if st, ok := wb.tunnelStatus(ctx); ok {
+		fmt.Fprintf(&b, "gateway /status: edge %s connected since %s from %s, RTT %.1f ms, %d streams\n",
+			st.Node, st.ConnectedSince.Format(time.RFC3339), st.Remote, st.RTTMillis, st.Streams)
+	} else {
+		fmt.Fprintf(&b, "gateway /status: edge %s not connected\n", wb.edge.Name)
+	}
+	// A TCP handshake across the shaped uplink, to the gateway's admin port.
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	c, err := wb.edge.Host.DialContext(dctx, "tcp", fmt.Sprintf("%s:%d", wb.gw.Addr, world.AdminPort))
+	if err != nil {
+		fmt.Fprintf(&b, "TCP connect from %s to %s: %v\n", wb.edge.Name, wb.gw.Label, err)
+	} else {
+		c.Close()
+		fmt.Fprintf(&b, "TCP connect from %s to %s: %.1f ms\n", wb.edge.Name, wb.gw.Label, ms(time.Since(t0)))
+	}
+	return b.String()
+}
+
 // waitWorking waits until a request through every rate mode succeeds.
 func (wb *wanBench) waitWorking(ctx context.Context, timeout time.Duration) error {
 	for _, m := range wb.rate {
@@ -341,12 +366,19 @@ func (wb *wanBench) afterEvent(ctx context.Context) (map[string]string, error) {
 			notes[m.name] = fmt.Sprintf("working %.2f s later", d.Seconds())
 		case m.name == konnMode && ctx.Err() == nil:
 			notes[m.name] = fmt.Sprintf("not working again within %v (%v); left out of what follows", wait, err)
+			if wb.k != nil {
+				notes[m.name] += "\n" + indent(wb.k.logTails(4), "      ")
+			}
 			wb.dropKonnectivity()
 		default:
 			return nil, err
 		}
 	}
 	return notes, nil
+}
+
+func indent(s, prefix string) string {
+	return prefix + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n"+prefix)
 }
 
 func (wb *wanBench) dropKonnectivity() {

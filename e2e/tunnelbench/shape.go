@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"time"
 
 	"github.com/tether-edge/tether/internal/testenv"
@@ -14,13 +13,8 @@ type link struct {
 	Rate          int64   // bits per second; 0: unlimited
 }
 
-var errNoShaper = errors.New("the WAN emulator (testenv.Site.Shape) is not in this tree yet")
-
-// shape applies l to both directions of site's uplink; the zero link
-// clears it.
+// shape applies l to both directions of site's uplink with testenv's WAN
+// emulator; the zero link clears it.
 func shape(site *testenv.Site, l link) error {
-	if l == (link{}) {
-		return nil
-	}
-	return errNoShaper
+	return site.Shape(testenv.Link{Delay: l.Delay, Jitter: l.Jitter, Loss: l.Loss, Rate: l.Rate})
 }
