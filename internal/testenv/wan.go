@@ -30,12 +30,15 @@ package testenv
 //   - Rate: a tbf queueing discipline at the root of the sending end of
 //     each direction (s<i> and wan0).
 //
-// While any shaping is on, both uplink ends have gso_max_segs 1, so that
-// GSO and TSO super-packets (TCP, and UDP GSO as quic-go uses it) are cut
-// into wire-sized packets before they reach tbf or the loss rule: loss and
-// rate then count real packets, not 64 KB batches of them. The TUN
-// devices take no offloads, so the kernel also segments what it routes
-// into them.
+// Segmentation offloads. Senders on veth hand the kernel GSO and TSO
+// super-packets (up to 64 KB of TCP, or of UDP as quic-go sends it) that
+// travel whole until a device without the offload cuts them up. While a
+// link has loss or a rate, both uplink ends have gso_max_segs 1, so that
+// they are cut into wire-sized packets before tbf or the loss rule see
+// them: loss and rate count real packets, not 64 KB batches of them. The
+// TUN devices take the offloads (IFF_VNET_HDR, TUNSETOFFLOAD): the delay
+// line reads and writes super-packets whole, with their virtio-net
+// header, which keeps its packet rate (the cost) low for bulk traffic.
 
 import (
 	"errors"
@@ -125,11 +128,12 @@ type WANStats struct {
 
 // WANLineStats counts one direction of the delay forwarder.
 type WANLineStats struct {
-	// Packets and Bytes went through the delay line.
+	// Packets and Bytes (of IP packets) went through the delay line; a
+	// GSO super-packet counts as one packet.
 	Packets, Bytes uint64
-	// Dropped were refused because the line already held
-	// wanQueuePackets packets (the forwarder's memory bound), or could
-	// not be written back.
+	// Dropped were refused because the line was full (more than
+	// wanQueuePackets packets or wanQueueBytes bytes of buffers, its
+	// memory bound), or could not be written back.
 	Dropped uint64
 }
 
@@ -139,11 +143,24 @@ const (
 	maxWANDelay = 10 * time.Second
 	// minWANRate is the lowest rate tbf is asked for.
 	minWANRate = 8000
-	// wanQueuePackets bounds each direction of the delay line: at most
-	// this many packets (of at most one MTU each) wait in memory; more are
-	// dropped and counted. 16384 is 200 ms of 80,000 packets per second,
-	// more than the forwarder sustains.
+	// wanQueuePackets and wanQueueBytes bound each direction of the
+	// delay line: packets beyond either are dropped and counted. 32 MiB
+	// is 100 ms of 2.7 Gbit/s, more than the forwarder sustains.
 	wanQueuePackets = 16384
+	wanQueueBytes   = 32 << 20
+	// vnetHdrLen is the size of the virtio-net header before each packet
+	// on a TUN device with IFF_VNET_HDR (struct virtio_net_hdr).
+	vnetHdrLen = 10
+	// maxTUNPacket is the largest packet a TUN device with offloads
+	// passes: a 64 KB super-packet and its header.
+	maxTUNPacket = vnetHdrLen + 65535
+	// TUNSETOFFLOAD flags (linux/if_tun.h).
+	tunFCsum   = 0x01
+	tunFTSO4   = 0x02
+	tunFTSO6   = 0x04
+	tunFTSOECN = 0x08
+	tunFUSO4   = 0x20
+	tunFUSO6   = 0x40
 	// lossScale is the resolution of the loss rule's random draw.
 	lossScale = 1_000_000
 	// minTBFQueue is the least time's worth of data tbf queues.
@@ -222,7 +239,8 @@ func (s *Site) shape(l Link) error {
 	w := &s.wan
 	ends := s.uplinkEnds()
 	// Segment before anything counts packets; undo last.
-	if !l.IsZero() {
+	segment := l.Loss > 0 || l.Rate > 0
+	if segment {
 		if err := setGSOMaxSegs(ends, 1); err != nil {
 			return err
 		}
@@ -251,7 +269,7 @@ func (s *Site) shape(l Link) error {
 			return err
 		}
 	}
-	if l.IsZero() {
+	if !segment {
 		return setGSOMaxSegs(ends, defaultGSOMaxSegs)
 	}
 	return nil
@@ -348,14 +366,16 @@ type forwarder struct {
 // delayLine is one direction: packets read from a TUN device wait in q
 // until due, then are written back into it.
 type delayLine struct {
-	f     *os.File
-	link  *atomic.Pointer[Link]
-	stats *lineCounters
-	pool  sync.Pool // *[]byte of cap mtu
-	mtu   int
-	q     chan packet
-	flush chan struct{} // closed to write out what is queued at once
-	err   error         // why the reader stopped early, if it did
+	f        *os.File
+	link     *atomic.Pointer[Link]
+	stats    *lineCounters
+	small    sync.Pool // *[]byte of cap smallCap, for packets up to the MTU
+	large    sync.Pool // *[]byte of cap maxTUNPacket, for super-packets
+	smallCap int
+	queued   atomic.Int64 // bytes of buffers in q
+	q        chan packet
+	flush    chan struct{} // closed to write out what is queued at once
+	err      error         // why the reader stopped early, if it did
 }
 
 // packet is one packet in a delay line.
@@ -412,10 +432,11 @@ func startForwarder(s *Site, l Link) (*forwarder, error) {
 	}
 	for d := range devs {
 		line := &delayLine{
-			f: files[d], link: &f.link, stats: &s.wan.stats[d], mtu: mtu,
+			f: files[d], link: &f.link, stats: &s.wan.stats[d], smallCap: vnetHdrLen + mtu,
 			q: make(chan packet, wanQueuePackets), flush: make(chan struct{}),
 		}
-		line.pool.New = func() any { b := make([]byte, mtu); return &b }
+		line.small.New = func() any { b := make([]byte, line.smallCap); return &b }
+		line.large.New = func() any { b := make([]byte, maxTUNPacket); return &b }
 		f.lines[d] = line
 		f.wg.Add(2)
 		go func() { defer f.wg.Done(); line.read() }()
@@ -448,9 +469,9 @@ func startForwarder(s *Site, l Link) (*forwarder, error) {
 	return f, nil
 }
 
-// openTUN creates TUN device name (no packet information header, no
-// offloads) in the calling thread's namespace and returns it as a
-// non-blocking, pollable file.
+// openTUN creates TUN device name (no packet information header; a
+// virtio-net header and segmentation offloads) in the calling thread's
+// namespace and returns it as a non-blocking, pollable file.
 func openTUN(name string) (*os.File, error) {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -458,8 +479,15 @@ func openTUN(name string) (*os.File, error) {
 	}
 	ifr, err := unix.NewIfreq(name)
 	if err == nil {
-		ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+		ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
 		err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
+	}
+	if err == nil {
+		// UDP segmentation (USO) is newer (Linux 6.2) than TCP's.
+		const tcp = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN
+		if err = unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tcp|tunFUSO4|tunFUSO6); err != nil {
+			err = unix.IoctlSetInt(fd, unix.TUNSETOFFLOAD, tcp)
+		}
 	}
 	if err != nil {
 		unix.Close(fd)
@@ -530,7 +558,7 @@ func (f *forwarder) stop() error {
 // time, until the read deadline is set or the device fails.
 func (l *delayLine) read() {
 	defer close(l.q)
-	scratch := make([]byte, 1<<16) // a packet larger than the MTU must not fail the read
+	scratch := make([]byte, maxTUNPacket)
 	var last time.Time
 	for {
 		n, err := l.f.Read(scratch)
@@ -540,7 +568,7 @@ func (l *delayLine) read() {
 			}
 			return
 		}
-		if n == 0 || scratch[0]>>4 != 4 {
+		if n <= vnetHdrLen || scratch[vnetHdrLen]>>4 != 4 {
 			continue // IPv4 only
 		}
 		link := l.link.Load()
@@ -554,26 +582,45 @@ func (l *delayLine) read() {
 			due = last // keep order
 		}
 		last = due
-		b := l.buf(n)
+		b := l.get(n)
 		copy(*b, scratch[:n])
+		if l.queued.Add(int64(cap(*b))) > wanQueueBytes {
+			l.drop(b)
+			continue
+		}
 		select {
 		case l.q <- packet{b: b, due: due}:
 		default:
-			l.stats.dropped.Add(1)
-			l.pool.Put(b)
+			l.drop(b)
 		}
 	}
 }
 
-// buf returns a buffer of length n, from the pool when n fits the MTU.
-func (l *delayLine) buf(n int) *[]byte {
-	if n > l.mtu {
-		b := make([]byte, n)
-		return &b
+// drop counts a packet that did not fit in the line and frees its buffer.
+func (l *delayLine) drop(b *[]byte) {
+	l.stats.dropped.Add(1)
+	l.put(b)
+}
+
+// get returns a pooled buffer of length n (at most maxTUNPacket).
+func (l *delayLine) get(n int) *[]byte {
+	pool := &l.small
+	if n > l.smallCap {
+		pool = &l.large
 	}
-	b := l.pool.Get().(*[]byte)
+	b := pool.Get().(*[]byte)
 	*b = (*b)[:n]
 	return b
+}
+
+// put returns a buffer from get, which no longer counts as queued.
+func (l *delayLine) put(b *[]byte) {
+	l.queued.Add(-int64(cap(*b)))
+	if cap(*b) == l.smallCap {
+		l.small.Put(b)
+	} else {
+		l.large.Put(b)
+	}
 }
 
 // write writes each queued packet back into the TUN device when it is due
@@ -595,10 +642,8 @@ func (l *delayLine) write() {
 			l.stats.dropped.Add(1)
 		} else {
 			l.stats.packets.Add(1)
-			l.stats.bytes.Add(uint64(len(*p.b)))
+			l.stats.bytes.Add(uint64(len(*p.b) - vnetHdrLen))
 		}
-		if cap(*p.b) == l.mtu {
-			l.pool.Put(p.b)
-		}
+		l.put(p.b)
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestLinkValidate(t *testing.T) {
@@ -93,6 +95,14 @@ func TestShape(t *testing.T) {
 		if st.Up.Dropped+st.Down.Dropped != 0 {
 			t.Errorf("delay line dropped packets: %+v", st)
 		}
+		// Super-packets cross the line whole and arrive intact: TCP
+		// (TSO) and UDP (GSO, as quic-go sends).
+		for _, download := range []bool{false, true} {
+			if _, err := bulk(gw, e1, 2<<20, download, nil); err != nil {
+				t.Errorf("TCP through the delay line (download %v): %v", download, err)
+			}
+		}
+		udpGSO(t, gw, e1)
 	})
 
 	t.Run("Jitter", func(t *testing.T) {
@@ -235,6 +245,63 @@ func checkUnshaped(t *testing.T, s *Site) {
 	if rules := s.cloud.Run(t, "ip", "rule", "show"); strings.Contains(rules, "100") && (strings.Contains(rules, "wd0") || strings.Contains(rules, "lookup 5")) {
 		t.Errorf("routing rules left in the cloud router:\n%s", rules)
 	}
+}
+
+// udpGSO sends a batch of datagrams as one UDP GSO write from site to
+// cloud, and another back, and checks that each arrives as the datagrams
+// it was made of.
+func udpGSO(t *testing.T, cloud, site *Host) {
+	t.Helper()
+	const size, count = 1200, 10
+	cpc, err := cloud.ListenPacket("udp4", netip.AddrPortFrom(cloud.Addr, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpc.Close()
+	spc, err := site.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer spc.Close()
+	batch := make([]byte, size*count)
+	for i := range batch {
+		batch[i] = byte(i / size)
+	}
+	// send writes the batch as one datagram buffer cut by the kernel
+	// (UDP_SEGMENT), and returns the address it was sent from as seen
+	// by the receiver.
+	send := func(from, to net.PacketConn, toAddr net.Addr) net.Addr {
+		t.Helper()
+		raw, err := from.(*net.UDPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_SEGMENT, size)
+		}); err != nil || serr != nil {
+			t.Fatalf("UDP_SEGMENT: %v %v", err, serr)
+		}
+		if _, err := from.WriteTo(batch, toAddr); err != nil {
+			t.Fatalf("GSO write: %v", err)
+		}
+		var src net.Addr
+		buf := make([]byte, 2*len(batch))
+		to.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for i := range count {
+			n, addr, err := to.ReadFrom(buf)
+			if err != nil {
+				t.Fatalf("datagram %d of a GSO batch: %v", i, err)
+			}
+			if n != size || buf[0] != byte(i) || buf[n-1] != byte(i) {
+				t.Fatalf("datagram %d of a GSO batch: %d bytes starting %d", i, n, buf[0])
+			}
+			src = addr
+		}
+		return src
+	}
+	natted := send(spc, cpc, cpc.LocalAddr())
+	send(cpc, spc, natted)
 }
 
 // udpEcho echoes every datagram back to its sender and counts them.
@@ -448,4 +515,75 @@ func bulk(cloud, site *Host, size int, download bool, progress func(int)) (float
 		return 0, fmt.Errorf("got %d bytes, sent %d", got, size)
 	}
 	return float64(got) * 8 / elapsed.Seconds(), nil
+}
+
+// BenchmarkShapeDelayLine measures what the delay line forwards on this
+// machine: TCP bulk through a link with 1 ms of delay each way (MB/s, and
+// the packets per second the line carries both ways), and a flood of
+// small UDP datagrams site to cloud (datagrams per second that arrive).
+//
+//	go test -run '^$' -bench ShapeDelayLine ./internal/testenv/
+func BenchmarkShapeDelayLine(b *testing.B) {
+	RequireRoot(b)
+	topo := NewTopology(b, TopologySpec{
+		CloudHosts: []string{"gw"},
+		Sites:      []SiteSpec{{Name: "far", Hosts: []string{"e1"}}},
+	})
+	site := topo.Site("far")
+	gw, e1 := topo.Cloud("gw"), site.Host("e1")
+	if err := site.Shape(Link{Delay: time.Millisecond}); err != nil {
+		b.Fatal(err)
+	}
+	packets := func() uint64 { st := site.WANStats(); return st.Up.Packets + st.Down.Packets }
+
+	b.Run("tcp", func(b *testing.B) {
+		const size = 16 << 20
+		b.SetBytes(size)
+		p0, start := packets(), time.Now()
+		for range b.N {
+			if _, err := bulk(gw, e1, size, false, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(packets()-p0)/time.Since(start).Seconds(), "pkts/s")
+	})
+
+	b.Run("udp", func(b *testing.B) {
+		sink, err := gw.ListenPacket("udp4", netip.AddrPortFrom(gw.Addr, 0).String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		var got atomic.Int64
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			buf := make([]byte, 2048)
+			for {
+				if _, _, err := sink.ReadFrom(buf); err != nil {
+					return
+				}
+				got.Add(1)
+			}
+		}()
+		defer func() { sink.Close(); <-done }()
+		src, err := e1.ListenPacket("udp4", "0.0.0.0:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer src.Close()
+		msg := make([]byte, 100)
+		dropped0 := site.WANStats().Up.Dropped
+		start := time.Now()
+		for range b.N {
+			for range 1000 {
+				src.WriteTo(msg, sink.LocalAddr())
+			}
+		}
+		sent := time.Since(start)
+		// Let the line drain (it holds 1 ms), then count.
+		time.Sleep(200 * time.Millisecond)
+		b.ReportMetric(float64(got.Load())/sent.Seconds(), "arrived/s")
+		b.ReportMetric(float64(1000*b.N)/sent.Seconds(), "sent/s")
+		b.ReportMetric(float64(site.WANStats().Up.Dropped-dropped0), "line-drops")
+	})
 }
