@@ -50,8 +50,9 @@ import (
 // kube-apiserver; then its /metrics. A scrape shows a labelled metric only
 // once a series of it exists, and two parts make theirs on traffic: the
 // apiserver proxy (requests, cache hits, replays... of node components)
-// and the tunnel's RTT (while connected). Their descriptors are read from
-// apiproxy.New and edgetunnel.New, the constructors Run calls, with a
+// and the tunnel's RTT (while connected), and the cache's evictions and
+// compactions. Their descriptors are read from apiproxy.New,
+// edgetunnel.New and the cache's Register, as Run calls them, with a
 // registry of the test's.
 
 // exportedByPrograms starts both programs' metric registrations and reads
@@ -205,6 +206,9 @@ func edgeMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	defer store.Close()
 	if _, err := apiproxy.New(apiproxy.Options{Upstream: ups, Store: store, Registerer: reg}); err != nil {
 		t.Fatalf("apiproxy.New: %v", err)
+	}
+	if err := store.Register(reg); err != nil { // as Run registers the cache's
+		t.Fatalf("cache metrics: %v", err)
 	}
 	if _, err := edgetunnel.New(edgetunnel.Options{Gateways: cfg.Gateway, AllowPorts: cfg.AllowPorts, Registry: reg,
 		Certificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &kp.TLS, nil }}); err != nil {
