@@ -66,9 +66,12 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-# bench-tunnel measures the tunnel against a direct connection and bare
-# quic-go in namespaces on this machine (issue 9) and prints a table; it
-# needs root and takes a few minutes. BENCH_TUNNEL_FLAGS: see --help.
+# bench-tunnel measures the tunnel against a direct connection, bare quic-go
+# and Konnectivity (built once by tools/build-konnectivity.sh) in namespaces
+# on this machine, on a clean and on shaped WAN links, through a link cut and
+# a NAT rebinding (issues 9, 19), and prints tables and a last `wan:` line; it
+# needs root and takes about 10 minutes. BENCH_TUNNEL_FLAGS: see --help
+# (--scenarios, --runs, --wan-time).
 .PHONY: bench-tunnel
 BENCH_TUNNEL_FLAGS ?=
 bench-tunnel: build testbins

@@ -134,3 +134,51 @@ func (b *bareQUIC) bulk(ctx context.Context, n int64) (bulkResult, error) {
 	}
 	return bulkResult{bytes: got, elapsed: elapsed}, nil
 }
+
+// bulkFor moves bytes from the edge side to the gateway side on a new
+// stream for d, as fast as they go, and returns what arrived: the
+// time-bounded transfer of the shaped scenarios.
+func (b *bareQUIC) bulkFor(ctx context.Context, d time.Duration) (bulkResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	go func() {
+		s, err := b.edge.AcceptStream(ctx)
+		if err != nil {
+			return
+		}
+		var req [1]byte
+		if _, err := io.ReadFull(s, req[:]); err != nil {
+			return
+		}
+		buf := make([]byte, 64<<10)
+		world.Pattern{}.Read(buf)
+		for {
+			if _, err := s.Write(buf); err != nil { // ends when the reader cancels
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	s, err := b.gw.OpenStreamSync(ctx)
+	if err != nil {
+		return bulkResult{}, err
+	}
+	defer s.CancelRead(0)
+	if _, err := s.Write([]byte{1}); err != nil {
+		return bulkResult{}, err
+	}
+	s.Close()
+	s.SetReadDeadline(start.Add(d))
+	buf := make([]byte, 64<<10)
+	var got int64
+	for {
+		n, err := s.Read(buf)
+		got += int64(n)
+		if err != nil {
+			if time.Since(start) >= d {
+				return bulkResult{bytes: got, elapsed: time.Since(start)}, nil
+			}
+			return bulkResult{}, fmt.Errorf("bare quic-go: after %d bytes: %w", got, err)
+		}
+	}
+}

@@ -90,11 +90,11 @@ func main() {
 	flag.IntVar(&o.conc, "conc", 32, "concurrent `clients` of the concurrent new-connection measurement")
 	flag.IntVar(&o.concReqs, "conc-requests", 3000, "`requests` of the concurrent new-connection measurement, shared by the clients")
 	flag.Int64Var(&o.bulk, "bulk", 512<<20, "`bytes` of the one-connection bulk transfer")
-	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this `duration` (world setup included)")
+	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "give up after this `duration` (world setup included); the defaults take about 10 minutes on a quiet 2-core machine")
 	flag.StringVar(&o.profileDir, "profile", "", "write CPU profiles of the gateway, the edge and this process into `dir`, for each phase of the first run: seq and c32 (all modes taking turns) and each mode's bulk (builds profiling binaries; ignores --bin-dir)")
 	flag.BoolVar(&o.verbose, "v", false, "log the world's setup steps")
 	flag.StringVar(&o.scenarioList, "scenarios", scenarioNames(), "comma-separated `list` of link scenarios to run, in this order whatever the list's: clean (the full measurement above plus head-of-line), rtt30, rtt80-loss1, rtt80-loss3, rate20-rtt80 (the site's uplink shaped in both directions), cut (30 s link cut, heal time; 3 s cut with a request in flight) and nat (NAT rebinding during a download)")
-	flag.DurationVar(&o.wanTime, "wan-time", 5*time.Second, "`duration` of each time-bounded measurement of a shaped scenario (head-of-line, bulk, new connections per mode) and of the clean head-of-line one")
+	flag.DurationVar(&o.wanTime, "wan-time", 5*time.Second, "`duration` of each time-bounded measurement of a shaped scenario, per mode: head-of-line, bulk, and new connections (half sequential, half concurrent); also of the clean head-of-line one")
 	flag.IntVar(&o.holClients, "hol-clients", 8, "`clients` making new-connection requests during the head-of-line measurement")
 	flag.BoolVar(&o.konnectivity, "konnectivity", true, "also measure Konnectivity (apiserver-network-proxy, built from its module by tools/build-konnectivity.sh) in the same world")
 	flag.Usage = func() {
@@ -223,8 +223,11 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	b := &bench{o: o, client: newClient(w.Client.DialContext, w.KubeletCA.Pool()), prof: prof}
 	wb := &wanBench{bench: b, w: w, gw: gw, edge: edge, tun: modes[0], d: o.wanTime, k: konn}
 	for _, m := range modes {
-		if m.name == konnMode {
+		switch m.name {
+		case konnMode:
 			wb.konn = m
+		case "quic-path":
+			wb.path = m
 		}
 		if !m.bulkOnly {
 			wb.rate = append(wb.rate, m)

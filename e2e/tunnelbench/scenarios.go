@@ -106,6 +106,7 @@ type wanBench struct {
 	gw         *testenv.Host
 	edge       *world.Edge
 	tun, konn  mode // konn.name is empty without Konnectivity
+	path       mode // bare quic-go over the tunnel's path
 	k          *konnectivity
 	rate, bulk []mode
 	d          time.Duration
@@ -207,18 +208,32 @@ func (wb *wanBench) runShaped(ctx context.Context, sr *scenResult, run int) erro
 		f.bulk = r.mbps()
 		f.cpuNsB = float64(use.tether) / float64(max(r.bytes, 1))
 	}
-	// New connections, the modes taking turns.
-	turn := max(time.Second, wb.d/5)
+	if wb.path.bare != nil {
+		// quic-go alone over the same shaped path: what the link and
+		// quic-go allow, without the relay and TCP.
+		phase("%s: bulk, %s: one quic-go stream for %v", sr.sc.name, wb.path.name, wb.d)
+		r, err := wb.path.bare.bulkFor(ctx, wb.d)
+		if err != nil {
+			return fmt.Errorf("%s: bulk: %w", wb.path.name, err)
+		}
+		f := sr.of(wb.path.name)
+		f.hasBulk = true
+		f.bulk = r.mbps()
+	}
+	// New connections, the modes taking turns: half of wb.d sequential,
+	// half concurrent, per mode.
+	per := wb.d / 2
+	turn := max(500*time.Millisecond, per/3)
 	for _, k := range []struct {
 		name    string
 		clients int
 	}{{"seq", 1}, {fmt.Sprintf("c%d", wb.o.conc), wb.o.conc}} {
-		phase("%s: new connections %s, %v per mode in turns of %v", sr.sc.name, k.name, wb.d, turn)
+		phase("%s: new connections %s, %v per mode in turns of %v", sr.sc.name, k.name, per, turn)
 		acc := map[string]*rateResult{}
 		for _, m := range wb.rate {
 			acc[m.name] = &rateResult{}
 		}
-		for done := time.Duration(0); done < wb.d; done += turn {
+		for done := time.Duration(0); done < per; done += turn {
 			for _, m := range wb.rate {
 				r, _ := wb.clientOf(m).timed(ctx, m.url, k.clients, turn)
 				acc[m.name].add(r)
