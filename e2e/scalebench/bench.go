@@ -52,8 +52,9 @@ type bench struct {
 	route *routeClient
 	all   []int // 1..edges
 
-	gwArgs [][]string // by replica index, once started
-	logs   []procLog
+	gwArgs    [][]string // by replica index, once started
+	logs      []procLog
+	profiling sync.Mutex // held while a CPU profile is taken
 }
 
 // gwProc is a running tether-gateway.
@@ -202,6 +203,7 @@ type regResult struct {
 	peakRSS       int64
 	cpu           time.Duration // the gateway's CPU time meanwhile
 	peakRate      float64       // registrations per second, best 1 s sample
+	agentCPU      time.Duration // the load generator's CPU time meanwhile
 }
 
 func (r regResult) all() bool { return r.reached >= r.want }
@@ -212,6 +214,7 @@ func (r regResult) all() bool { return r.reached >= r.want }
 // written as <label>.
 func (b *bench) waitRegistered(ctx context.Context, g *gwProc, want int, label string) regResult {
 	r := regResult{want: want}
+	agentCPU0 := procCPU(b.agent.pid)
 	deadline := g.started.Add(b.o.registerWait)
 	lastN, lastT := 0, time.Now()
 	lastNote := time.Now()
@@ -235,12 +238,14 @@ func (b *bench) waitRegistered(ctx context.Context, g *gwProc, want int, label s
 		r.took = now.Sub(g.started)
 		r.cpu = procCPU(g.pid) // all of it: g started for this wait
 		if r.all() || now.After(deadline) || ctx.Err() != nil {
+			r.agentCPU = procCPU(b.agent.pid) - agentCPU0
 			return r
 		}
 		if now.Sub(lastNote) >= 5*time.Second {
 			lastNote = now
-			note("%s: %v: %d/%d registered on %s, RSS %s MiB, CPU %.0f%% of a core", label, r.took.Round(time.Second),
-				r.reached, want, g.host.Label, mib(m.rss), 100*r.cpu.Seconds()/r.took.Seconds())
+			note("%s: %v: %d/%d registered on %s, RSS %s MiB, CPU %.0f%% of a core (load generator %.0f%%)", label, r.took.Round(time.Second),
+				r.reached, want, g.host.Label, mib(m.rss), 100*r.cpu.Seconds()/r.took.Seconds(),
+				100*(procCPU(b.agent.pid)-agentCPU0).Seconds()/time.Since(g.started).Seconds())
 		}
 		select {
 		case <-ctx.Done():
@@ -493,6 +498,10 @@ func (b *bench) profile(ctx context.Context, g *gwProc, label string, d time.Dur
 		return
 	}
 	go func() {
+		// One CPU profile at a time: a phase's waits for the previous
+		// phase's to end.
+		b.profiling.Lock()
+		defer b.profiling.Unlock()
 		if err := b.fetchProfile(ctx, g, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())), label+"-cpu", d+30*time.Second); err != nil {
 			note("profile %s: %v", label, err)
 		}

@@ -67,7 +67,9 @@ func (b *bench) cold(ctx context.Context, res *results) error {
 
 // steadyResult is the steady phase.
 type steadyResult struct {
-	connected  int
+	settled    bool // every edge was registered before the measurement
+	before     int  // edges registered at its start
+	connected  int  // and at its end
 	took       time.Duration
 	rss        int64
 	cpuPct     float64 // of one core
@@ -91,6 +93,13 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 	if g == nil {
 		return errors.New("no gateway running")
 	}
+	r := steadyResult{settled: true}
+	if err := b.waitCount(ctx, g, b.o.edges, b.o.registerWait); err != nil {
+		// Measured anyway, but not a steady fleet: edges still
+		// (re)connecting cost handshakes.
+		note("steady: %v; measuring anyway", err)
+		r.settled = false
+	}
 	note("steady: settling 5 s, then %v of keepalives only", b.o.steady)
 	if err := sleep(ctx, 5*time.Second); err != nil {
 		return err
@@ -99,6 +108,7 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 	if err != nil {
 		return err
 	}
+	r.before = n
 	in0, out0, err := udpDatagrams(ctx, g.host)
 	if err != nil {
 		return err
@@ -120,13 +130,11 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 	if err != nil {
 		return err
 	}
-	r := steadyResult{
-		connected: n, took: took, rss: readMem(g.pid).rss,
-		cpuPct: 100 * (cpu1 - cpu0).Seconds() / took.Seconds(),
-		udpIn:  float64(in1-in0) / took.Seconds(), udpOut: float64(out1-out0) / took.Seconds(),
-	}
-	if n2, err := registered(ctx, g.host); err == nil {
-		r.connected = min(n, n2)
+	r.took, r.rss = took, readMem(g.pid).rss
+	r.cpuPct = 100 * (cpu1 - cpu0).Seconds() / took.Seconds()
+	r.udpIn, r.udpOut = float64(in1-in0)/took.Seconds(), float64(out1-out0)/took.Seconds()
+	if r.connected, err = registered(ctx, g.host); err != nil {
+		return err
 	}
 	r.goroutines = goroutines(ctx, g.host)
 	r.agent, _ = b.agent.stats(ctx)

@@ -44,10 +44,14 @@ func printResults(o options, r *results) {
 		row("gateway peak RSS", mib(c.peakRSS)+" MiB")
 		row("gateway CPU", fmt.Sprintf("%.1f s (%.0f%% of a core on average)", c.cpu.Seconds(), 100*c.cpu.Seconds()/c.took.Seconds()))
 		row("registrations/s, best 1 s", fmt.Sprintf("%.0f", c.peakRate))
+		row("load generator CPU (all edges' handshakes)", fmt.Sprintf("%.1f s", c.agentCPU.Seconds()))
 	}
 	if s := r.steady; s != nil {
 		fmt.Printf("steady state (%v, keepalives only):\n", s.took.Round(time.Second))
-		row("edges connected", fmt.Sprint(s.connected))
+		row("edges connected (start → end)", fmt.Sprintf("%d → %d", s.before, s.connected))
+		if !s.settled {
+			row("", "NOT STEADY: not every edge had registered; edges still connecting cost handshakes")
+		}
 		row("gateway RSS", fmt.Sprintf("%s MiB, %.1f KiB per edge", mib(s.rss), s.perEdgeKiB()))
 		row("gateway CPU", fmt.Sprintf("%.1f%% of a core", s.cpuPct))
 		row("UDP datagrams/s in the gateway's namespace", fmt.Sprintf("%.0f in, %.0f out", s.udpIn, s.udpOut))
