@@ -13,26 +13,26 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/tether-edge/tether/e2e/world"
-	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
 
 // gatewayStatus reads gw's /status.
-func gatewayStatus(t *testing.T, gw *testenv.Host) gateway.Status {
+func gatewayStatus(t *testing.T, gw *testenv.Host) statusapi.Gateway {
 	t.Helper()
 	body, err := world.Get(context.Background(), gw, world.GatewayAdmin(gw, "/status"))
 	if err != nil {
 		t.Fatalf("gateway /status: %v", err)
 	}
-	var st gateway.Status
+	var st statusapi.Gateway
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatalf("gateway /status: %v: %s", err, body)
 	}
 	return st
 }
 
-func connectedEdges(st gateway.Status) []string {
+func connectedEdges(st statusapi.Gateway) []string {
 	var names []string
 	for _, e := range st.Edges {
 		names = append(names, e.Node)

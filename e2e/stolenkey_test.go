@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
@@ -121,7 +122,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 			fmt.Sprintf("https://%s:%d/healthz", addr, world.KubeletPort)).CombinedOutput()
 		return strings.TrimPrefix(strings.TrimSpace(string(out)), "ok ")
 	}
-	waitRefusal := func(t *testing.T, want nodewatch.Refusal) {
+	waitRefusal := func(t *testing.T, want statusapi.AddressRefusal) {
 		t.Helper()
 		waitFor(t, 15*time.Second, fmt.Sprintf("the gateway to refuse %s's claim of %s (%s)", want.Node, want.Addr, want.Reason), func() bool {
 			for _, r := range gatewayStatus(t, gw).AddressRefusals {
@@ -135,7 +136,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 
 	t.Run("AnotherEdgesAddress", func(t *testing.T) {
 		setAddress(t, honestIP)
-		waitRefusal(t, nodewatch.Refusal{Addr: netip.MustParseAddr(honestIP), Node: thief.Name, Reason: nodewatch.ReasonConflict, Holder: honest.Name})
+		waitRefusal(t, statusapi.AddressRefusal{Addr: netip.MustParseAddr(honestIP), Node: thief.Name, Reason: string(nodewatch.ReasonConflict), Holder: honest.Name})
 		for i := range 10 {
 			if got := answeredBy(w.Client, honestIP); got != honest.Name {
 				t.Fatalf("connection %d of 10 to %s's address answered by %q", i+1, honest.Name, got)
@@ -160,7 +161,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 
 	t.Run("ACloudNodesAddress", func(t *testing.T) {
 		setAddress(t, cloudIP)
-		waitRefusal(t, nodewatch.Refusal{Addr: netip.MustParseAddr(cloudIP), Node: thief.Name, Reason: nodewatch.ReasonCloudNode})
+		waitRefusal(t, statusapi.AddressRefusal{Addr: netip.MustParseAddr(cloudIP), Node: thief.Name, Reason: string(nodewatch.ReasonCloudNode)})
 		// From the gateway host itself (its OUTPUT chain) and from a cloud
 		// host whose route to the node passes through the gateway
 		// (PREROUTING), the cloud node's own kubelet answers.
@@ -187,7 +188,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 
 	t.Run("TheGatewayHostsAddress", func(t *testing.T) {
 		setAddress(t, gw.Addr.String())
-		waitRefusal(t, nodewatch.Refusal{Addr: gw.Addr, Node: thief.Name, Reason: nodewatch.ReasonGatewayHost})
+		waitRefusal(t, statusapi.AddressRefusal{Addr: gw.Addr, Node: thief.Name, Reason: string(nodewatch.ReasonGatewayHost)})
 		body, err := world.Get(ctx, gw, world.GatewayAdmin(gw, "/healthz"))
 		if err != nil || !strings.Contains(body, "ok") {
 			t.Errorf("the gateway's own admin port after the claim: %q %v", body, err)

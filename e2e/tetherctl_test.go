@@ -13,14 +13,14 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
-	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // ctlStatus is one element of `tetherctl status -o json`.
 type ctlStatus struct {
-	Gateway string `json:"gateway"`
-	gateway.Status
+	URL string `json:"gateway"`
+	statusapi.Gateway
 }
 
 // TestTetherctl runs tetherctl on the cloud client host against two real
@@ -80,9 +80,9 @@ func TestTetherctl(t *testing.T) {
 	t.Run("json", func(t *testing.T) {
 		for i, st := range got {
 			gw := w.Gateways[i]
-			if st.Gateway != urls[i] || st.Replica != gw.Label || !st.Ready || st.EdgeNodes != 2 {
+			if st.URL != urls[i] || st.Replica != gw.Label || !st.Ready || st.EdgeNodes != 2 {
 				t.Errorf("gateway %d: url %q replica %q ready %v edge nodes %d; want %q, %q, true, 2",
-					i, st.Gateway, st.Replica, st.Ready, st.EdgeNodes, urls[i], gw.Label)
+					i, st.URL, st.Replica, st.Ready, st.EdgeNodes, urls[i], gw.Label)
 			}
 			for _, e := range st.Edges {
 				we := w.Edge(e.Node)

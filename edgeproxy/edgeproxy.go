@@ -28,8 +28,8 @@ import (
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
-	"github.com/tether-edge/tether/poolstore"
 )
 
 // Run runs tether-edge until ctx ends: the tunnel when --gateway is
@@ -191,12 +191,14 @@ func Run(ctx context.Context, cfg Config) error {
 				return errors.Join(errs...)
 			},
 			Status: func() any {
-				st := Status{Node: node, Version: version.Version}
+				st := statusapi.Edge{Node: node, Version: version.Version}
 				if tun != nil {
 					st.Gateways = tun.Status()
 				}
 				if ap != nil {
-					st.APIServer = &APIServerStatus{Status: ap.proxy.Status(), Servers: ap.upstreams.Status()}
+					as := ap.proxy.Status()
+					as.Servers = ap.upstreams.Status()
+					st.APIServer = &as
 					if ap.pool != nil {
 						st.Pool = ap.pool.Status()
 					}
@@ -376,19 +378,4 @@ func newTopologyFilter(cfg Config, node string, addr net.Addr, log *slog.Logger)
 	}
 	log.Info("service topology filter", "components", cfg.TopologyComponents)
 	return filter.New(node, client), nil
-}
-
-// Status is what /status serves.
-type Status struct {
-	Node      string                     `json:"node"`
-	Version   string                     `json:"version"`
-	Gateways  []edgetunnel.GatewayStatus `json:"gateways"`
-	APIServer *APIServerStatus           `json:"apiserver,omitempty"`
-	Pool      *poolstore.Status          `json:"pool,omitempty"`
-}
-
-// APIServerStatus is the apiserver proxy's part of /status.
-type APIServerStatus struct {
-	apiproxy.Status
-	Servers []upstream.ServerStatus `json:"servers"`
 }

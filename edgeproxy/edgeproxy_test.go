@@ -25,6 +25,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -194,7 +195,7 @@ func TestRun(t *testing.T) {
 		t.Errorf("/readyz: %d %s", code, body)
 	}
 	_, body := get("/status")
-	var st Status
+	var st statusapi.Edge
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatalf("/status: %v: %s", err, body)
 	}
@@ -329,7 +330,7 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 		t.Errorf("/readyz: %d %s", code, body)
 	}
 	_, body := get("http://"+cfg.AdminListen+"/status", "")
-	var st Status
+	var st statusapi.Edge
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatalf("/status: %v: %s", err, body)
 	}

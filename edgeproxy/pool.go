@@ -27,6 +27,7 @@ import (
 	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
 )
@@ -215,7 +216,7 @@ func (r *poolRunner) DelegateHeartbeat(ctx context.Context, lease []byte) error 
 }
 
 // Status is the pool's /status, nil until it runs.
-func (r *poolRunner) Status() *poolstore.Status {
+func (r *poolRunner) Status() *statusapi.Pool {
 	if p := r.pool.Load(); p != nil {
 		st := p.Status()
 		return &st

@@ -26,6 +26,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/internal/edgetest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -135,9 +136,9 @@ func TestRun(t *testing.T) {
 	}
 	t.Cleanup(edge.Close)
 
-	var st Status
+	var st statusapi.Gateway
 	eventually(t, "/status lists edge-1", func() bool {
-		st = Status{}
+		st = statusapi.Gateway{}
 		json.Unmarshal([]byte(httpGet(t, admin+"/status")), &st)
 		return len(st.Edges) == 1
 	})

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -257,24 +258,9 @@ func (p *Pool) DelegateHeartbeat(ctx context.Context, lease []byte) error {
 	return p.follower.DelegateToLeader(ctx, lease)
 }
 
-// Status is the pool's part of the edge's /status.
-type Status struct {
-	Pool     string    `json:"pool"`
-	Role     string    `json:"role"` // leader, follower, or none (no leader known)
-	Leader   string    `json:"leader,omitempty"`
-	Epoch    string    `json:"epoch,omitempty"`
-	Rev      uint64    `json:"rev"`
-	Objects  int       `json:"objects"`
-	SyncedAt time.Time `json:"lastSync,omitzero"`
-	Fresh    bool      `json:"fresh"`
-	Digest   string    `json:"digest"`
-	// Replication is the follower's side (on a follower).
-	Replication *FollowerStatus `json:"replication,omitempty"`
-}
-
-// Status reports the pool's state.
-func (p *Pool) Status() Status {
-	st := Status{Pool: p.o.Pool, Leader: p.Leader(), Epoch: p.o.Store.Epoch(), Rev: p.o.Store.Rev(),
+// Status reports the pool's state, its part of the edge's /status.
+func (p *Pool) Status() statusapi.Pool {
+	st := statusapi.Pool{Pool: p.o.Pool, Leader: p.Leader(), Epoch: p.o.Store.Epoch(), Rev: p.o.Store.Rev(),
 		Objects: p.o.Store.Len(), SyncedAt: p.o.Store.SyncedAt(), Fresh: p.Fresh(), Digest: p.o.Store.Digest()}
 	if st.Role = p.roleOf(st.Leader); st.Role == "follower" {
 		fs := p.follower.Status()

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // FollowerOptions configure a Follower. PeerConfig, Store and Leader are
@@ -54,22 +56,6 @@ type FollowerOptions struct {
 	Registerer prometheus.Registerer
 }
 
-// FollowerStatus is what a Follower is doing.
-type FollowerStatus struct {
-	// Leader is the node streamed from ("" when not connected).
-	Leader    string    `json:"leader,omitempty"`
-	Connected bool      `json:"connected"`
-	LastFrame time.Time `json:"lastFrame,omitzero"`
-	// LeaderRev is the leader's revision in its last frame, Rev the
-	// replica's, Lag the difference while they are of one epoch.
-	LeaderRev uint64 `json:"leaderRev"`
-	Rev       uint64 `json:"rev"`
-	Lag       uint64 `json:"lag"`
-	// Resyncs counts the snapshots loaded.
-	Resyncs   uint64 `json:"resyncs"`
-	LastError string `json:"lastError,omitempty"`
-}
-
 // Follower replicates the leader's store into this node's: it streams
 // from the leader, reconnecting with backoff when the stream ends or the
 // leader changes.
@@ -88,7 +74,7 @@ type Follower struct {
 	refusedLeader string
 
 	mu sync.Mutex
-	st FollowerStatus
+	st statusapi.Replication // what it is doing, /status's replication
 }
 
 // Why a follower ends a stream itself.
@@ -183,7 +169,7 @@ func (f *Follower) checkLeader(leader string) error {
 }
 
 // Status is a copy of the follower's status.
-func (f *Follower) Status() FollowerStatus {
+func (f *Follower) Status() statusapi.Replication {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := f.st

@@ -13,13 +13,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tether-edge/tether/gateway"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/internal/admin"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // serveStatus serves st on the gateway's own admin handler.
-func serveStatus(t *testing.T, st gateway.Status) string {
+func serveStatus(t *testing.T, st statusapi.Gateway) string {
 	t.Helper()
 	srv := httptest.NewServer(admin.New(admin.Options{Registry: admin.NewRegistry(), Status: func() any { return st }}))
 	t.Cleanup(srv.Close)
@@ -35,11 +35,11 @@ func runCtl(args ...string) (code int, stdout, stderr string) {
 var since = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
 
 func TestStatusTable(t *testing.T) {
-	gw1 := serveStatus(t, gateway.Status{Replica: "gw1", Version: "v1", Mode: "node-ip", Ready: true, EdgeNodes: 3, Edges: []gateway.EdgeStatus{
+	gw1 := serveStatus(t, statusapi.Gateway{Replica: "gw1", Version: "v1", Mode: "node-ip", Ready: true, EdgeNodes: 3, Edges: []statusapi.ConnectedEdge{
 		{Node: "edge-2", Pool: "site-b", ConnectedSince: since, RTTMillis: 12.34, Streams: 2, BytesUp: 1536, BytesDown: 3 << 30},
 		{Node: "edge-1", ConnectedSince: since, RTTMillis: 0.5},
 	}})
-	gw2 := serveStatus(t, gateway.Status{Replica: "gw2", Version: "v1", Mode: "node-ip", NotReady: "nodes not synced", EdgeNodes: 3, Edges: []gateway.EdgeStatus{
+	gw2 := serveStatus(t, statusapi.Gateway{Replica: "gw2", Version: "v1", Mode: "node-ip", NotReady: "nodes not synced", EdgeNodes: 3, Edges: []statusapi.ConnectedEdge{
 		{Node: "edge-1", ConnectedSince: since},
 	}})
 	code, out, errOut := runCtl("status", "--gateway", gw1+","+strings.TrimPrefix(gw2, "http://"))
@@ -77,7 +77,7 @@ func TestStatusTable(t *testing.T) {
 }
 
 func TestStatusJSON(t *testing.T) {
-	st := gateway.Status{Replica: "gw1", Ready: true, Edges: []gateway.EdgeStatus{{Node: "edge-1", ConnectedSince: since, BytesUp: 7}}}
+	st := statusapi.Gateway{Replica: "gw1", Ready: true, Edges: []statusapi.ConnectedEdge{{Node: "edge-1", ConnectedSince: since, BytesUp: 7}}}
 	gw := serveStatus(t, st)
 	code, out, errOut := runCtl("-o", "json", "status", "--gateway", gw)
 	if code != 0 {
@@ -87,7 +87,7 @@ func TestStatusJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, out)
 	}
-	want := []gatewayStatus{{Gateway: gw, Status: st}}
+	want := []gatewayStatus{{URL: gw, Gateway: st}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("-o json (-want +got):\n%s", d)
 	}
@@ -103,7 +103,7 @@ func TestStatusUnreachable(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	live := serveStatus(t, gateway.Status{Replica: "gw1", Edges: []gateway.EdgeStatus{}})
+	live := serveStatus(t, statusapi.Gateway{Replica: "gw1", Edges: []statusapi.ConnectedEdge{}})
 
 	code, out, errOut := runCtl("status", "--gateway", dead+","+live)
 	if code != exitError {
@@ -155,12 +155,12 @@ func TestUsage(t *testing.T) {
 // edge that claims them are listed once per claim, with the replicas that
 // refuse it.
 func TestStatusAddressRefusals(t *testing.T) {
-	refusals := []nodewatch.Refusal{
-		{Addr: netip.MustParseAddr("10.1.0.11"), Node: "edge-evil", Reason: nodewatch.ReasonConflict, Holder: "edge-a1"},
-		{Addr: netip.MustParseAddr("10.0.0.5"), Node: "edge-evil", Reason: nodewatch.ReasonCloudNode},
+	refusals := []statusapi.AddressRefusal{
+		{Addr: netip.MustParseAddr("10.1.0.11"), Node: "edge-evil", Reason: string(nodewatch.ReasonConflict), Holder: "edge-a1"},
+		{Addr: netip.MustParseAddr("10.0.0.5"), Node: "edge-evil", Reason: string(nodewatch.ReasonCloudNode)},
 	}
-	gw1 := serveStatus(t, gateway.Status{Replica: "gw1", Edges: []gateway.EdgeStatus{}, AddressRefusals: refusals})
-	gw2 := serveStatus(t, gateway.Status{Replica: "gw2", Edges: []gateway.EdgeStatus{}, AddressRefusals: refusals[:1]})
+	gw1 := serveStatus(t, statusapi.Gateway{Replica: "gw1", Edges: []statusapi.ConnectedEdge{}, AddressRefusals: refusals})
+	gw2 := serveStatus(t, statusapi.Gateway{Replica: "gw2", Edges: []statusapi.ConnectedEdge{}, AddressRefusals: refusals[:1]})
 	code, out, errOut := runCtl("status", "--gateway", gw1+","+gw2)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)

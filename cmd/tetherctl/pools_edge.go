@@ -16,23 +16,22 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tether-edge/tether/edgeproxy"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
-// defaultEdgeAdmin is tether-edge's admin address, 127.0.0.1:10267; --edge
-// fills in its port and host.
-const defaultEdgeAdmin = edgeproxy.DefaultAdminListen
+// defaultEdgeAdmin is tether-edge's admin address (DESIGN.md: edge admin
+// HTTP 127.0.0.1:10267); --edge fills in its port and host.
+const defaultEdgeAdmin = "127.0.0.1:10267"
 
 // edgePool is the pool part of one edge's /status with the URL it came
 // from; the JSON output of `tetherctl pools --edge` is a list of them.
 type edgePool struct {
 	Edge string `json:"edge"`
 	Node string `json:"node"`
-	// Pool is the edge's poolstore.Status; nil when the edge runs no node
-	// pool (no apiserver proxy, --pool-listen empty, its Node in no pool,
-	// or its Node not read yet).
-	Pool *poolstore.Status `json:"pool"`
+	// Pool is the pool part of the edge's /status; nil when the edge runs
+	// no node pool (no apiserver proxy, --pool-listen empty, its Node in
+	// no pool, or its Node not read yet).
+	Pool *statusapi.Pool `json:"pool"`
 }
 
 // edgePools prints the pool part of every edge's /status; it fails if any
@@ -88,7 +87,7 @@ func fetchEdgePool(ctx context.Context, client *http.Client, edge string) (edgeP
 	} else if err != nil {
 		return ep, err
 	}
-	var st edgeproxy.Status
+	var st statusapi.Edge
 	if err := json.Unmarshal(body, &st); err != nil {
 		return ep, fmt.Errorf("edge %s: /status is not a tether-edge status: %w", edge, err)
 	}

@@ -16,8 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/tether-edge/tether/gateway"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // dedent drops the leading newline and the tabs that indent a golden
@@ -192,7 +191,7 @@ func TestPoolsEdge(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, out)
 	}
-	var st struct{ Pool *poolstore.Status }
+	var st struct{ Pool *statusapi.Pool }
 	json.Unmarshal(recordedStatus(t, "edge-status-follower.json"), &st)
 	if len(got) != 3 || got[0].Edge != follower || got[0].Node != "edge-1" || !cmp.Equal(got[0].Pool, st.Pool) ||
 		got[1].Edge != leader || got[2].Edge != off || got[2].Pool != nil {
@@ -211,7 +210,7 @@ func TestPoolsEdgeErrors(t *testing.T) {
 	dead := ln.Addr().String()
 	ln.Close() // nothing listens there now
 	live := serveEdge(t, recordedStatus(t, "edge-status-leader.json"))
-	gw := serveStatus(t, gateway.Status{Replica: "gw1"})
+	gw := serveStatus(t, statusapi.Gateway{Replica: "gw1"})
 
 	code, out, errOut := runCtl("pools", "--edge", dead+","+live+","+gw)
 	if code != exitError {

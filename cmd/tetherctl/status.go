@@ -17,14 +17,14 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // gatewayStatus is one gateway's /status with the URL it came from; the
 // JSON output is a list of them (the gateway's own fields inlined).
 type gatewayStatus struct {
-	Gateway string `json:"gateway"`
-	gateway.Status
+	URL string `json:"gateway"`
+	statusapi.Gateway
 }
 
 // status prints the /status of every gateway; it fails if any gateway did
@@ -32,9 +32,9 @@ type gatewayStatus struct {
 func status(ctx context.Context, o options, stdout, stderr io.Writer) int {
 	client := &http.Client{Timeout: o.timeout}
 	ok, code := fetchAll(o.gateways, stderr, func(gw string) (gatewayStatus, error) {
-		r := gatewayStatus{Gateway: normalizeGateway(gw)}
+		r := gatewayStatus{URL: normalizeGateway(gw)}
 		var err error
-		r.Status, err = fetchStatus(ctx, client, r.Gateway)
+		r.Gateway, err = fetchStatus(ctx, client, r.URL)
 		return r, err
 	})
 	if o.output == "json" {
@@ -94,8 +94,8 @@ var (
 
 // fetchStatus GETs gw's /status. Its errors say which gateway failed and
 // what to check.
-func fetchStatus(ctx context.Context, client *http.Client, gw string) (gateway.Status, error) {
-	var st gateway.Status
+func fetchStatus(ctx context.Context, client *http.Client, gw string) (statusapi.Gateway, error) {
+	var st statusapi.Gateway
 	body, err := get(ctx, client, gatewayAdmin, gw, "/status")
 	if herr, ok := errors.AsType[*httpError](err); ok {
 		return st, fmt.Errorf("%w (is this the admin address of a tether-gateway?)", herr)
@@ -158,7 +158,7 @@ func unwrapURLError(err error) error {
 // edgeRow is one edge connection of one replica.
 type edgeRow struct {
 	replica string
-	e       gateway.EdgeStatus
+	e       statusapi.ConnectedEdge
 }
 
 // writeTable prints a line per gateway, then one table of every edge
@@ -171,7 +171,7 @@ func writeTable(w io.Writer, gws []gatewayStatus, now time.Time) {
 			ready = "NOT READY: " + g.NotReady
 		}
 		fmt.Fprintf(w, "gateway %s: replica %s, version %s, mode %s, %s; %d of %d edge nodes connected\n",
-			g.Gateway, g.Replica, g.Version, g.Mode, ready, len(g.Edges), g.EdgeNodes)
+			g.URL, g.Replica, g.Version, g.Mode, ready, len(g.Edges), g.EdgeNodes)
 		for _, e := range g.Edges {
 			rows = append(rows, edgeRow{g.Replica, e})
 		}
@@ -195,7 +195,7 @@ func writeRefusals(w io.Writer, gws []gatewayStatus) {
 	replicas := map[key][]string{}
 	for _, g := range gws {
 		for _, r := range g.AddressRefusals {
-			k := key{r.Addr.String(), r.Node, string(r.Reason), r.Holder}
+			k := key{r.Addr.String(), r.Node, r.Reason, r.Holder}
 			replicas[k] = append(replicas[k], g.Replica)
 		}
 	}

@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
 )
 
 // ApplyEdgeRBAC applies what the edges need in the cloud beyond the Node
@@ -46,18 +46,9 @@ func (w *World) ProxyArgs(e *Edge) []string {
 	}
 }
 
-// EdgeStatus is the part of an edge's /status the tests read.
-type EdgeStatus struct {
-	Node      string            `json:"node"`
-	Pool      *poolstore.Status `json:"pool"`
-	APIServer *struct {
-		Healthy bool `json:"healthy"`
-	} `json:"apiserver"`
-}
-
 // Status reads e's /status.
-func (e *Edge) Status(ctx context.Context) (EdgeStatus, error) {
-	var st EdgeStatus
+func (e *Edge) Status(ctx context.Context) (statusapi.Edge, error) {
+	var st statusapi.Edge
 	body, err := Get(ctx, e.Host, EdgeAdmin("/status"))
 	if err != nil {
 		return st, err

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // Upstream is what the proxy needs of the cloud apiservers.
@@ -334,16 +335,10 @@ func (p *Proxy) Ready() error {
 	return errors.New("no cloud apiserver is healthy and the cache is empty")
 }
 
-// Status is the proxy's part of /status.
-type Status struct {
-	Healthy       bool           `json:"healthy"`
-	QueuedWrites  int            `json:"queuedWrites"`
-	CachedObjects map[string]int `json:"cachedObjects"`
-}
-
-// Status reports the proxy's state.
-func (p *Proxy) Status() Status {
-	return Status{Healthy: p.up.Healthy(), QueuedWrites: p.queueLen(), CachedObjects: p.store.Stats()}
+// Status reports the proxy's state, its part of /status (without the
+// servers: the upstreams' Status).
+func (p *Proxy) Status() statusapi.APIServer {
+	return statusapi.APIServer{Healthy: p.up.Healthy(), QueuedWrites: p.queueLen(), CachedObjects: p.store.Stats()}
 }
 
 // countingTransport counts request and response body bytes.

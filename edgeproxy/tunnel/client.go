@@ -17,6 +17,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"k8s.io/utils/clock"
 
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -274,26 +275,8 @@ func joinTargets(ts []Target) string {
 	return string(b)
 }
 
-// GatewayStatus is one gateway replica as /status shows it.
-type GatewayStatus struct {
-	Gateway    string `json:"gateway"` // resolved address
-	Entry      string `json:"entry"`   // the --gateway entry it came from
-	ServerName string `json:"server_name"`
-	Connected  bool   `json:"connected"`
-	// Since is when the replica last connected, or last disconnected
-	// (when it was added, if it never connected).
-	Since       time.Time `json:"since"`
-	RTTSeconds  float64   `json:"rtt_seconds,omitempty"`
-	StreamsOpen int64     `json:"streams_open"`
-	Streams     int64     `json:"streams_total"`
-	BytesUp     int64     `json:"bytes_up"`   // edge to cloud
-	BytesDown   int64     `json:"bytes_down"` // cloud to edge
-	Reconnects  int64     `json:"reconnects"`
-	LastError   string    `json:"last_error,omitempty"`
-}
-
 // Status lists the gateway replicas, sorted by address.
-func (c *Client) Status() []GatewayStatus {
+func (c *Client) Status() []statusapi.GatewayConnection {
 	c.mu.Lock()
 	rs := make([]*replica, 0, len(c.replicas))
 	for _, r := range c.replicas {
@@ -301,18 +284,18 @@ func (c *Client) Status() []GatewayStatus {
 	}
 	c.mu.Unlock()
 	slices.SortFunc(rs, func(a, b *replica) int { return a.ep.addr.Compare(b.ep.addr) })
-	out := make([]GatewayStatus, 0, len(rs))
+	out := make([]statusapi.GatewayConnection, 0, len(rs))
 	for _, r := range rs {
 		out = append(out, r.status())
 	}
 	return out
 }
 
-func (r *replica) status() GatewayStatus {
+func (r *replica) status() statusapi.GatewayConnection {
 	r.mu.Lock()
 	conn, since, lastErr := r.conn, r.since, r.lastErr
 	r.mu.Unlock()
-	s := GatewayStatus{
+	s := statusapi.GatewayConnection{
 		Gateway:     r.ep.addr.String(),
 		Entry:       r.ep.target.String(),
 		ServerName:  r.ep.serverName,

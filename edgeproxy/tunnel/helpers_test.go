@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -289,13 +290,13 @@ func (e *edge) metric(name string, labels ...string) float64 {
 	return -1
 }
 
-func (e *edge) status(gw netip.AddrPort) (GatewayStatus, bool) {
+func (e *edge) status(gw netip.AddrPort) (statusapi.GatewayConnection, bool) {
 	for _, s := range e.Status() {
 		if s.Gateway == gw.String() {
 			return s, true
 		}
 	}
-	return GatewayStatus{}, false
+	return statusapi.GatewayConnection{}, false
 }
 
 // eventually retries cond until it holds or 10 s pass.

@@ -25,6 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // Options configure New.
@@ -85,17 +87,6 @@ type server struct {
 	lastProbe  time.Time
 	lastChange time.Time
 	probes     uint64
-}
-
-// ServerStatus is one server's state, for /status.
-type ServerStatus struct {
-	Server    string    `json:"server"`
-	Healthy   bool      `json:"healthy"`
-	Known     bool      `json:"known"`
-	LastError string    `json:"lastError,omitempty"`
-	LastProbe time.Time `json:"lastProbe,omitzero"`
-	Since     time.Time `json:"since,omitzero"`
-	Probes    uint64    `json:"probes"`
 }
 
 // New checks the options and builds the transports; Run starts the
@@ -448,12 +439,12 @@ func (u *Upstreams) Ready() error {
 	return errors.New("no apiserver is healthy")
 }
 
-// Status returns every server's state, in priority order.
-func (u *Upstreams) Status() []ServerStatus {
-	out := make([]ServerStatus, 0, len(u.servers))
+// Status returns every server's state, in priority order, for /status.
+func (u *Upstreams) Status() []statusapi.Upstream {
+	out := make([]statusapi.Upstream, 0, len(u.servers))
 	for _, s := range u.servers {
 		s.mu.Lock()
-		out = append(out, ServerStatus{Server: s.url.String(), Healthy: s.h.known && s.h.healthy, Known: s.h.known,
+		out = append(out, statusapi.Upstream{Server: s.url.String(), Healthy: s.h.known && s.h.healthy, Known: s.h.known,
 			LastError: s.lastErr, LastProbe: s.lastProbe, Since: s.lastChange, Probes: s.probes})
 		s.mu.Unlock()
 	}

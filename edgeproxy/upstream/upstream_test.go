@@ -15,6 +15,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -157,14 +158,14 @@ func TestUpstreamsHealth(t *testing.T) {
 		t.Helper()
 		waitUntil(fmt.Sprintf("healthy %v", want), func() bool { return u.Healthy() == want })
 	}
-	second := func() ServerStatus {
+	second := func() statusapi.Upstream {
 		for _, st := range u.Status() {
 			if st.Server == srv.URL {
 				return st
 			}
 		}
 		t.Fatalf("no status of %s: %+v", srv.URL, u.Status())
-		return ServerStatus{}
+		return statusapi.Upstream{}
 	}
 	waitFor(true)
 	if s, ok := u.Server(); !ok || s.Host != srv.Listener.Addr().String() {
