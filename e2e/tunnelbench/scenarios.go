@@ -223,7 +223,7 @@ func (wb *wanBench) runShaped(ctx context.Context, sr *scenResult, run int) erro
 	// New connections, the modes taking turns: half of wb.d sequential,
 	// half concurrent, per mode.
 	per := wb.d / 2
-	turn := max(500*time.Millisecond, per/3)
+	turn := max(500*time.Millisecond, (per / 3).Round(10*time.Millisecond))
 	for _, k := range []struct {
 		name    string
 		clients int
@@ -530,9 +530,21 @@ func (wb *wanBench) runCut(ctx context.Context) (*cutResult, error) {
 	site.Heal()
 	phase("cut: healed; waiting (up to %v) for requests and the tunnel", healWait)
 	wg.Wait()
-	var err error
-	if cr.after, err = wb.afterEvent(ctx); err != nil {
+	if wb.konn.name != "" && cr.first[konnMode] < 0 {
+		// It had the whole probing window after the heal already.
+		cr.after = map[string]string{konnMode: fmt.Sprintf("no request succeeded within %v of the heal; left out of what follows\n%s",
+			healWait, indent(wb.k.logTails(4), "      "))}
+		wb.dropKonnectivity()
+	}
+	after, err := wb.afterEvent(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("cut: after the heal: %w", err)
+	}
+	for m, a := range after {
+		if cr.after == nil {
+			cr.after = map[string]string{}
+		}
+		cr.after[m] = a
 	}
 	modes = slices.DeleteFunc(modes, func(m mode) bool { return m.name == konnMode && wb.konn.name == "" })
 

@@ -214,13 +214,16 @@ func printSummary(o options, s summary) {
 			continue
 		}
 		known = true
-		if t.bulk < k.bulk {
+		switch {
+		case t.bulk < k.bulk:
 			allBulk = false
 			worst = append(worst, sc.name)
+		case sc.link.Loss > 0 && t.bulk < 2*k.bulk:
+			lossBulk = false
+			worst = append(worst, sc.name+" (< 2x)")
 		}
 		if sc.link.Loss > 0 && t.bulk < 2*k.bulk {
 			lossBulk = false
-			worst = append(worst, sc.name+" (loss: < 2x)")
 		}
 	}
 	bv := "see the table"
