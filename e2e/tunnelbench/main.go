@@ -58,7 +58,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
-	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -332,7 +332,7 @@ func printNotes(ctx context.Context, w *world.World, gw *testenv.Host, edge *wor
 			fmt.Printf("%s log: %s\n", p.name, l)
 		}
 	}
-	var st gateway.Status
+	var st statusapi.Gateway
 	if out, err := world.Get(ctx, gw, world.GatewayAdmin(gw, "/status")); err == nil && json.Unmarshal([]byte(out), &st) == nil {
 		for _, e := range st.Edges {
 			if e.Node == edge.Name {

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
-	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -291,23 +291,23 @@ func fromMeasure(sr *scenResult, o options, modes []mode, res map[string][]resul
 
 // tunnelStatus is the tested edge's entry in the gateway's /status, if
 // the edge is connected.
-func (wb *wanBench) tunnelStatus(ctx context.Context) (gateway.EdgeStatus, bool) {
+func (wb *wanBench) tunnelStatus(ctx context.Context) (statusapi.ConnectedEdge, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	out, err := world.Get(ctx, wb.gw, world.GatewayAdmin(wb.gw, "/status"))
 	if err != nil {
-		return gateway.EdgeStatus{}, false
+		return statusapi.ConnectedEdge{}, false
 	}
-	var st gateway.Status
+	var st statusapi.Gateway
 	if json.Unmarshal([]byte(out), &st) != nil {
-		return gateway.EdgeStatus{}, false
+		return statusapi.ConnectedEdge{}, false
 	}
 	for _, e := range st.Edges {
 		if e.Node == wb.edge.Name {
 			return e, true
 		}
 	}
-	return gateway.EdgeStatus{}, false
+	return statusapi.ConnectedEdge{}, false
 }
 
 // diagnose says what the tunnel and the shaped path look like, for an
