@@ -108,6 +108,13 @@ func stolenNodeKey(t *testing.T, backend string) {
 	// The thief's identity: a certificate for system:node:edge-0 from the
 	// cluster CA, which is what the copied kubelet key is.
 	stolen, _, _ := w.CP.NodeClient(t, thief.Name)
+	// The admission policy applies once kube-apiserver's policy informer
+	// has it, a moment after it is stored: wait for that with dry runs.
+	untilRefusedByPolicy(t, ctx, "the thief's dry run of its own pool label", func(dryRun []string) error {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"site-a"}}}`, world.PoolLabel)
+		_, err := stolen.CoreV1().Nodes().Patch(ctx, thief.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{DryRun: dryRun})
+		return err
+	})
 	setAddress := func(t *testing.T, addr string) {
 		t.Helper()
 		patch := fmt.Sprintf(`{"status":{"addresses":[{"type":"InternalIP","address":%q}]}}`, addr)
