@@ -8,14 +8,6 @@ import (
 	"github.com/tether-edge/tether/internal/version"
 )
 
-// Status and EdgeStatus are /status's types, which live in
-// internal/statusapi with tether-edge's; these names remain only for
-// e2e/tunnelbench, until it reads statusapi too.
-type (
-	Status     = statusapi.Gateway
-	EdgeStatus = statusapi.ConnectedEdge
-)
-
 // Status returns what /status serves: this replica and its edges.
 func (g *Gateway) Status() statusapi.Gateway {
 	host, _ := os.Hostname()
