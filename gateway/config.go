@@ -33,7 +33,9 @@ type Config struct {
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// KubeAPIQPS and KubeAPIBurst are the Kubernetes client's rate limit
 	// (client-go's token bucket): its average requests per second and the
-	// requests it may send at once above that.
+	// requests it may send at once above that. The delegated heartbeats'
+	// writes have a bucket of their own of the same size (see
+	// DefaultKubeAPIQPS).
 	KubeAPIQPS   float64  `json:"kube-api-qps"`
 	KubeAPIBurst int      `json:"kube-api-burst"`
 	TunnelListen string   `json:"tunnel-listen"`
@@ -106,13 +108,13 @@ const (
 	DefaultDNSListen    = ":53"
 	DefaultAdminListen  = ":10265"
 	// DefaultKubeAPIQPS and DefaultKubeAPIBurst replace client-go's 5 and
-	// 10. A delegated heartbeat costs two requests (the Lease's get and
-	// update; the pool's election record comes from an informer) per
-	// offline node every 10 s: 5 QPS carries about 25 offline nodes, 100
-	// about 500 per replica
-	// next to the taint, VIP and update-trigger controllers; the burst takes
-	// a site that goes offline at once. kube-apiserver's API Priority and
-	// Fairness still queues the gateway fairly among its other clients.
+	// 10. They size two budgets: the delegated heartbeats' writes, and
+	// every other request (taint, VIP, election records, update trigger).
+	// A delegated heartbeat costs one request (an update from the Lease
+	// informer's copy) per offline node every 10 s: 100 carries about
+	// 1,000 offline nodes per replica; the burst takes a site that goes
+	// offline at once. kube-apiserver's API Priority and Fairness still
+	// queues the gateway fairly among its other clients.
 	DefaultKubeAPIQPS   = 100
 	DefaultKubeAPIBurst = 200
 	DefaultDataDir      = "/var/lib/tether-gateway"

@@ -27,10 +27,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/tether-edge/tether/gateway/dnat"
 	"github.com/tether-edge/tether/gateway/dns"
@@ -75,8 +78,9 @@ type Gateway struct {
 
 	updateTrigger *topology.Controller // nil without --enable-update-trigger
 	heartbeats    *heartbeat.Handler
-	records       *poolcheck.RecordCache // election records, for both handlers
-	poolTaint     *pooltaint.Controller  // nil with --delegated-heartbeat-taint=false
+	records       *poolcheck.RecordCache    // election records, for both handlers
+	nodeLeases    cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
+	poolTaint     *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
 
 	running  atomic.Bool // Run has started the parts
 	synced   atomic.Bool // the node informer has synced
@@ -175,10 +179,25 @@ func New(cfg Config) (_ *Gateway, err error) {
 	// The pools' election records, read from an informer by both
 	// handlers' leader checks.
 	g.records = poolcheck.NewRecordCache(client, 10*time.Minute, log.With("part", "election-records"))
+	// The node Leases (without managedFields), read by the heartbeat
+	// handler (a renewal is one write, no GET) and the taint controller.
+	if g.nodeLeases, err = pooltaint.NewLeaseInformer(client); err != nil {
+		return nil, err
+	}
 	// Delegated heartbeats are always served: only a pool's leader may
-	// send them, and only for its pool's members.
+	// send them, and only for its pool's members. Their writes have a
+	// budget of their own (--kube-api-qps, --kube-api-burst), so that the
+	// taints their renewals cause, which come in a burst right after
+	// them, cannot starve them; a renewal that would wait past a second
+	// for a token fails at once.
+	hbClient, err := kubeClientWithLimiter(cfg, flowcontrol.NewFakeAlwaysRateLimiter())
+	if err != nil {
+		return nil, err
+	}
 	g.heartbeats, err = heartbeat.New(heartbeat.Options{
-		Client:     client,
+		Client:     hbClient,
+		Leases:     g.nodeLeases,
+		Requests:   rate.NewLimiter(rate.Limit(cfg.KubeAPIQPS), cfg.KubeAPIBurst),
 		Nodes:      watcherPools{g.watcher},
 		Records:    g.records,
 		Logger:     log.With("part", "delegated-heartbeats"),
@@ -202,6 +221,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 	}
 	if cfg.DelegatedHeartbeatTaint {
 		g.poolTaint, err = pooltaint.New(client, pooltaint.Options{
+			Leases:     g.nodeLeases,
 			Threshold:  cfg.DelegatedHeartbeatTaintRenewals,
 			Logger:     log.With("part", "delegated-heartbeat-taint"),
 			Registerer: g.metrics,
@@ -374,6 +394,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	eg.Go(func() error { return g.watcher.Run(ectx) })
 	eg.Go(func() error { return g.records.Run(ectx) })
+	eg.Go(func() error { g.nodeLeases.RunWithContext(ectx); return nil })
 	eg.Go(func() error {
 		if err := g.watcher.WaitSynced(ectx); err == nil {
 			g.synced.Store(true)
@@ -515,7 +536,11 @@ func hostAddrs() ([]netip.Addr, error) {
 // kubeClient builds a client from the --kubeconfig file, or from the
 // in-cluster service account when there is none, rate-limited to
 // --kube-api-qps and --kube-api-burst.
-func kubeClient(c Config) (kubernetes.Interface, error) {
+func kubeClient(c Config) (kubernetes.Interface, error) { return kubeClientWithLimiter(c, nil) }
+
+// kubeClientWithLimiter is kubeClient with limiter instead of
+// --kube-api-qps and --kube-api-burst, unless it is nil.
+func kubeClientWithLimiter(c Config, limiter flowcontrol.RateLimiter) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if path := c.Kubeconfig; path == "" {
@@ -527,6 +552,7 @@ func kubeClient(c Config) (kubernetes.Interface, error) {
 	}
 	cfg.UserAgent = "tether-gateway/" + version.Version
 	cfg.QPS, cfg.Burst = float32(c.KubeAPIQPS), c.KubeAPIBurst
+	cfg.RateLimiter = limiter
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)

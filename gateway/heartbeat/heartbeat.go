@@ -17,14 +17,32 @@
 //     ConfigMap, not a Lease: NodeRestriction lets a node identity write
 //     no Lease outside kube-node-lease (see poolstore).
 //
-// Then the delegated node's Lease is read and updated (created if
-// missing; retried on conflict): spec.renewTime, and holderIdentity and
-// leaseDurationSeconds when the sent Lease has them, come from the sent
-// Lease, and the annotation openyurt.io/delegate-heartbeat is "true". The
-// rest of the object is the cluster's: nothing else the edge sent is
-// written. A renewal no newer than the Lease's own is answered OK without
-// a write, so that a request retried on another replica, or overtaken by
-// the node's own renewal, never moves renewTime back.
+// Then the delegated node's Lease is updated (created if missing):
+// spec.renewTime, and holderIdentity and leaseDurationSeconds when the
+// sent Lease has them, come from the sent Lease, and the annotation
+// openyurt.io/delegate-heartbeat is "true". The rest of the object is the
+// cluster's: nothing else the edge sent is written. A renewal no newer
+// than the Lease's own is answered OK without a write, so that a request
+// retried on another replica, or overtaken by the node's own renewal,
+// never moves renewTime back.
+//
+// In the steady state a renewal costs one request: the Lease is read from
+// Options.Leases (the gateway's informer on kube-node-lease, shared with
+// pooltaint; its objects lack only managedFields) and the update is a
+// copy of it, with its resourceVersion, so that a stale copy is refused
+// with a conflict. A conflict (the cache was behind: the node renewed
+// itself, another replica wrote) or a Lease missing from the cache falls
+// back to a GET, and the decision is made again from what it read
+// (retried up to retry.DefaultRetry's steps). Such reads are counted in
+// tether_gateway_delegated_heartbeat_lease_reads_total by reason.
+//
+// Renewals have their own request budget (Options.Requests, in the
+// gateway sized by --kube-api-qps and --kube-api-burst, beside the
+// client's own for every other request): every request a renewal sends
+// takes a token first, and a renewal that would wait longer than
+// Options.MaxWait for one is answered Unavailable at once, without a
+// request (counted in tether_gateway_delegated_heartbeats_throttled_total
+// and as unavailable), rather than queueing past its leader's deadline.
 //
 // Times are the gateway's: a sent renewTime later than the gateway's
 // clock is written as the gateway's now (reason "sent_in_future"), so
@@ -59,14 +77,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
@@ -85,6 +106,19 @@ type Options struct {
 	// Records reads the election records (a poolcheck.RecordCache); nil
 	// means a GET with Client for every check.
 	Records poolstore.ConfigMapGetter
+	// Leases is an informer on the Leases of kube-node-lease (such as
+	// pooltaint.NewLeaseInformer's), which the caller runs: a Lease in its
+	// store is updated from a copy of it, without a GET, so its objects
+	// must be whole but for managedFields. Nil means a GET before every
+	// write.
+	Leases cache.SharedInformer
+	// Requests is the renewals' budget of apiserver requests: each
+	// request takes a token. Nil means no limit (Client's own still
+	// applies).
+	Requests *rate.Limiter
+	// MaxWait is the longest a renewal waits for a token of Requests
+	// before it is answered Unavailable; zero means DefaultMaxWait.
+	MaxWait time.Duration
 	// Limit is how many refusals a sender may draw before it is answered
 	// tunnel.RateLimited; zero means poolcheck.DefaultLimit.
 	Limit poolcheck.Limit
@@ -102,14 +136,34 @@ type Options struct {
 // Handler answers delegated heartbeats; it implements the tunnel server's
 // Heartbeats.
 type Handler struct {
-	client  kubernetes.Interface
-	check   poolcheck.Checker
-	limit   *poolcheck.Limiter
-	clock   clock.PassiveClock
-	log     *slog.Logger
-	results *prometheus.CounterVec
-	clamped *prometheus.CounterVec
+	client    kubernetes.Interface
+	leases    cache.SharedInformer // nil: no cache
+	requests  *rate.Limiter        // nil: no budget
+	maxWait   time.Duration
+	check     poolcheck.Checker
+	limit     *poolcheck.Limiter
+	clock     clock.PassiveClock
+	log       *slog.Logger
+	results   *prometheus.CounterVec
+	clamped   *prometheus.CounterVec
+	reads     *prometheus.CounterVec
+	throttled prometheus.Counter
+
+	// throttledLogged is when a throttled renewal was last logged (unix
+	// nanoseconds): at most one line a minute.
+	throttledLogged atomic.Int64
 }
+
+// DefaultMaxWait is how long a renewal may wait for a request token: well
+// within a leader's deadline (5 s), and long enough to ride out a burst.
+const DefaultMaxWait = time.Second
+
+// Why a Lease was read with a GET, the "reason" label of
+// tether_gateway_delegated_heartbeat_lease_reads_total.
+const (
+	readNotCached = "not_cached" // not in the informer's store (yet)
+	readConflict  = "conflict"   // the write's resourceVersion was stale, or the Lease gone
+)
 
 // Why a renewTime was not taken as it came, the "reason" label of
 // tether_gateway_delegated_heartbeats_clamped_total.
@@ -131,7 +185,7 @@ func New(o Options) (*Handler, error) {
 	if records == nil {
 		records = o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
 	}
-	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
+	h := &Handler{client: o.Client, leases: o.Leases, requests: o.Requests, maxWait: o.MaxWait, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: nodes, Records: records},
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_delegated_heartbeats_total",
@@ -141,6 +195,17 @@ func New(o Options) (*Handler, error) {
 			Name: "tether_gateway_delegated_heartbeats_clamped_total",
 			Help: "Delegated heartbeats whose times were later than the gateway's clock, by reason: sent_in_future (the sent renewTime, written as the gateway's now), stored_in_future (the Lease's own renewTime, overwritten rather than taken as newer).",
 		}, []string{"reason"}),
+		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_gateway_delegated_heartbeat_lease_reads_total",
+			Help: "Node Leases read with a GET to write a delegated heartbeat, by reason: not_cached (not in the gateway's Lease informer), conflict (the informer's resourceVersion was stale). In the steady state a renewal is one write and no read.",
+		}, []string{"reason"}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_gateway_delegated_heartbeats_throttled_total",
+			Help: "Delegated heartbeats answered unavailable because their apiserver request budget (--kube-api-qps, --kube-api-burst) had no token within a second; also counted as unavailable in tether_gateway_delegated_heartbeats_total.",
+		}),
+	}
+	if h.maxWait <= 0 {
+		h.maxWait = DefaultMaxWait
 	}
 	if h.clock == nil {
 		h.clock = clock.RealClock{}
@@ -155,8 +220,11 @@ func New(o Options) (*Handler, error) {
 	for _, r := range []string{clampedSent, clampedStored} {
 		h.clamped.WithLabelValues(r)
 	}
+	for _, r := range []string{readNotCached, readConflict} {
+		h.reads.WithLabelValues(r)
+	}
 	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{h.results, h.clamped} {
+		for _, c := range []prometheus.Collector{h.results, h.clamped, h.reads, h.throttled} {
 			if err := o.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
 			}
@@ -235,7 +303,8 @@ func parseLease(req tunnel.DelegateRequest) (*coordinationv1.Lease, error) {
 // write updates (or creates) the delegated node's Lease from sent and
 // reports whether it wrote: a Lease already renewed at or after sent's
 // renewTime is left alone. Times are clamped to the gateway's clock (see
-// the package doc).
+// the package doc). The Lease is the informer's copy if it has one, else
+// (and after a conflict) a GET's.
 func (h *Handler) write(ctx context.Context, sender string, sent *coordinationv1.Lease) (bool, error) {
 	now := metav1.NewMicroTime(h.clock.Now())
 	if sent.Spec.RenewTime.After(now.Time) {
@@ -247,20 +316,39 @@ func (h *Handler) write(ctx context.Context, sender string, sent *coordinationv1
 	leases := h.client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	written := false
 	var storedAhead *metav1.MicroTime // the Lease's renewTime, when later than now
-	retriable := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+	cur, readReason := h.cached(sent.Name), readNotCached
+	retriable := func(err error) bool {
+		return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err)
+	}
 	err := retry.OnError(retry.DefaultRetry, retriable, func() error {
-		cur, err := leases.Get(ctx, sent.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: corev1.NamespaceNodeLease}}
-			apply(l, sent)
-			if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+		if cur == nil {
+			h.reads.WithLabelValues(readReason).Inc()
+			if err := h.wait(ctx); err != nil {
 				return err
 			}
-			written = true
-			return nil
-		}
-		if err != nil {
-			return err
+			var err error
+			cur, err = leases.Get(ctx, sent.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				cur = nil
+				l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: corev1.NamespaceNodeLease}}
+				apply(l, sent)
+				if err := h.wait(ctx); err != nil {
+					return err
+				}
+				if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+					if apierrors.IsNotFound(err) {
+						return fmt.Errorf("create Lease: %v", err) // the namespace is missing: not retried
+					}
+					readReason = readConflict
+					return err
+				}
+				written = true
+				return nil
+			}
+			if err != nil {
+				cur = nil
+				return err
+			}
 		}
 		storedAhead = nil
 		if cur.Spec.RenewTime != nil && cur.Spec.RenewTime.After(now.Time) {
@@ -268,13 +356,25 @@ func (h *Handler) write(ctx context.Context, sender string, sent *coordinationv1
 		} else if cur.Spec.RenewTime != nil && !cur.Spec.RenewTime.Before(sent.Spec.RenewTime) {
 			return nil
 		}
-		apply(cur, sent)
-		if _, err := leases.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		l := cur.DeepCopy() // cur may be the informer's
+		apply(l, sent)
+		if err := h.wait(ctx); err != nil {
+			return err
+		}
+		if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			cur, readReason = nil, readConflict // read again: a stale resourceVersion, or the Lease is gone
 			return err
 		}
 		written = true
 		return nil
 	})
+	if errors.Is(err, errThrottled) {
+		h.throttled.Inc()
+		if last := h.throttledLogged.Load(); time.Duration(now.UnixNano()-last) >= time.Minute && h.throttledLogged.CompareAndSwap(last, now.UnixNano()) {
+			h.log.Warn("delegated heartbeats throttled: their apiserver request budget is spent; raise --kube-api-qps and --kube-api-burst (logged once a minute; see tether_gateway_delegated_heartbeats_throttled_total)",
+				"node", sent.Name, "sender", sender, "max_wait", h.maxWait)
+		}
+	}
 	if err != nil {
 		return false, poolcheck.Refuse(tunnel.Unavailable, "write Lease %s/%s: %v", corev1.NamespaceNodeLease, sent.Name, err)
 	}
@@ -284,6 +384,50 @@ func (h *Handler) write(ctx context.Context, sender string, sent *coordinationv1
 			"renew_time", storedAhead.UTC().Format(time.RFC3339Nano), "now", now.UTC().Format(time.RFC3339Nano))
 	}
 	return written, nil
+}
+
+// cached returns the informer's copy of node's Lease, or nil. The copy is
+// shared: it is read, never changed.
+func (h *Handler) cached(node string) *coordinationv1.Lease {
+	if h.leases == nil {
+		return nil
+	}
+	obj, ok, err := h.leases.GetStore().GetByKey(corev1.NamespaceNodeLease + "/" + node)
+	if err != nil || !ok {
+		return nil
+	}
+	l, _ := obj.(*coordinationv1.Lease)
+	return l
+}
+
+// errThrottled is wait's answer when the budget has no token in time.
+var errThrottled = errors.New("delegated heartbeats' apiserver request budget spent (--kube-api-qps, --kube-api-burst)")
+
+// wait takes a token of the renewals' request budget, waiting up to
+// maxWait (and not past ctx's deadline); errThrottled, at once, when it
+// would have to wait longer.
+func (h *Handler) wait(ctx context.Context) error {
+	if h.requests == nil {
+		return nil
+	}
+	r := h.requests.Reserve()
+	d := r.Delay()
+	if dl, ok := ctx.Deadline(); d > h.maxWait || (ok && time.Until(dl) < d) {
+		r.Cancel()
+		return errThrottled
+	}
+	if d == 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		r.Cancel()
+		return context.Cause(ctx)
+	}
 }
 
 // apply copies what a delegated heartbeat may change from sent into l.

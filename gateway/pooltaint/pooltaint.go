@@ -6,7 +6,9 @@
 // on a node the cloud cannot reach; the taint goes when the node renews
 // its Lease itself again.
 //
-// Data flow: an informer on the Leases of kube-node-lease feeds a streak
+// Data flow: an informer on the Leases of kube-node-lease (NewLeaseInformer;
+// the gateway shares it with the delegated-heartbeat handler, which
+// updates from its copies) feeds a streak
 // per node, counted on renewals only (a Lease event whose spec.renewTime
 // differs from the last one seen, the first one seen included): an
 // annotated renewal adds one, an unannotated one resets it to zero. A
@@ -19,10 +21,11 @@
 //     the taint (whoever put it there: a restarted gateway starts with no
 //     streaks, but still clears stale taints).
 //
-// A change reads the Node from the apiserver and patches spec.taints with
-// its resourceVersion as a precondition, retried on conflict, so that a
-// concurrent change of any taint is never lost; taints other than this one
-// are left as they are. Several gateway replicas may run the controller at
+// A change patches spec.taints with the Node's resourceVersion as a
+// precondition, so that a concurrent change of any taint is never lost;
+// taints other than this one are left as they are. The first attempt
+// starts from the informer's copy (one request); a conflict reads the Node
+// with a GET and tries again. Several gateway replicas may run the controller at
 // once: they see the same renewals and their changes are idempotent.
 //
 // Metrics: tether_gateway_delegated_heartbeat_tainted_nodes (Nodes that
@@ -61,6 +64,10 @@ var Taint = corev1.Taint{Key: poolstore.UnschedulableTaintKey, Value: "true", Ef
 
 // Options configure New.
 type Options struct {
+	// Leases is the informer on kube-node-lease, from NewLeaseInformer,
+	// that the caller runs (shared with the heartbeat handler); nil means
+	// one of the controller's own, run by Run.
+	Leases cache.SharedIndexInformer
 	// Threshold is how many renewals in a row must carry the annotation
 	// before the node is tainted; 0 means DefaultThreshold.
 	Threshold int
@@ -77,6 +84,7 @@ type Controller struct {
 	threshold int
 	log       *slog.Logger
 	leases    cache.SharedIndexInformer
+	ownLeases bool // Run runs leases
 	nodes     cache.SharedIndexInformer
 	queue     workqueue.TypedRateLimitingInterface[string] // node names
 	changes   *prometheus.CounterVec
@@ -98,7 +106,7 @@ func New(client kubernetes.Interface, o Options) (*Controller, error) {
 		client:    client,
 		threshold: o.Threshold,
 		log:       o.Logger,
-		leases:    coordinationinformers.NewLeaseInformer(client, corev1.NamespaceNodeLease, 0, cache.Indexers{}),
+		leases:    o.Leases,
 		nodes:     coreinformers.NewNodeInformer(client, 0, cache.Indexers{}),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "delegated-heartbeat-taint"}),
@@ -119,8 +127,12 @@ func New(client kubernetes.Interface, o Options) (*Controller, error) {
 			c.changes.WithLabelValues(a, r)
 		}
 	}
-	if err := c.leases.SetTransform(trimLease); err != nil {
-		return nil, fmt.Errorf("set lease transform: %w", err)
+	if c.leases == nil {
+		var err error
+		if c.leases, err = NewLeaseInformer(client); err != nil {
+			return nil, err
+		}
+		c.ownLeases = true
 	}
 	if err := c.nodes.SetTransform(trimNode); err != nil {
 		return nil, fmt.Errorf("set node transform: %w", err)
@@ -152,16 +164,25 @@ const (
 	actionUntaint = "untaint"
 )
 
-// trimLease keeps what observe reads.
-func trimLease(obj any) (any, error) {
-	l, ok := obj.(*coordinationv1.Lease)
-	if !ok {
-		return obj, nil // a DeletedFinalStateUnknown tombstone
+// NewLeaseInformer returns an informer on the Leases of kube-node-lease
+// whose objects lack only their managedFields: the heartbeat handler
+// updates a node Lease from a copy of the informer's (the gateway's RBAC
+// has update, not patch), so the rest must be there. A node Lease is a few
+// hundred bytes without them.
+func NewLeaseInformer(client kubernetes.Interface) (cache.SharedIndexInformer, error) {
+	inf := coordinationinformers.NewLeaseInformer(client, corev1.NamespaceNodeLease, 0, cache.Indexers{})
+	if err := inf.SetTransform(trimLease); err != nil {
+		return nil, fmt.Errorf("set lease transform: %w", err)
 	}
-	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: l.Namespace, ResourceVersion: l.ResourceVersion, Annotations: l.Annotations},
-		Spec:       coordinationv1.LeaseSpec{RenewTime: l.Spec.RenewTime},
-	}, nil
+	return inf, nil
+}
+
+// trimLease drops the managed fields (half of a node Lease's bytes).
+func trimLease(obj any) (any, error) {
+	if l, ok := obj.(*coordinationv1.Lease); ok {
+		l.ManagedFields = nil
+	}
+	return obj, nil // or a DeletedFinalStateUnknown tombstone
 }
 
 // trimNode keeps the taints only.
@@ -214,12 +235,15 @@ func (c *Controller) forget(obj any) {
 	}
 }
 
-// Run runs the informers and the worker until ctx ends.
+// Run runs the informers (the Lease informer only if it is the
+// controller's own) and the worker until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Go(func() { c.leases.RunWithContext(ctx) })
+	if c.ownLeases {
+		wg.Go(func() { c.leases.RunWithContext(ctx) })
+	}
 	wg.Go(func() { c.nodes.RunWithContext(ctx) })
 	if !cache.WaitForCacheSync(ctx.Done(), c.HasSynced) {
 		return nil
@@ -309,14 +333,22 @@ func (c *Controller) Tainted() int {
 }
 
 // change adds (actionTaint) or removes (actionUntaint) Taint on the Node,
-// leaving its other taints as they are.
+// leaving its other taints as they are: from the informer's copy first,
+// from a GET after a conflict.
 func (c *Controller) change(ctx context.Context, node, action string, st streak) error {
 	nodes := c.client.CoreV1().Nodes()
 	changed := false
+	var n *corev1.Node
+	if obj, ok, err := c.nodes.GetStore().GetByKey(node); err == nil && ok {
+		n, _ = obj.(*corev1.Node)
+	}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := nodes.Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
+		if n == nil {
+			var err error
+			if n, err = nodes.Get(ctx, node, metav1.GetOptions{}); err != nil {
+				n = nil
+				return err
+			}
 		}
 		if hasTaint(n.Spec.Taints) == (action == actionTaint) {
 			return nil // already as wanted
@@ -335,6 +367,7 @@ func (c *Controller) change(ctx context.Context, node, action string, st streak)
 			return err
 		}
 		if _, err := nodes.Patch(ctx, node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			n = nil // read it again
 			return err
 		}
 		changed = true
