@@ -69,12 +69,20 @@ func TestServeTCP(t *testing.T) {
 		t.Error("an answer to garbage")
 	}
 
-	idle, err := net.Dial("tcp", ln.Addr().String())
+	// A client Serve has accepted (it answered), then idle: Serve still
+	// returns at cancel.
+	idle, err := dns.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer idle.Close()
-	time.Sleep(10 * time.Millisecond) // let Serve accept it
+	idle.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := idle.WriteMsg(query("edge-1.", dns.TypeA, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idle.ReadMsg(); err != nil {
+		t.Fatalf("the idle client's first query: %v", err)
+	}
 	cancel()
 	select {
 	case err := <-done:
