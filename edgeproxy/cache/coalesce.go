@@ -32,12 +32,9 @@ func (s *Store) ReplaceQueued(old uint64, w *QueuedWrite) (replaced bool, err er
 			writes--
 			bytes -= int64(len(prev))
 		}
-		s.qmu.Lock()
-		maxWrites, maxBytes := s.maxWrites, s.maxBytes
-		s.qmu.Unlock()
-		if writes+1 > maxWrites || bytes+int64(len(v)) > maxBytes {
+		if err := s.checkRoom(writes, bytes, len(v)); err != nil {
 			w.Seq = 0
-			return &QueueFullError{Size: len(v), Writes: s.qtx.writes, Bytes: s.qtx.bytes, MaxWrites: maxWrites, MaxBytes: maxBytes}
+			return err
 		}
 		// The new write goes in before the old one comes out: an error
 		// between the two (the batch still commits) leaves both queued,

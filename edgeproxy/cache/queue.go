@@ -122,12 +122,9 @@ func (s *Store) Enqueue(w *QueuedWrite) error {
 		if err != nil {
 			return err
 		}
-		s.qmu.Lock()
-		maxWrites, maxBytes := s.maxWrites, s.maxBytes
-		s.qmu.Unlock()
-		if s.qtx.writes+1 > maxWrites || s.qtx.bytes+int64(len(v)) > maxBytes {
+		if err := s.checkRoom(s.qtx.writes, s.qtx.bytes, len(v)); err != nil {
 			w.Seq = 0
-			return &QueueFullError{Size: len(v), Writes: s.qtx.writes, Bytes: s.qtx.bytes, MaxWrites: maxWrites, MaxBytes: maxBytes}
+			return err
 		}
 		s.dirty = true
 		if err := b.Put(seqKey(seq), v); err != nil {
@@ -139,6 +136,19 @@ func (s *Store) Enqueue(w *QueuedWrite) error {
 	})
 	if err != nil {
 		return fmt.Errorf("queue write: %w", err)
+	}
+	return nil
+}
+
+// checkRoom returns the error of a record of size bytes that a queue
+// holding writes and bytes has no room for, nil if it fits (the writer's
+// transaction only).
+func (s *Store) checkRoom(writes int, bytes int64, size int) error {
+	s.qmu.Lock()
+	maxWrites, maxBytes := s.maxWrites, s.maxBytes
+	s.qmu.Unlock()
+	if writes+1 > maxWrites || bytes+int64(size) > maxBytes {
+		return &QueueFullError{Size: size, Writes: s.qtx.writes, Bytes: s.qtx.bytes, MaxWrites: maxWrites, MaxBytes: maxBytes}
 	}
 	return nil
 }
