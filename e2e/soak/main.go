@@ -53,8 +53,8 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-gateway and tether-edge, as make build leaves them in bin; empty builds them from this tree into a temporary directory")
-	flag.IntVar(&o.connections, "connections", 100000, "relayed `connections` to make (one HTTPS GET each), or as many as --duration allows")
-	flag.IntVar(&o.requests, "requests", 10000, "apiserver proxy `requests` to make as the node's kubelet, or as many as --duration allows")
+	flag.IntVar(&o.connections, "connections", 100000, "relayed `connections` to have answered (one HTTPS GET each; failed ones do not count), or as many as --duration allows")
+	flag.IntVar(&o.requests, "requests", 10000, "apiserver proxy `requests` to have answered as the node's kubelet (failed ones do not count), or as many as --duration allows")
 	flag.DurationVar(&o.duration, "duration", 10*time.Minute, "stop making connections and requests after this `duration`, whether or not the counts are reached")
 	flag.DurationVar(&o.cutEvery, "cut-every", 20*time.Second, "cut the site's uplink, and heal it, every this `duration` (0: never)")
 	flag.DurationVar(&o.killEvery, "kill-every", 2*time.Minute, "kill tether-edge with SIGKILL and start it again every this `duration` (0: never)")

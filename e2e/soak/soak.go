@@ -76,18 +76,31 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 	defer stopSoak()
 	var wg sync.WaitGroup
 	var relayDone, kubeletDone atomic.Bool
+	// Only answered connections and requests count toward the targets; a
+	// failure (the uplink is cut, tether-edge restarts) waits a moment, so
+	// that a fast refusal does not spin.
+	pause := func() {
+		select {
+		case <-soakCtx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	for range o.relayConc {
 		wg.Go(func() {
-			for soakCtx.Err() == nil && relay.tried.Load() < int64(o.connections) {
-				relay.once(soakCtx)
+			for soakCtx.Err() == nil && relay.ok.Load() < int64(o.connections) {
+				if relay.once(soakCtx) != nil {
+					pause()
+				}
 			}
 		})
 	}
 	go func() { wg.Wait(); relayDone.Store(true) }()
 	var kwg sync.WaitGroup
 	kwg.Go(func() {
-		for i := 0; soakCtx.Err() == nil && k.tried.Load() < int64(o.requests); i++ {
-			k.once(soakCtx, i)
+		for i := 0; soakCtx.Err() == nil && k.ok.Load() < int64(o.requests); i++ {
+			if k.once(soakCtx, i) != nil {
+				pause()
+			}
 		}
 		kubeletDone.Store(true)
 	})
