@@ -21,6 +21,7 @@ import (
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/selfca"
+	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/tunnel"
@@ -96,6 +97,11 @@ type Config struct {
 	// may grow beyond their initial size, together (tunnel.ReceiveBudget);
 	// 0 leaves each free to grow to tunnel.MaxConnectionReceiveWindow.
 	MaxReceiveMemory resource.Quantity `json:"max-receive-memory"`
+
+	// MemoryLimit is the Go runtime's soft memory limit, a quantity such as
+	// "1Gi"; "" or "0": none (the heap may grow to twice what is live).
+	// GOMEMLIMIT in the environment wins; cmd/tether-gateway applies it.
+	MemoryLimit string `json:"memory-limit,omitempty"`
 
 	// Logger is where the gateway logs; nil discards.
 	Logger *slog.Logger `json:"-"`
@@ -293,6 +299,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxStreamsPerEdge < 1 {
 		bad("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)
+	}
+	if _, err := cli.ParseMemoryLimit(c.MemoryLimit); err != nil {
+		bad("--memory-limit: %v", err)
 	}
 	if c.MaxReceiveMemory.Sign() < 0 {
 		bad("--max-receive-memory %s: want 0 (no bound) or a positive size", c.MaxReceiveMemory.String())

@@ -31,6 +31,9 @@ func run(args []string) int {
 		LogFormat: &cfg.LogFormat,
 		Run: func(ctx context.Context, log *slog.Logger) error {
 			cfg.Logger = log
+			if err := cli.ApplyMemoryLimit(cfg.MemoryLimit, log); err != nil {
+				return err
+			}
 			return gateway.Run(ctx, cfg)
 		},
 	}, args)
@@ -73,6 +76,7 @@ func registerFlags(fs *flag.FlagSet, c *gateway.Config) {
 	fs.BoolVar(&c.DNSCloudNodes, "dns-cloud-nodes", c.DNSCloudNodes, "also answer the names of cloud (non-edge) nodes, with their own InternalIPs")
 	fs.StringVar(&c.HostsConfigMap, "hosts-configmap", c.HostsConfigMap, "also keep `namespace/name`, a ConfigMap with \"<ip>\\t<node>\" lines (key tunnel-nodes), for CoreDNS's hosts plugin as OpenYurt's yurt-tunnel-dns uses it; needs RBAC to get, create and update that ConfigMap")
 	fs.IntVar(&c.MaxStreamsPerEdge, "max-streams-per-edge", c.MaxStreamsPerEdge, "at most `n` connections relayed at once per edge; more wait a second, then are refused as overloaded. Keep it at most the edges' --max-streams")
+	fs.StringVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft `limit` of the Go runtime's own memory (heap and stacks), a quantity such as 1Gi; near it the garbage collector runs more often (never taking more than about half the CPU) instead of letting the heap grow to twice what is live; it is never a reason to fail. Size it from the fleet (README, Sizing: about 50 KiB of live heap per connected edge); empty or 0: none; GOMEMLIMIT in the environment wins")
 	fs.Var(config.Quantity{Q: &c.MaxReceiveMemory}, "max-receive-memory", "bound the memory that data edges sent and cloud clients have not read yet may take: each tunnel's QUIC receive window starts at 768KiB and grows with fast transfers up to 8MiB, and together they may grow by at most this `size` (such as 256Mi or 2Gi); a tunnel that finds it spent keeps its window, its transfers go on, slower on long paths. Worst case: tunnels x 768KiB + this (tunnel/README.md). 0: no bound (tunnels x 8MiB)")
 	fs.DurationVar(&c.IdleTimeout.Duration, "idle-timeout", c.IdleTimeout.Duration, "close a tunnel silent for this `duration`; keepalives go every third of it, so only a dead path is silent that long")
 	fs.DurationVar(&c.StreamIdleTimeout.Duration, "stream-idle-timeout", c.StreamIdleTimeout.Duration, "close a relayed connection that moved no byte either way for this `duration` (the kubelet's own streaming limit is 4h); 0 disables it")

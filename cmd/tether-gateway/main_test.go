@@ -85,6 +85,28 @@ func TestMaxReceiveMemory(t *testing.T) {
 	}
 }
 
+func TestMemoryLimit(t *testing.T) {
+	cfg := gateway.DefaultConfig()
+	if cfg.MemoryLimit != "" {
+		t.Fatalf("default %q, want none", cfg.MemoryLimit)
+	}
+	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	registerFlags(fs, &cfg)
+	if err := config.Parse(fs, []string{"--memory-limit", "900Mi", "--client-ca", "/ca.pem", "--tls-cert", "/gw.pem", "--tls-key", "/gw.key"}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MemoryLimit != "900Mi" {
+		t.Errorf("--memory-limit 900Mi: %q", cfg.MemoryLimit)
+	}
+	for _, bad := range []string{"lots", "-1Gi", "1Ki"} {
+		cfg.MemoryLimit = bad
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--memory-limit") {
+			t.Errorf("--memory-limit %s: %v, want a refusal naming it", bad, err)
+		}
+	}
+}
+
 func TestExitCodes(t *testing.T) {
 	stderr := os.Stderr
 	t.Cleanup(func() { os.Stderr = stderr })
