@@ -72,9 +72,10 @@ func testProxyLeavesNothing(t *testing.T, ctx context.Context, cp *testenv.Contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	patchService(t, ctx, admin, "plain", filter.KeyNodePool) // other tests leave none or hostname
 	defer patchService(t, ctx, admin, "plain", "")
-	waitResent(t, fw, "plain")
+	waitResent(t, fw, "plain", func(i int) {
+		patchService(t, ctx, admin, "plain", []string{filter.KeyNodePool, filter.KeyHostname}[i%2])
+	})
 	fw.Stop()
 
 	// An informer, synced and shut down.
@@ -100,21 +101,33 @@ func testProxyLeavesNothing(t *testing.T, ctx context.Context, cp *testenv.Contr
 }
 
 // waitResent waits for a MODIFIED of svc's slice on w.
-func waitResent(t *testing.T, w watch.Interface, svc string) {
+//
+// change(i) changes the Service's annotation, to a value other than the
+// one before: the filter re-sends once its own informers have seen the
+// change, and one made before they have synced (or that another test's
+// leftover value made no change) passes unseen; so the change is made
+// again, alternating values, every 5 s without a re-send, for up to 30 s.
+func waitResent(t *testing.T, w watch.Interface, svc string, change func(i int)) {
 	t.Helper()
 	timeout := time.After(30 * time.Second)
-	for {
-		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				t.Fatalf("watch ended waiting for %s's slice", svc)
+	for i := 0; ; i++ {
+		change(i)
+		again := time.After(5 * time.Second)
+		for waiting := true; waiting; {
+			select {
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					t.Fatalf("watch ended waiting for %s's slice", svc)
+				}
+				if s, isSlice := ev.Object.(*discoveryv1.EndpointSlice); isSlice && ev.Type == watch.Modified &&
+					s.Labels[discoveryv1.LabelServiceName] == svc {
+					return
+				}
+			case <-again:
+				waiting = false
+			case <-timeout:
+				t.Fatalf("no MODIFIED of %s's slice within 30 s of changing its topology annotation %d times", svc, i+1)
 			}
-			if s, isSlice := ev.Object.(*discoveryv1.EndpointSlice); isSlice && ev.Type == watch.Modified &&
-				s.Labels[discoveryv1.LabelServiceName] == svc {
-				return
-			}
-		case <-timeout:
-			t.Fatalf("no MODIFIED of %s's slice within 30 s", svc)
 		}
 	}
 }
