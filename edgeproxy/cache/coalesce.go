@@ -17,43 +17,25 @@ func (s *Store) ReplaceQueued(old uint64, w *QueuedWrite) (replaced bool, err er
 	err = s.write(func(tx *bolt.Tx) error {
 		replaced = false
 		b := tx.Bucket(bucketQueue)
-		seq, err := b.NextSequence()
-		if err != nil {
-			return err
-		}
-		w.Seq = seq
-		v, err := json.Marshal(w)
-		if err != nil {
-			return err
-		}
-		writes, bytes := s.qtx.writes, s.qtx.bytes
-		prev := b.Get(seqKey(old))
-		if prev != nil {
-			writes--
-			bytes -= int64(len(prev))
-		}
-		if err := s.checkRoom(writes, bytes, len(v)); err != nil {
-			w.Seq = 0
-			return err
+		var freed queueUsage
+		if prev := b.Get(seqKey(old)); prev != nil {
+			freed = queueUsage{writes: 1, bytes: int64(len(prev))}
 		}
 		// The new write goes in before the old one comes out: an error
 		// between the two (the batch still commits) leaves both queued,
 		// never neither.
-		s.dirty = true
-		if err := b.Put(seqKey(seq), v); err != nil {
+		if err := s.appendQueued(b, w, freed); err != nil {
 			return err
 		}
-		s.qtx.writes++
-		s.qtx.bytes += int64(len(v))
-		if prev != nil {
-			n := int64(len(prev))
-			if err := b.Delete(seqKey(old)); err != nil {
-				return err
-			}
-			s.qtx.writes--
-			s.qtx.bytes -= n
-			replaced = true
+		if freed.writes == 0 {
+			return nil
 		}
+		if err := b.Delete(seqKey(old)); err != nil {
+			return err
+		}
+		s.qtx.writes -= freed.writes
+		s.qtx.bytes -= freed.bytes
+		replaced = true
 		return nil
 	})
 	if err != nil {

@@ -109,30 +109,7 @@ func (s *Store) QueueUsage() (writes int, bytes int64) {
 // them.
 func (s *Store) Enqueue(w *QueuedWrite) error {
 	err := s.write(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketQueue)
-		// The sequence is taken before the size is known (it is part of
-		// the record): a refused write leaves a gap in the sequence,
-		// which is harmless.
-		seq, err := b.NextSequence()
-		if err != nil {
-			return err
-		}
-		w.Seq = seq
-		v, err := json.Marshal(w)
-		if err != nil {
-			return err
-		}
-		if err := s.checkRoom(s.qtx.writes, s.qtx.bytes, len(v)); err != nil {
-			w.Seq = 0
-			return err
-		}
-		s.dirty = true
-		if err := b.Put(seqKey(seq), v); err != nil {
-			return err
-		}
-		s.qtx.writes++
-		s.qtx.bytes += int64(len(v))
-		return nil
+		return s.appendQueued(tx.Bucket(bucketQueue), w, queueUsage{})
 	})
 	if err != nil {
 		return fmt.Errorf("queue write: %w", err)
@@ -140,16 +117,36 @@ func (s *Store) Enqueue(w *QueuedWrite) error {
 	return nil
 }
 
-// checkRoom returns the error of a record of size bytes that a queue
-// holding writes and bytes has no room for, nil if it fits (the writer's
-// transaction only).
-func (s *Store) checkRoom(writes int, bytes int64, size int) error {
+// appendQueued adds w at the end of the queue bucket b, setting w.Seq, if
+// the queue has room for it once freed (what the caller is about to
+// remove) is counted as free; otherwise it returns a *QueueFullError and
+// leaves w.Seq 0 (the writer's transaction only).
+func (s *Store) appendQueued(b *bolt.Bucket, w *QueuedWrite, freed queueUsage) error {
+	// The sequence is taken before the size is known (it is part of the
+	// record): a refused write leaves a gap in the sequence, which is
+	// harmless.
+	seq, err := b.NextSequence()
+	if err != nil {
+		return err
+	}
+	w.Seq = seq
+	v, err := json.Marshal(w)
+	if err != nil {
+		return err
+	}
 	s.qmu.Lock()
 	maxWrites, maxBytes := s.maxWrites, s.maxBytes
 	s.qmu.Unlock()
-	if writes+1 > maxWrites || bytes+int64(size) > maxBytes {
-		return &QueueFullError{Size: size, Writes: s.qtx.writes, Bytes: s.qtx.bytes, MaxWrites: maxWrites, MaxBytes: maxBytes}
+	if s.qtx.writes-freed.writes+1 > maxWrites || s.qtx.bytes-freed.bytes+int64(len(v)) > maxBytes {
+		w.Seq = 0
+		return &QueueFullError{Size: len(v), Writes: s.qtx.writes, Bytes: s.qtx.bytes, MaxWrites: maxWrites, MaxBytes: maxBytes}
 	}
+	s.dirty = true
+	if err := b.Put(seqKey(seq), v); err != nil {
+		return err
+	}
+	s.qtx.writes++
+	s.qtx.bytes += int64(len(v))
 	return nil
 }
 
