@@ -220,6 +220,9 @@ func edgeMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 			if f.typ == "" {
 				f.typ = have.typ
 			}
+			if f.help == "" {
+				f.help = have.help
+			}
 		}
 		e[name] = f
 	}
@@ -237,12 +240,13 @@ func fromRegistry(t *testing.T, reg *prometheus.Registry) exported {
 		close(ch)
 	}()
 	for d := range ch {
-		name, labels, err := parseDesc(d.String())
+		name, help, labels, err := parseDesc(d.String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		f := e[name]
 		f.labels = append(f.labels, labels...)
+		f.help = help
 		e[name] = f
 	}
 	fams, err := reg.Gather()
@@ -259,41 +263,50 @@ func fromRegistry(t *testing.T, reg *prometheus.Registry) exported {
 
 // descRE reads prometheus.Desc.String():
 // Desc{fqName: "n", help: "...", unit: "", constLabels: {a="b"}, variableLabels: {c,d}}.
-var descRE = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), .*constLabels: \{(.*)\}, variableLabels: \{(.*)\}\}$`)
+var descRE = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), help: ("(?:[^"\\]|\\.)*"), .*constLabels: \{(.*)\}, variableLabels: \{(.*)\}\}$`)
 
-func parseDesc(s string) (name string, labels []string, err error) {
+func parseDesc(s string) (name, help string, labels []string, err error) {
 	m := descRE.FindStringSubmatch(s)
 	if m == nil {
-		return "", nil, fmt.Errorf("cannot read the descriptor %s", s)
+		return "", "", nil, fmt.Errorf("cannot read the descriptor %s", s)
 	}
 	if name, err = strconv.Unquote(m[1]); err != nil {
-		return "", nil, fmt.Errorf("descriptor %s: %w", s, err)
+		return "", "", nil, fmt.Errorf("descriptor %s: %w", s, err)
 	}
-	for _, kv := range regexp.MustCompile(`([A-Za-z_][A-Za-z0-9_]*)="`).FindAllStringSubmatch(m[2], -1) {
+	if help, err = strconv.Unquote(m[2]); err != nil {
+		return "", "", nil, fmt.Errorf("descriptor %s: %w", s, err)
+	}
+	for _, kv := range regexp.MustCompile(`([A-Za-z_][A-Za-z0-9_]*)="`).FindAllStringSubmatch(m[3], -1) {
 		labels = append(labels, kv[1])
 	}
-	for _, l := range strings.Split(m[3], ",") {
+	for _, l := range strings.Split(m[4], ",") {
 		// A constrained label is shown as c(name).
 		if l = strings.TrimSuffix(strings.TrimPrefix(l, "c("), ")"); l != "" {
 			labels = append(labels, l)
 		}
 	}
-	return name, labels, nil
+	return name, help, labels, nil
 }
 
 // parseExposition reads the families of a text exposition: their types
 // (# TYPE) and the label names of their samples.
 func parseExposition(text string) (exported, error) {
 	e := exported{}
-	var current string // the family of the last # TYPE line
+	helps := map[string]string{} // # HELP comes before # TYPE
+	var current string           // the family of the last # TYPE line
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if f, ok := strings.CutPrefix(line, "# HELP "); ok {
+			name, help, _ := strings.Cut(f, " ")
+			helps[name] = strings.NewReplacer(`\\`, `\`, `\n`, "\n").Replace(help)
+			continue
+		}
 		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			name, typ, _ := strings.Cut(f, " ")
 			current = name
-			e[name] = family{typ: typ}
+			e[name] = family{typ: typ, help: helps[name]}
 			continue
 		}
 		if line == "" || strings.HasPrefix(line, "#") {

@@ -3,7 +3,6 @@
 package packaging_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -12,12 +11,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/tether-edge/tether/internal/docgen"
 )
 
 const (
@@ -393,9 +393,11 @@ func TestDashboardQueries(t *testing.T) {
 var templateLabelRE = regexp.MustCompile(`\$labels\.([A-Za-z_][A-Za-z0-9_]*)`)
 
 // TestMetricNames fails when an alert or a dashboard names a metric, or a
-// label of one, that the program does not export, and when the README's
-// metric table and the programs disagree. What the programs export is read
-// from their own registrations (exported_test.go), not from any document.
+// label of one, that the program does not export, and when README.md's
+// metric table (generated: make generate writes it, by running this test
+// with -update) differs from what they export. What the programs export is
+// read from their own registrations (exported_test.go), not from any
+// document.
 func TestMetricNames(t *testing.T) {
 	gw, edge := exportedByPrograms(t)
 	programs := map[string]exported{"tether-gateway": gw, "tether-edge": edge}
@@ -440,74 +442,12 @@ func TestMetricNames(t *testing.T) {
 	})
 
 	t.Run("README", func(t *testing.T) {
-		documented := readmeMetrics(t)
-		for prog, e := range programs {
-			var exportedNames []string
-			for name := range e {
-				if strings.HasPrefix(name, "tether_") {
-					exportedNames = append(exportedNames, name)
-				}
-			}
-			sort.Strings(exportedNames)
-			for _, name := range exportedNames {
-				if _, ok := documented[prog][name]; !ok {
-					t.Errorf("README.md, Metrics reference: %s exports %s, which the table does not list", prog, name)
-				}
-			}
-			for _, name := range slices.Sorted(maps.Keys(documented[prog])) {
-				f, ok := e[name]
-				if !ok {
-					t.Errorf("README.md, Metrics reference: the table lists %s under %s, which does not export it", name, prog)
-					continue
-				}
-				if got, want := listOrNone(documented[prog][name]), listOrNone(f.labels); got != want {
-					t.Errorf("README.md, Metrics reference: %s has labels %s, the table says %s", name, want, got)
-				}
-			}
+		table, err := metricTable([]string{"tether-gateway", "tether-edge"}, programs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := docgen.UpdateRegion("../README.md", "metrics", table, *update); err != nil {
+			t.Error(err)
 		}
 	})
-}
-
-// readmeMetrics reads README.md's "Metrics reference" table: by program
-// (the table's **tether-gateway** and **tether-edge** rows start each
-// part), the metrics and the labels each row names (in backquotes in its
-// labels column).
-func readmeMetrics(t *testing.T) map[string]map[string][]string {
-	t.Helper()
-	f, err := os.Open("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	out := map[string]map[string][]string{}
-	var in bool
-	var prog string
-	row := regexp.MustCompile("^\\| `([a-z_:][a-z0-9_:]*)` \\| [a-z]+ \\|([^|]*)\\|")
-	label := regexp.MustCompile("`([a-z_][a-z0-9_]*)`")
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "## "):
-			in = line == "## Metrics reference"
-		case !in:
-		case strings.HasPrefix(line, "| **"):
-			prog = strings.TrimSuffix(strings.TrimPrefix(strings.Fields(line)[1], "**"), "**")
-			out[prog] = map[string][]string{}
-		case prog != "":
-			m := row.FindStringSubmatch(line)
-			if m == nil {
-				continue
-			}
-			labels := []string{}
-			for _, l := range label.FindAllStringSubmatch(m[2], -1) {
-				labels = append(labels, l[1])
-			}
-			out[prog][m[1]] = labels
-		}
-	}
-	if len(out["tether-gateway"]) == 0 || len(out["tether-edge"]) == 0 {
-		t.Fatalf("README.md: found no metric table under \"## Metrics reference\" with **tether-gateway** and **tether-edge** parts (%v)", out)
-	}
-	return out
 }

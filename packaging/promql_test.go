@@ -203,6 +203,7 @@ var targetLabels = []string{"job", "instance", "pool"}
 type family struct {
 	labels []string
 	typ    string
+	help   string
 }
 
 // exported is what a program exports: metric name to family.

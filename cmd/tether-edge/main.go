@@ -17,6 +17,11 @@ import (
 	"github.com/tether-edge/tether/internal/memtrim"
 )
 
+// README.md's tether-edge flag table and packaging/config/edge.yaml are
+// generated from registerFlags by TestGeneratedDocsUpToDate (docs_test.go),
+// which fails when they differ from it.
+//go:generate go test -count=1 -run TestGeneratedDocsUpToDate . -args -update
+
 func main() {
 	os.Exit(run(os.Args[1:]))
 }
