@@ -40,9 +40,9 @@
 //
 // # Streams the edge opens
 //
-// The edge opens streams of its own for two things only, each a request
-// of its own kind: the gateway checks it, does it with its own
-// credentials, and answers; the edge closes its side after the request,
+// The edge opens streams of its own for three things only, each a request
+// of its own kind: the gateway checks it, does it (with its own
+// credentials), and answers; the edge closes its side after the request,
 // the gateway closes the stream after the reply. The sender is always
 // the node of the connection's client certificate, never a name in the
 // request. An edge may have at most MaxStreamsToGateway such streams open
@@ -103,6 +103,30 @@
 //
 // An election request is at most MaxElectionRequestLen bytes (64 KiB and
 // the fixed part), a reply at most MaxElectionReplyLen.
+//
+// Liveness probes. A gateway that restarts (kill -9, a node lost) forgets
+// its connections; it answers a packet of a connection it does not know
+// with a QUIC stateless reset (its reset key, tunnel.StatelessResetKey,
+// survives the restart), which closes the edge's connection at once. But
+// quic-go sends one only in answer to a packet longer than 42 bytes, and
+// the keepalive PINGs are shorter: an idle edge would wait out the whole
+// idle timeout. So an edge that has received nothing from a replica for
+// longer than a keepalive period (its PING went unanswered) sends a probe
+// on a stream of its own, padded to well over 42 bytes, and again while
+// the silence lasts. A restarted gateway answers it with a stateless reset
+// and the edge reconnects within about one keepalive period; a live one
+// answers with an OK Reply. An older gateway answers BadRequest (any
+// answer says it is alive); one that lets the edge open no stream gets no
+// probe.
+//
+// Probe request, version 1: the same fixed part, kind 0x04:
+//
+//	+---------+------+------------+--------------------------------------+
+//	| version | kind | length (2) | body: length bytes, padding, ignored |
+//	| 0x01    | 0x04 |            |                                      |
+//	+---------+------+------------+--------------------------------------+
+//
+// A probe's body is ProbePadding bytes when sent, at most 255 when read.
 //
 // # Receive windows
 //

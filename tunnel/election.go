@@ -206,12 +206,14 @@ func ReadElectionReply(rd io.Reader) (ElectionReply, error) {
 type EdgeRequest struct {
 	Delegate *DelegateRequest
 	Election *ElectionRequest
+	// Probe: a liveness probe (probe.go), answered with an OK Reply.
+	Probe bool
 }
 
 // ReadEdgeRequest reads one request of a kind an edge may send: a
-// DelegateRequest or an ElectionRequest. It reads exactly the request's
-// bytes and never more than MaxEdgeRequestLen; a request of another kind
-// (a connect Request) is an ErrBadHeader.
+// DelegateRequest, an ElectionRequest or a probe. It reads exactly the
+// request's bytes and never more than MaxEdgeRequestLen; a request of
+// another kind (a connect Request) is an ErrBadHeader.
 func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
 	kind, n, err := readHead(rd)
 	if err != nil {
@@ -223,11 +225,19 @@ func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
 		limit = MaxDelegateRequestLen
 	case kindElection:
 		limit = MaxElectionRequestLen
+	case kindProbe:
+		limit = MaxProbeRequestLen
 	default:
 		return EdgeRequest{}, fmt.Errorf("%w: kind %d is no request of an edge", ErrBadHeader, kind)
 	}
 	if _, err := checkLength(n, limit); err != nil {
 		return EdgeRequest{}, err
+	}
+	if kind == kindProbe {
+		if err := readProbeBody(rd, n); err != nil {
+			return EdgeRequest{}, err
+		}
+		return EdgeRequest{Probe: true}, nil
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(rd, body); err != nil {

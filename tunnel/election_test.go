@@ -144,7 +144,9 @@ func TestReadEdgeRequest(t *testing.T) {
 	connect, _ := AppendRequest(nil, Request{Dest: netip.MustParseAddrPort("10.0.0.1:10250")})
 	for name, in := range map[string][]byte{
 		"connect kind":  connect,
-		"kind 4":        {1, 4, 0, 1, 0},
+		"kind 5":        {1, 5, 0, 1, 0},
+		"long probe":    {1, 4, 1, 0},
+		"short probe":   {1, 4, 0, 9, 0},
 		"version 2":     {2, 2, 0, 1, 0},
 		"bad delegate":  {1, 2, 0, 1, 0},
 		"bad election":  {1, 3, 0, 1, 0},

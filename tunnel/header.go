@@ -19,6 +19,7 @@ const (
 	kindConnect  = 1 // the gateway asks the edge to dial (Request)
 	kindDelegate = 2 // the edge asks the gateway to write a Lease (DelegateRequest)
 	kindElection = 3 // the edge asks the gateway to write its pool's record (ElectionRequest)
+	kindProbe    = 4 // the edge asks whether the gateway still knows the connection (probe.go)
 )
 
 const (

@@ -1,6 +1,9 @@
 package edgetunnel
 
 import (
+	"maps"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-edge/tether/tunnel"
@@ -115,6 +118,12 @@ var (
 	descStreamsOpen = prometheus.NewDesc("tether_edge_tunnel_gateway_streams_open",
 		"Streams from this gateway replica being served now.",
 		[]string{"gateway"}, nil)
+	descDisconnects = prometheus.NewDesc("tether_edge_tunnel_gateway_disconnects_total",
+		"Connections to this gateway replica that were up and ended, by reason: stateless_reset (the replica no longer knew the connection: it restarted; noticed by a liveness probe), idle_timeout (nothing heard for the idle timeout), closed_by_gateway (shutdown, replaced, identity refused), other.",
+		[]string{"gateway", "reason"}, nil)
+	descProbes = prometheus.NewDesc("tether_edge_tunnel_gateway_probes_total",
+		"Liveness probes sent to this gateway replica: each after more than a keepalive period without a packet from it, padded so that a restarted replica answers with a stateless reset.",
+		[]string{"gateway"}, nil)
 	descBytes = prometheus.NewDesc("tether_edge_tunnel_gateway_bytes_total",
 		"Bytes relayed through this gateway replica; direction up is edge to cloud, down is cloud to edge.",
 		[]string{"gateway", "direction"}, nil)
@@ -123,12 +132,22 @@ var (
 type collector struct{ c *Client }
 
 func (col *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConnected, descRTT, descReconnects, descStreamsOpen, descBytes} {
+	for _, d := range []*prometheus.Desc{descConnected, descRTT, descReconnects, descStreamsOpen, descBytes, descDisconnects, descProbes} {
 		ch <- d
 	}
 }
 
 func (col *collector) Collect(ch chan<- prometheus.Metric) {
+	col.c.mu.Lock()
+	rs := slices.Collect(maps.Values(col.c.replicas))
+	col.c.mu.Unlock()
+	for _, r := range rs {
+		gw := r.ep.addr.String()
+		for end := range numEnds {
+			ch <- prometheus.MustNewConstMetric(descDisconnects, prometheus.CounterValue, float64(r.ends[end].Load()), gw, endNames[end])
+		}
+		ch <- prometheus.MustNewConstMetric(descProbes, prometheus.CounterValue, float64(r.probes.Load()), gw)
+	}
 	for _, s := range col.c.Status() {
 		gw := s.Gateway
 		connected := 0.0

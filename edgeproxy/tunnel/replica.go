@@ -39,6 +39,8 @@ type replica struct {
 	streamsOpen, streamsTotal atomic.Int64
 	bytesUp, bytesDown        atomic.Int64 // up: edge to cloud
 	reconnects                atomic.Int64
+	probes                    atomic.Int64          // liveness probes sent (probe.go)
+	ends                      [numEnds]atomic.Int64 // connections that were up and ended, by endOf
 }
 
 // run is the supervisor: dial, serve until the connection dies, wait a
@@ -121,6 +123,9 @@ func (r *replica) connectAndServe(ctx context.Context) (lived time.Duration, _ e
 		}
 	}
 	lived = r.c.clock.Since(start)
+	if ctx.Err() == nil {
+		r.ends[endOf(err)].Add(1)
+	}
 	r.setConn(nil, r.c.clock.Now())
 	r.setErr(err)
 	return lived, err
@@ -170,6 +175,10 @@ func (r *replica) serve(ctx context.Context, conn *quic.Conn) served {
 				return nil
 			})
 		}
+	})
+	g.Go(func() error {
+		r.watch(gctx, conn)
+		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
@@ -231,7 +240,7 @@ func (r *replica) logFailure(err error, lived, wait time.Duration) {
 		r.log.Warn("gateway replaced this connection with a newer one of the same node; is another edge using this node's certificate?", attrs...)
 	default:
 		if lived > 0 {
-			r.log.Warn("disconnected from gateway", append(attrs, "connected_for", lived.Round(time.Millisecond))...)
+			r.log.Warn("disconnected from gateway", append(attrs, "reason", endNames[endOf(err)], "connected_for", lived.Round(time.Millisecond))...)
 		} else {
 			r.log.Warn("cannot connect to gateway", attrs...)
 		}

@@ -29,11 +29,11 @@
 // only, with the number left out reported on the next line.
 //
 // The gateway opens one stream per proxied TCP connection. An edge may
-// open streams of two kinds only, delegated heartbeats (when
+// open streams of three kinds only, liveness probes (always answered OK:
+// see the tunnel package doc), delegated heartbeats (when
 // Options.Heartbeats is set) and election record writes (when
 // Options.Elections is): at most tunnel.MaxStreamsToGateway at once
-// (QUIC's MaxIncomingStreams; without a handler it is negative and the
-// edge may open none). Each must bring its request
+// (QUIC's MaxIncomingStreams). Each must bring its request
 // (tunnel.ReadEdgeRequest) within edgeRequestTimeout; a malformed one, or
 // one of a kind no handler serves, is answered with tunnel.BadRequest.
 // The handler is told the sender from the connection's verified
@@ -137,6 +137,7 @@ const (
 // Server accepts edge tunnels into a registry.
 type Server struct {
 	reg   *registry.Registry
+	udp   *net.UDPConn // the listening socket; quic.Transport does not close it
 	tr    *quic.Transport
 	ln    *quic.Listener
 	grace time.Duration
@@ -177,6 +178,7 @@ var results = []string{resultRegistered, resultNotANode, resultNoCertificate, re
 // tether_gateway_tunnel_edge_streams_total.
 const (
 	streamServed     = "served"      // the request was handed to the handler, its reply sent
+	streamProbe      = "probe"       // a liveness probe, answered
 	streamBadRequest = "bad_request" // malformed, of another kind or version, or not sent in time
 	streamAborted    = "aborted"     // the stream or the tunnel ended before the request
 )
@@ -204,12 +206,12 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	// while they drain.
 	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
 	cfg := tunnel.QUICConfig(opts.Limits)
-	cfg.MaxIncomingStreams = -1 // the gateway opens every stream...
-	if opts.Heartbeats != nil || opts.Elections != nil {
-		cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway // ...but the edges' requests
-	}
+	// The gateway opens every stream but the edges' requests: liveness
+	// probes, delegated heartbeats and election record writes.
+	cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway
 	s := &Server{
 		reg:   reg,
+		udp:   uc,
 		tr:    tr,
 		grace: opts.ShutdownGrace,
 		log:   opts.Logger,
@@ -230,7 +232,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		elections:  opts.Elections,
 		edgeStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_edge_streams_total",
-			Help: "Streams edges opened toward the gateway (delegated heartbeats, election record writes), by result: served (handed to the heartbeat or election handler, whose metrics say more), bad_request (malformed, another kind, or not sent within 5s), aborted (ended before its request).",
+			Help: "Streams edges opened toward the gateway (delegated heartbeats, election record writes, liveness probes), by result: served (handed to the heartbeat or election handler, whose metrics say more), probe (a liveness probe of an edge that heard nothing for a keepalive period, answered), bad_request (malformed, another kind, or not sent within 5s), aborted (ended before its request).",
 		}, []string{"result"}),
 	}
 	if s.grace <= 0 {
@@ -251,7 +253,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	for _, r := range []string{resultExpired, resultUnknownCA, resultBadCertificate} {
 		s.evictions.WithLabelValues(r)
 	}
-	for _, r := range []string{streamServed, streamBadRequest, streamAborted} {
+	for _, r := range []string{streamServed, streamProbe, streamBadRequest, streamAborted} {
 		s.edgeStreams.WithLabelValues(r)
 	}
 	s.ln, err = tr.Listen(s.tlsConfig(opts.GetCertificate, clientCAs), cfg)
@@ -266,8 +268,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		}
 		for _, c := range collectors {
 			if err := opts.Registerer.Register(c); err != nil {
-				s.ln.Close()
-				tr.Close()
+				s.Close()
 				return nil, fmt.Errorf("register tunnel metrics: %w", err)
 			}
 		}
@@ -301,7 +302,8 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // (Serve closes it itself).
 func (s *Server) Close() error {
 	s.ln.Close()
-	return s.tr.Close()
+	s.tr.Close()
+	return s.udp.Close()
 }
 
 // Serve accepts tunnels until ctx is done, then shuts down gracefully (see
@@ -355,9 +357,7 @@ func (s *Server) handle(conn *quic.Conn) {
 	log := s.log.With("node", e.Node(), "remote", remote)
 	cert := conn.ConnectionState().TLS.PeerCertificates[0] // Register found it
 	log.Info("edge connected", "cert_serial", cert.SerialNumber.Text(16), "cert_not_after", cert.NotAfter)
-	if s.heartbeats != nil || s.elections != nil {
-		s.serveEdgeStreams(conn, e.Node(), remote, log)
-	}
+	s.serveEdgeStreams(conn, e.Node(), remote, log)
 	<-conn.Context().Done()
 	s.reg.Unregister(e)
 	log.Info("edge disconnected", "reason", context.Cause(conn.Context()))
@@ -382,6 +382,7 @@ func (s *Server) shutdown() {
 	}
 	s.wg.Wait()
 	s.tr.Close()
+	s.udp.Close()
 	s.log.Info("tunnel listener stopped")
 }
 
@@ -436,6 +437,11 @@ func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, rem
 		s.refused("edge stream refused: bad request", "node", node, "remote", remote, "err", err)
 		rep := tunnel.Reply{Code: tunnel.BadRequest, Message: err.Error()}
 		s.reply(qs, func(w io.Writer) error { return tunnel.WriteReply(w, rep) }, log)
+		return
+	}
+	if req.Probe {
+		s.edgeStreams.WithLabelValues(streamProbe).Inc()
+		s.reply(qs, func(w io.Writer) error { return tunnel.WriteReply(w, tunnel.Reply{Code: tunnel.OK}) }, log)
 		return
 	}
 	s.edgeStreams.WithLabelValues(streamServed).Inc()

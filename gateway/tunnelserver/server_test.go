@@ -119,12 +119,20 @@ func TestAcceptsNodeCertificate(t *testing.T) {
 		t.Fatalf("registered counter %v, want 1", got)
 	}
 
-	// Without a heartbeat handler, the edge may not open streams toward
-	// the gateway.
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if _, err := edge.Conn().OpenStreamSync(ctx); err == nil {
-		t.Fatal("the edge opened a stream toward the gateway")
+	// Without a heartbeat or election handler, the edge's liveness
+	// probes are answered, and its other requests refused.
+	if rep, err := delegate(t, edge, tunnel.AppendProbeRequest(nil)); err != nil || rep.Code != tunnel.OK {
+		t.Fatalf("probe answered %+v, %v; want OK", rep, err)
+	}
+	raw, err := tunnel.AppendDelegateRequest(nil, tunnel.DelegateRequest{Node: "edge-2", Lease: []byte("{}")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := delegate(t, edge, raw); rep.Code != tunnel.BadRequest {
+		t.Fatalf("delegate request answered %+v, %v; want BadRequest from a gateway without a handler", rep, err)
+	}
+	if got := f.edgeStreams(streamProbe); got != 1 {
+		t.Fatalf("probe streams counted %v, want 1", got)
 	}
 
 	edge.Close()

@@ -1,0 +1,114 @@
+package edgetunnel
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/tether-edge/tether/tunnel"
+)
+
+// Liveness probes (see the tunnel package doc): a gateway replica that
+// restarted answers the keepalive PINGs of the connections it forgot with
+// nothing, because they are too short to be answered with a stateless
+// reset. The watcher of each connection therefore looks every
+// keepalive/probeTicks at how many packets it has received; once nothing
+// has come for probeAfter of those ticks (a keepalive period and a
+// quarter: the PING sent after a keepalive period of silence went
+// unanswered), it sends a probe padded to well over the 42 bytes that
+// draw a stateless reset, and again at every tick while the silence lasts.
+// A restarted gateway resets the connection at once and the supervisor
+// dials again (after its jittered backoff); a live one answers, which
+// ends the silence. At most one probe is out at a time, and each gives up
+// after a tick.
+const (
+	probeTicks = 4 // ticks per keepalive period
+	probeAfter = 5 // silent ticks before the first probe
+)
+
+// watch probes conn while it is silent (see above), until ctx ends.
+func (r *replica) watch(ctx context.Context, conn *quic.Conn) {
+	keepalive := r.c.quicConf.KeepAlivePeriod
+	if keepalive <= 0 {
+		return
+	}
+	tick := keepalive / probeTicks
+	t := r.c.clock.NewTicker(tick)
+	defer t.Stop()
+	last, silent := conn.ConnectionStats().PacketsReceived, 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		if n := conn.ConnectionStats().PacketsReceived; n != last {
+			last, silent = n, 0
+			continue
+		}
+		if silent++; silent < probeAfter {
+			continue
+		}
+		r.probe(conn, tick)
+	}
+}
+
+// probe sends one liveness probe on conn and waits up to wait for the
+// answer. Any answer, OK or a refusal from a gateway that does not know
+// probes, says the gateway still has the connection.
+func (r *replica) probe(conn *quic.Conn, wait time.Duration) {
+	s, err := conn.OpenStream()
+	if err != nil {
+		// No stream credit (a gateway that lets edges open none, or
+		// every stream in use): the keepalive and idle timeout remain.
+		r.log.Debug("cannot open a liveness probe stream", "err", err)
+		return
+	}
+	r.probes.Add(1)
+	s.SetDeadline(time.Now().Add(wait))
+	err = tunnel.WriteProbeRequest(s)
+	if err == nil {
+		s.Close()
+		_, err = tunnel.ReadReply(s)
+	}
+	var refused *tunnel.RefusedError
+	if err == nil || errors.As(err, &refused) {
+		r.log.Debug("gateway answered a liveness probe", "err", err)
+		s.CancelRead(0)
+		return
+	}
+	r.log.Debug("liveness probe unanswered", "err", err)
+	s.CancelRead(0)
+	s.CancelWrite(0)
+}
+
+// Why a connection that was up ended, counted by
+// tether_edge_tunnel_gateway_disconnects_total.
+const (
+	endStatelessReset  = iota // the gateway no longer knew it (it restarted)
+	endIdleTimeout            // nothing heard for the idle timeout
+	endClosedByGateway        // the gateway closed it (shutdown, replaced, refused)
+	endOther                  // anything else: a local error, the edge closed it
+	numEnds
+)
+
+var endNames = [numEnds]string{"stateless_reset", "idle_timeout", "closed_by_gateway", "other"}
+
+// endOf classifies why a connection ended.
+func endOf(err error) int {
+	var sr *quic.StatelessResetError
+	var it *quic.IdleTimeoutError
+	var ae *quic.ApplicationError
+	var te *quic.TransportError
+	switch {
+	case errors.As(err, &sr):
+		return endStatelessReset
+	case errors.As(err, &it):
+		return endIdleTimeout
+	case errors.As(err, &ae) && ae.Remote, errors.As(err, &te) && te.Remote:
+		return endClosedByGateway
+	}
+	return endOther
+}
