@@ -399,9 +399,10 @@ func (p *Proxy) noteQueued(q cache.QueuedWrite) {
 	}
 }
 
-// dequeue removes a write from the queue.
-func (p *Proxy) dequeue(q cache.QueuedWrite) error {
-	if err := p.store.Dequeue(q.Seq); err != nil {
+// dequeue removes a write from the queue, counted in the ledger as
+// outcome says.
+func (p *Proxy) dequeue(q cache.QueuedWrite, outcome cache.Outcome) error {
+	if err := p.store.Dequeue(q.Seq, outcome); err != nil {
 		return err
 	}
 	delete(p.retries, q.Seq)

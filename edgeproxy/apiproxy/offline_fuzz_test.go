@@ -149,7 +149,7 @@ func FuzzOfflineWrite(f *testing.F) {
 			qs = append(qs, q)
 		}
 		for _, q := range qs { // the next input starts from an empty queue
-			if err := p.dequeue(q); err != nil {
+			if err := p.dequeue(q, cache.OutcomeObsolete); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -338,7 +338,7 @@ func (p *Proxy) Ready() error {
 // Status reports the proxy's state, its part of /status (without the
 // servers: the upstreams' Status).
 func (p *Proxy) Status() statusapi.APIServer {
-	return statusapi.APIServer{Healthy: p.up.Healthy(), QueuedWrites: p.queueLen(), CachedObjects: p.store.Stats()}
+	return statusapi.APIServer{Healthy: p.up.Healthy(), QueuedWrites: p.queueLen(), CachedObjects: p.store.Stats(), QueueLedger: p.queueLedger()}
 }
 
 // countingTransport counts request and response body bytes.

@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // Results of a replayed write, the "result" label of
@@ -44,6 +45,12 @@ const (
 
 // errNotHealthy stops a replay when the cloud goes away again.
 var errNotHealthy = errors.New("no apiserver is healthy")
+
+// storeError is a failure of the cache to record that a write is being
+// sent: the write is not sent.
+type storeError struct{ err error }
+
+func (e *storeError) Error() string { return e.err.Error() }
 
 // refusedForNow is a 5xx or 429 answer to a replayed request: the write
 // stays queued and is tried again after a backoff.
@@ -169,9 +176,13 @@ func (p *Proxy) replay(ctx context.Context) (next time.Time) {
 			result, why, err = p.replayOne(ctx, q)
 			p.doneReplay()
 			var rf *refusedForNow
+			var se *storeError
 			switch {
 			case ctx.Err() != nil:
 				return time.Time{}
+			case errors.As(err, &se):
+				p.log.Error("cannot mark a queued status write as being sent; replay paused", "seq", q.Seq, "err", se.err)
+				return p.backOff(0, p.clock.Now(), 0)
 			case errors.As(err, &rf):
 				waiting[key] = true
 				at := p.backOff(q.Seq, p.clock.Now(), rf.retryAfter)
@@ -188,7 +199,7 @@ func (p *Proxy) replay(ctx context.Context) (next time.Time) {
 			}
 			delete(p.retries, 0)
 		}
-		if err := p.dequeue(q); err != nil {
+		if err := p.dequeue(q, outcomeOf(result)); err != nil {
 			p.log.Error("cannot remove a replayed write from the queue", "seq", q.Seq, "err", err)
 			return p.backOff(0, p.clock.Now(), 0)
 		}
@@ -252,9 +263,21 @@ type upstreamObject struct {
 
 // replayOne checks whether one write is still wanted and sends it. An
 // error means the write stays queued: a *refusedForNow when the cloud
-// answered 5xx or 429, any other when it did not answer.
+// answered 5xx or 429, a *storeError when the cache could not mark it as
+// being sent, any other when the cloud did not answer.
+//
+// Before the write is sent, the cache marks it as being sent
+// (MarkSending, a transaction of its own); the transaction that dequeues
+// it removes the mark. A mark found at the next send means an earlier
+// send may have been applied: the process was killed between the send
+// and the dequeue, or the send got no answer, or a 5xx, which does not
+// say whether it was applied. That send is counted as resent in the
+// queue's ledger and logged. Every other write is applied at most once;
+// with the ledger, exactly once or counted as coalesced, obsolete or
+// rejected.
 func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why string, err error) {
 	objPath := strings.TrimSuffix(q.Path, "/status")
+	marked := false
 	for attempt := 0; ; attempt++ {
 		a, err := p.send(ctx, q, http.MethodGet, objPath, "", nil)
 		code, cur := a.code, a.body
@@ -292,7 +315,25 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 				return replayRejected, "the queued body does not decode: " + err.Error(), nil
 			}
 		}
+		if !marked {
+			resent, err := p.store.MarkSending(q.Seq)
+			if err != nil {
+				return "", "", &storeError{err}
+			}
+			marked = true
+			if resent {
+				p.log.Info("queued status write sent again: an earlier send of it may have been applied (the process ended before dequeuing it, or no answer settled it); counted as resent",
+					"seq", q.Seq, "component", q.Component, "method", q.Method, "path", q.Path)
+			}
+		}
 		a, err = p.send(ctx, q, q.Method, q.Path, q.ContentType, body)
+		if errors.Is(err, errNotHealthy) || (err == nil && a.code == http.StatusTooManyRequests) {
+			// Not sent, or refused before it was handled: the next send
+			// is a first one.
+			if err := p.store.Unmark(q.Seq); err != nil {
+				p.log.Warn("cannot unmark a queued status write; its next send will count as resent", "seq", q.Seq, "err", err)
+			}
+		}
 		code, resp := a.code, a.body
 		switch {
 		case err != nil:
@@ -384,6 +425,28 @@ func statusMessage(body []byte) string {
 		body = body[:200]
 	}
 	return string(body)
+}
+
+// outcomeOf is the ledger's name of a replay's result.
+func outcomeOf(result string) cache.Outcome {
+	switch result {
+	case replayApplied:
+		return cache.OutcomeApplied
+	case replayRejected:
+		return cache.OutcomeRejected
+	}
+	return cache.OutcomeObsolete
+}
+
+// queueLedger is the queue's ledger for /status, nil if it does not read.
+func (p *Proxy) queueLedger() *statusapi.QueueLedger {
+	l, err := p.store.Ledger()
+	if err != nil {
+		p.log.Warn("cannot read the queue's ledger", "err", err)
+		return nil
+	}
+	return &statusapi.QueueLedger{Enqueued: l.Enqueued, Coalesced: l.Coalesced, Applied: l.Applied, Obsolete: l.Obsolete,
+		Rejected: l.Rejected, Queued: l.Queued, Resent: l.Resent, Unconfirmed: l.Unconfirmed, Balanced: l.Balanced()}
 }
 
 func slogLevel(result string) slog.Level {

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -27,14 +28,19 @@ import (
 type faultyFront struct {
 	*httptest.Server
 	mu     sync.Mutex
-	faults map[string]*fault
-	hits   map[string]int
+	faults  map[string]*fault
+	hits    map[string]int
+	relayed int // requests of after and hold faults relayed
 }
 
 type fault struct {
 	code       int
 	retryAfter int // seconds, 0 for none
 	times      int // < 0: until healed
+	// after relays the request first (the apiserver applies it), then
+	// answers code instead of the apiserver's answer; hold relays it and
+	// then answers nothing until the client goes away.
+	after, hold bool
 }
 
 func newFaultyFront(t *testing.T, cp *testenv.ControlPlane, node *testenv.KeyPair) *faultyFront {
@@ -53,7 +59,19 @@ func newFaultyFront(t *testing.T, cp *testenv.ControlPlane, node *testenv.KeyPai
 		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{node.TLS}, RootCAs: cp.ServingCA}}
 	f := &faultyFront{faults: map[string]*fault{}, hits: map[string]int{}}
 	f.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if code, retryAfter := f.take(r.URL.Path); code != 0 {
+		ft := f.take(r.URL.Path)
+		if ft.after || ft.hold {
+			rec := httptest.NewRecorder()
+			rp.ServeHTTP(rec, r)
+			f.mu.Lock()
+			f.relayed++
+			f.mu.Unlock()
+			if ft.hold {
+				<-r.Context().Done()
+				return
+			}
+		}
+		if code, retryAfter := ft.code, ft.retryAfter; code != 0 {
 			if retryAfter > 0 {
 				w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 			}
@@ -70,7 +88,7 @@ func newFaultyFront(t *testing.T, cp *testenv.ControlPlane, node *testenv.KeyPai
 	return f
 }
 
-func (f *faultyFront) take(path string) (code, retryAfter int) {
+func (f *faultyFront) take(path string) fault {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for s, ft := range f.faults {
@@ -79,9 +97,9 @@ func (f *faultyFront) take(path string) (code, retryAfter int) {
 		}
 		f.hits[s]++
 		ft.times--
-		return ft.code, ft.retryAfter
+		return *ft
 	}
-	return 0, 0
+	return fault{}
 }
 
 func (f *faultyFront) fail(pathPart string, ft fault) {
@@ -228,6 +246,110 @@ func TestReplayThroughFaults(t *testing.T) {
 	coalesced := e.metric("tether_edge_apiserver_queue_replayed_total", "result", "coalesced")
 	if applied+coalesced != 4 || coalesced < 1 {
 		t.Errorf("%v applied and %v coalesced, want 4 in all, at least 1 coalesced\n%s", applied, coalesced, e.logs.String())
+	}
+	// The ledger says the same, and balances. The 503s and the 429 came
+	// before the writes were sent (to the read of the object): nothing
+	// was sent twice.
+	l, err := e.Store.Ledger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Balanced() || l.Enqueued != 5 || l.Rejected != 1 || float64(l.Applied) != applied || float64(l.Coalesced) != coalesced ||
+		l.Obsolete != 0 || l.Resent != 0 || l.Queued != 0 || l.Unconfirmed != 0 {
+		t.Errorf("ledger: %v; want 5 enqueued, 1 rejected, %v applied, %v coalesced, none resent", l, applied, coalesced)
+	}
+}
+
+// TestReplayResent replays two status patches whose sends reach
+// kube-apiserver without the proxy learning that they did: one answered
+// 504 after the apiserver applied it, one whose answer never comes
+// before the proxy is stopped (as a kill -9 between send and dequeue
+// would leave it) and started again on the same cache. Each is sent
+// again, counted as resent, and applied; the ledger balances and is in
+// /status.
+func TestReplayResent(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const node = "edge-resent"
+	kp, err := cp.CA.NodeCert(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := newFaultyFront(t, cp, kp)
+	offline := &switchable{}
+	e := startEdge(t, edgeSpec{net: hostNet{}, server: front.URL, node: node, cert: kp.TLS, ca: cp.CA, offline: offline})
+	e.waitHealthy(true, 30*time.Second)
+	kubelet, _ := e.client(kubeletUA)
+	pods := []string{"pod-504", "pod-held"}
+	createWorkload(ctx, t, cp.Client, node, pods...)
+	for _, p := range pods {
+		if _, err := kubelet.CoreV1().Pods(workNS).Get(ctx, p, metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, func() error {
+		for _, p := range pods {
+			if o, _ := e.Store.Get("kubelet", podsGVR, workNS, p); o == nil {
+				return fmt.Errorf("%s not cached yet", p)
+			}
+		}
+		return nil
+	})
+	offline.set(true)
+	for _, p := range pods {
+		if _, err := patchPodStep(ctx, kubelet, p, "x1"); err != nil {
+			t.Fatalf("offline patch of %s: %v", p, err)
+		}
+	}
+	// The faults match the writes' paths only (/status), not the reads.
+	front.fail("/pods/pod-504/status", fault{code: http.StatusGatewayTimeout, after: true, times: 1})
+	front.fail("/pods/pod-held/status", fault{hold: true, times: 1})
+	offline.set(false)
+
+	// pod-504's write is applied and answered 504 (it stays queued,
+	// backing off); pod-held's is applied and held.
+	eventually(t, time.Minute, func() error {
+		if front.hitCount("/pods/pod-504/status") != 1 || front.hitCount("/pods/pod-held/status") != 1 {
+			return fmt.Errorf("writes sent: pod-504 %d, pod-held %d", front.hitCount("/pods/pod-504/status"), front.hitCount("/pods/pod-held/status"))
+		}
+		front.mu.Lock()
+		defer front.mu.Unlock()
+		if front.relayed != 2 {
+			return fmt.Errorf("%d relayed", front.relayed)
+		}
+		return nil
+	})
+	for _, p := range pods {
+		up, err := cp.Client.CoreV1().Pods(workNS).Get(ctx, p, metav1.GetOptions{})
+		if err != nil || podStep(up) != "x1" {
+			t.Fatalf("%s upstream: step %q, %v; want the write applied", p, podStep(up), err)
+		}
+	}
+	if l, err := e.Store.Ledger(); err != nil || l.Unconfirmed != 2 || l.Queued != 2 || l.Applied != 0 {
+		t.Fatalf("ledger before the restart: %v, %v; want both queued and marked", l, err)
+	}
+
+	e = e.restart()
+	eventually(t, time.Minute, func() error {
+		if n := e.Proxy.queueLen(); n != 0 {
+			return fmt.Errorf("%d still queued", n)
+		}
+		return nil
+	})
+	l, err := e.Store.Ledger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (cache.Ledger{Enqueued: 2, Applied: 2, Resent: 2}); l != want {
+		t.Errorf("ledger: %v\nwant %v", l, want)
+	}
+	st := e.Proxy.Status().QueueLedger
+	if st == nil || !st.Balanced || st.Resent != 2 || st.Applied != 2 || st.Enqueued != 2 {
+		t.Errorf("/status's ledger: %+v", st)
+	}
+	if n := strings.Count(e.logs.String(), "queued status write sent again"); n != 2 {
+		t.Errorf("%d writes logged as sent again, want 2:\n%s", n, e.logs.String())
 	}
 }
 

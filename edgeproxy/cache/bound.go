@@ -101,7 +101,7 @@ func (s *Store) Register(reg prometheus.Registerer) error {
 			func() float64 { return float64(u.usedBytes.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_max_bytes",
 			Help: "The bound of cache_used_bytes (--cache-max-size; 0: none)."}, func() float64 { return float64(u.maxSize) }),
-		u.compactions, u.reclaimed, u.evictions, u.expired,
+		u.compactions, u.reclaimed, u.evictions, u.expired, newLedgerCollector(s),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err

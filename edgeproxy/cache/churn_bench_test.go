@@ -263,7 +263,7 @@ func (c *churn) enqueue(method, path, resource, name string, size int) {
 func (c *churn) reconnect() {
 	for q, err := range c.s.QueuedWrites(0) {
 		must(c.tb, err)
-		must(c.tb, c.s.Dequeue(q.Seq))
+		must(c.tb, c.s.Dequeue(q.Seq, OutcomeApplied))
 		if q.Resource == "nodes" {
 			c.nodeRV = c.next()
 			c.put("kubelet", nodesGVR, c.node(c.nodeRV))

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 
@@ -8,7 +9,8 @@ import (
 )
 
 // ReplaceQueued puts w in the queue in place of the queued write old, in
-// one transaction, setting w.Seq to a new sequence number: a node that is
+// one transaction (the ledger counts w as enqueued and old as
+// coalesced), setting w.Seq to a new sequence number: a node that is
 // offline for hours keeps one status patch per object rather than one per
 // kubelet sync. It reports whether old was still queued; when it was not
 // (replayed meanwhile), w is simply queued. The bounds are checked as
@@ -36,7 +38,19 @@ func (s *Store) ReplaceQueued(old uint64, w *QueuedWrite) (replaced bool, err er
 		s.qtx.writes -= freed.writes
 		s.qtx.bytes -= freed.bytes
 		replaced = true
-		return nil
+		// A send of old may have reached the cloud: w holds what old
+		// did, so its first send counts as resent in its turn.
+		sb := sendingBucket(tx)
+		if mark := sb.Get(seqKey(old)); mark != nil {
+			mark = bytes.Clone(mark)
+			if err := sb.Delete(seqKey(old)); err != nil {
+				return err
+			}
+			if err := sb.Put(seqKey(w.Seq), mark); err != nil {
+				return err
+			}
+		}
+		return s.count(tx, ledgerCoalesced, 1)
 	})
 	if err != nil {
 		return false, fmt.Errorf("queue write in place of %d: %w", old, err)

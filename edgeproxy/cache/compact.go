@@ -74,7 +74,7 @@ func (s *Store) compact(use usage) error {
 }
 
 // compactFile copies the file into <file>.compact, checks that the copy
-// holds the whole queue, fsyncs it, renames it over the file and swaps
+// holds the whole queue and its ledger, fsyncs it, renames it over the file and swaps
 // the open DB for it.
 func (s *Store) compactFile() (err error) {
 	tmp := s.path + compactSuffix
@@ -99,10 +99,16 @@ func (s *Store) compactFile() (err error) {
 	}
 	step("copied")
 	var q queueUsage
+	var ledger, wantLedger string
 	dst.View(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketQueue) != nil {
 			q = countQueue(tx)
 		}
+		ledger = ledgerDump(tx)
+		return nil
+	})
+	s.db.DB.View(func(tx *bolt.Tx) error {
+		wantLedger = ledgerDump(tx)
 		return nil
 	})
 	s.qmu.Lock()
@@ -110,6 +116,9 @@ func (s *Store) compactFile() (err error) {
 	s.qmu.Unlock()
 	if q != want {
 		return fmt.Errorf("the copy holds %d queued writes of %d bytes, the file %d of %d", q.writes, q.bytes, want.writes, want.bytes)
+	}
+	if ledger != wantLedger {
+		return fmt.Errorf("the copy's queue ledger (%s) is not the file's (%s)", ledger, wantLedger)
 	}
 	dst.NoSync = s.db.NoSync
 	if err := dst.Sync(); err != nil {

@@ -36,6 +36,9 @@ func dump(t testing.TB, s *Store) string {
 	return b.String()
 }
 
+// churnedLedger is the queue's ledger after churned.
+var churnedLedger = Ledger{Enqueued: 30, Applied: 10, Queued: 20, Unconfirmed: 1}
+
 // churned fills a store with objects, tombstones, an evicted resource
 // and queued writes, then removes most objects, leaving the file mostly
 // free pages.
@@ -50,8 +53,10 @@ func churned(t testing.TB, s *Store) {
 		must(t, s.Enqueue(&QueuedWrite{Method: "PATCH", Name: fmt.Sprint("w", i), Body: fmt.Appendf(nil, `{"n":%d}`, i)}))
 	}
 	for i := range 10 { // a gap in the sequence: the next seq must still be after it
-		must(t, s.Dequeue(uint64(i+1)))
+		must(t, s.Dequeue(uint64(i+1), OutcomeApplied))
 	}
+	_, err := s.MarkSending(15) // being sent: its mark is part of the ledger
+	must(t, err)
 	must(t, s.ApplyList("coredns", epslices, bigList(t, "a", "s", 50, 500, 1)))
 	must(t, s.write(func(tx *bolt.Tx) error {
 		s.dirty = true
@@ -83,6 +88,7 @@ func TestCompactKeepsEverything(t *testing.T) {
 	if after := dump(t, s); after != before {
 		t.Errorf("compaction changed the content:\n%s", lineDiff(before, after))
 	}
+	wantLedger(t, "compacted", ledgerOf(t, s), churnedLedger)
 	if _, err := os.Stat(path + compactSuffix); !os.IsNotExist(err) {
 		t.Errorf("the copy is left behind: %v", err)
 	}
@@ -186,6 +192,7 @@ func TestCompactKilled(t *testing.T) {
 			if n := len(queued(t, s)); n != 20 {
 				t.Errorf("killed at %s: %d queued writes, want 20", at, n)
 			}
+			wantLedger(t, "killed at "+at, ledgerOf(t, s), churnedLedger)
 		})
 	}
 }

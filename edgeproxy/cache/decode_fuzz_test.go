@@ -201,7 +201,7 @@ func FuzzQueuedWrite(f *testing.F) {
 		if w, b := s.QueueUsage(); w != 1 || b != int64(len(v)) {
 			t.Fatalf("QueueUsage = %d, %d; want 1, %d", w, b, len(v))
 		}
-		must(t, s.Dequeue(seq))
+		must(t, s.Dequeue(seq, OutcomeApplied))
 		for _, err := range s.QueuedWrites(0) {
 			t.Fatalf("the queue holds a write after Dequeue (%v)", err)
 		}

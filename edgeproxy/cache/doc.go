@@ -22,16 +22,23 @@
 //	evicted/                                 resources evicted for the size bound (may be absent)
 //	    <component>/
 //	        <group>/<version>/<resource>  -> time of the eviction (Unix seconds, 8 bytes big-endian)
+//	ledger/                                  the queue's ledger (ledger.go)
+//	    "enqueued", "coalesced", "applied",
+//	    "obsolete", "rejected", "resent"  -> counter (8 bytes big-endian)
+//	    sending/
+//	        <seq, 8 bytes big-endian>     -> time of the mark (Unix seconds, 8 bytes big-endian)
 //
-// ResourceInfo's "updated" (Unix seconds) and evicted/ were added within
-// version 1: older builds ignore them. A build that ignores evicted/
+// ResourceInfo's "updated" (Unix seconds), evicted/ and ledger/ were
+// added within version 1: older builds ignore them (a file an older
+// build wrote to since has a ledger that no longer balances, which the
+// open logs). A build that ignores evicted/
 // serves an evicted resource as soon as a watch event refills part of
 // it; the versions that know it wait for a complete list.
 //
 // Every schema version keeps queue/ as it is here (the top-level bucket,
-// its keys, its sequence and the JSON of QueuedWrite): it is what a
-// version change carries over. A version that changes it must read the
-// old form too.
+// its keys, its sequence and the JSON of QueuedWrite), and ledger/: they
+// are what a version change carries over. A version that changes them
+// must read the old form too.
 //
 // A record is: a flag byte (1 object from the cloud, 2 tombstone, 3
 // object answered locally offline), the resourceVersion (8 bytes
@@ -97,4 +104,15 @@
 //     JSON, a field it does not know, no method, path or object), the
 //     file is put back and Open fails with ErrQueueNotCarried, saying what
 //     to do: queued writes are never dropped in silence.
+//   - The queue's ledger counts, in the transaction of each event, the
+//     writes enqueued (Enqueue, ReplaceQueued), coalesced (the write
+//     ReplaceQueued removes), applied, obsolete and rejected (Dequeue's
+//     outcome), so that at every commit enqueued = coalesced + applied +
+//     obsolete + rejected + queued. MarkSending marks a write before the
+//     replay sends it; Dequeue and ReplaceQueued (which hands the mark to
+//     the write in its place) remove it in their transaction. A mark found
+//     at the next MarkSending (left by a process killed between send and
+//     dequeue, or a send that got no answer that settles it) counts the
+//     send as resent. The ledger survives compaction and is carried over
+//     a schema change with the queue.
 package cache

@@ -147,7 +147,7 @@ func (s *Store) appendQueued(b *bolt.Bucket, w *QueuedWrite, freed queueUsage) e
 	}
 	s.qtx.writes++
 	s.qtx.bytes += int64(len(v))
-	return nil
+	return s.count(b.Tx(), ledgerEnqueued, 1)
 }
 
 // QueuedWrites yields the queued writes with a Seq above after, oldest
@@ -190,10 +190,16 @@ func (s *Store) QueueLen() int {
 	return n
 }
 
-// Dequeue removes a write from the queue and returns once that is
-// committed.
-func (s *Store) Dequeue(seq uint64) error {
-	err := s.write(func(tx *bolt.Tx) error {
+// Dequeue removes a write from the queue, counting it in the ledger as
+// the outcome says and removing its MarkSending mark, in one
+// transaction, and returns once that is committed. A write no longer
+// queued is left alone (and not counted).
+func (s *Store) Dequeue(seq uint64, outcome Outcome) error {
+	counter, err := outcome.counter()
+	if err != nil {
+		return fmt.Errorf("dequeue write %d: %w", seq, err)
+	}
+	err = s.write(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketQueue)
 		v := b.Get(seqKey(seq))
 		if v == nil {
@@ -202,7 +208,13 @@ func (s *Store) Dequeue(seq uint64) error {
 		s.dirty = true
 		s.qtx.writes--
 		s.qtx.bytes -= int64(len(v))
-		return b.Delete(seqKey(seq))
+		if err := b.Delete(seqKey(seq)); err != nil {
+			return err
+		}
+		if err := sendingBucket(tx).Delete(seqKey(seq)); err != nil {
+			return err
+		}
+		return s.count(tx, counter, 1)
 	})
 	if err != nil {
 		return fmt.Errorf("dequeue write %d: %w", seq, err)

@@ -37,7 +37,7 @@ func TestQueueBoundedByCount(t *testing.T) {
 		t.Fatalf("%d queued (QueueLen %d), want 3", n, s.QueueLen())
 	}
 	// A dequeued write makes room; the refused one never entered.
-	must(t, s.Dequeue(queued(t, s)[0].Seq))
+	must(t, s.Dequeue(queued(t, s)[0].Seq, OutcomeApplied))
 	must(t, s.Enqueue(w))
 	var got []string
 	for _, q := range queued(t, s) {
@@ -78,7 +78,7 @@ func TestQueueBoundedByBytes(t *testing.T) {
 		t.Errorf("after reopen, a write past the bound: %v", err)
 	}
 	for _, q := range queued(t, s) {
-		must(t, s.Dequeue(q.Seq))
+		must(t, s.Dequeue(q.Seq, OutcomeApplied))
 	}
 	if w, b := s.QueueUsage(); w != 0 || b != 0 {
 		t.Errorf("empty queue counts %d writes, %d bytes", w, b)
@@ -128,8 +128,8 @@ func TestQueuedWritesStreams(t *testing.T) {
 		seen = append(seen, w.Name)
 		switch w.Name {
 		case "w0":
-			must(t, s.Dequeue(w.Seq))
-			must(t, s.Dequeue(w.Seq+2)) // w2
+			must(t, s.Dequeue(w.Seq, OutcomeApplied))
+			must(t, s.Dequeue(w.Seq+2, OutcomeApplied)) // w2
 		case "w3":
 			must(t, s.Enqueue(&QueuedWrite{Method: "PATCH", Name: "w4"}))
 		}

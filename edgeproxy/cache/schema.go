@@ -30,7 +30,7 @@ func (e *schemaError) Error() string {
 
 // carryQueue copies the queue of the file at old, which Open moved aside
 // for its schema version, into db, a fresh file, keeping seqs and the
-// bucket's sequence. Every schema version keeps queue/ as the package doc
+// bucket's sequence, and its ledger (carryLedger). Every schema version keeps queue/ as the package doc
 // has it; a queued write that does not read as such (a newer build's
 // format) fails the whole carry, and nothing is written.
 func carryQueue(db *bolt.DB, old string) (int, error) {
@@ -66,7 +66,10 @@ func carryQueue(db *bolt.DB, old string) (int, error) {
 			if err != nil {
 				return err
 			}
-			return b.SetSequence(max(ob.Sequence(), last))
+			if err := b.SetSequence(max(ob.Sequence(), last)); err != nil {
+				return err
+			}
+			return carryLedger(tx, otx.Bucket(bucketLedger), n)
 		})
 	})
 	return n, err

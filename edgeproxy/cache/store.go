@@ -177,10 +177,22 @@ func OpenWith(path string, o Options) (*Store, error) {
 	}
 	removeCompactLeftover(path, log) // under the file's lock: no other process is compacting it
 	s.db = &file{DB: db}
+	var ledger Ledger
+	var lerr error
 	db.View(func(tx *bolt.Tx) error {
 		s.queue = countQueue(tx)
+		ledger, lerr = readLedger(tx)
 		return nil
 	})
+	switch {
+	case lerr != nil:
+		log.Error("cache: the queue's ledger does not read; the queue itself is whole", "path", path, "err", lerr)
+	case !ledger.Balanced():
+		log.Error("cache: the queue's ledger does not balance (a build without the ledger wrote the file since?)", "path", path, "ledger", ledger.String())
+	case ledger.Unconfirmed > 0:
+		log.Info("cache: queued status writes were being sent when the process ended; their next send counts as resent",
+			"path", path, "writes", ledger.Unconfirmed)
+	}
 	s.maintain()
 	go s.run()
 	return s, nil
@@ -214,7 +226,7 @@ func initFile(tx *bolt.Tx) error {
 			return err
 		}
 	}
-	return nil
+	return initLedger(tx)
 }
 
 // Close waits for submitted writes and closes the file.

@@ -222,7 +222,7 @@ func TestReopenKeepsCacheAndQueue(t *testing.T) {
 		must(t, s.Enqueue(&QueuedWrite{Method: "PATCH", Name: fmt.Sprint("w", i), Body: []byte("{}")}))
 	}
 	q := queued(t, s)
-	must(t, s.Dequeue(q[0].Seq))
+	must(t, s.Dequeue(q[0].Seq, OutcomeApplied))
 	must(t, s.Close())
 	if err := s.Put("kubelet", pods, pod(t, "ns", "b", 7, "n", nil)); err != ErrClosed {
 		t.Errorf("Put after Close: %v", err)

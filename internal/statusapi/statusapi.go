@@ -98,6 +98,31 @@ type APIServer struct {
 	CachedObjects map[string]int `json:"cachedObjects"`
 	// Servers are the cloud apiservers, in priority order.
 	Servers []Upstream `json:"servers"`
+	// QueueLedger accounts for every status write queued offline since
+	// the cache file was created; nil if it does not read.
+	QueueLedger *QueueLedger `json:"queueLedger,omitempty"`
+}
+
+// QueueLedger is the ledger of the edge's queue of status writes made
+// offline, kept in its cache file (edgeproxy/cache) and updated in the
+// transaction of each event, so that it survives restarts and kill -9.
+// Enqueued = Coalesced + Applied + Obsolete + Rejected + Queued when
+// Balanced.
+type QueueLedger struct {
+	Enqueued  uint64 `json:"enqueued"`  // queued (a coalescing replacement too)
+	Coalesced uint64 `json:"coalesced"` // replaced by a later patch of the object
+	Applied   uint64 `json:"applied"`   // dequeued after a 2xx
+	Obsolete  uint64 `json:"obsolete"`  // dequeued as no longer wanted
+	Rejected  uint64 `json:"rejected"`  // dequeued after a final 4xx
+	Queued    int    `json:"queued"`    // in the queue now
+	// Resent counts sends of a write an earlier send may have applied (a
+	// kill between send and dequeue, no answer, a 5xx): status merge
+	// patches setting values apply the same twice.
+	Resent uint64 `json:"resent"`
+	// Unconfirmed counts queued writes marked as being sent whose
+	// outcome is unknown: their next send counts as resent.
+	Unconfirmed int  `json:"unconfirmed"`
+	Balanced    bool `json:"balanced"`
 }
 
 // Upstream is one cloud apiserver as the edge's health checks see it.
