@@ -27,7 +27,7 @@ import (
 // string, a number of times or until healed.
 type faultyFront struct {
 	*httptest.Server
-	mu     sync.Mutex
+	mu      sync.Mutex
 	faults  map[string]*fault
 	hits    map[string]int
 	relayed int // requests of after and hold faults relayed
