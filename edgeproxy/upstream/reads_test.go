@@ -166,8 +166,25 @@ func TestReads(t *testing.T) {
 	})
 
 	t.Run("closed while idle", func(t *testing.T) {
+		r := reads()
+		r.mu.Lock()
+		var conns []net.Conn
+		for _, rc := range r.hosts[srv.Listener.Addr().String()].idle {
+			conns = append(conns, rc.c.(*tls.Conn).NetConn())
+		}
+		r.mu.Unlock()
+		if len(conns) == 0 {
+			t.Fatal("no idle connection to close")
+		}
 		srv.CloseClientConnections()
-		time.Sleep(50 * time.Millisecond) // the FIN arrives
+		for _, c := range conns {
+			waitPeerClosed(t, c) // the FIN has arrived
+		}
+		// The server closed the fallback's HTTP/2 connection too; its
+		// client learns that at its own pace (a get sent on it meanwhile
+		// fails, which is HTTP/2's business, not this test's): it starts
+		// afresh.
+		r.fallback.(interface{ CloseIdleConnections() }).CloseIdleConnections()
 		proto, _, _ := who("/who")
 		if proto != "2" {
 			t.Errorf("a get on a connection the server closed: HTTP/%s, want it sent again over HTTP/2", proto)
@@ -310,5 +327,30 @@ func TestReadsTune(t *testing.T) {
 	if !closedByPeer(fmt.Errorf("read: %w", syscall.ECONNRESET)) || closedByPeer(fmt.Errorf("read: %w", syscall.ETIMEDOUT)) ||
 		closedByPeer(errors.New("other")) {
 		t.Error("closedByPeer tells a reset from a timeout wrongly")
+	}
+}
+
+// waitPeerClosed waits, up to 30 s, until the other end of c has closed
+// it: its socket polls POLLRDHUP (the FIN has arrived).
+func waitPeerClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	raw, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var revents int16
+	var perr error
+	raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+			var n int
+			if n, perr = unix.Poll(fds, 1000); n > 0 || (perr != nil && perr != unix.EINTR) {
+				revents = fds[0].Revents
+				return
+			}
+		}
+	})
+	if revents&unix.POLLRDHUP == 0 {
+		t.Fatalf("the server's close did not reach the client's connection within 30 s (revents %#x, %v)", revents, perr)
 	}
 }
