@@ -10,8 +10,6 @@ import (
 	"strings"
 
 	"k8s.io/client-go/tools/clientcmd"
-
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 )
 
 // apiserverAccess is how the apiserver proxy reaches the cloud: the
@@ -22,9 +20,9 @@ type apiserverAccess struct {
 	tls     *tls.Config
 	token   string
 	node    string
-	// certFiles is the client certificate read from --cert and --key (nil
-	// otherwise), watched so that a rotation moves to new connections.
-	certFiles *edgetunnel.CertFiles
+	// cert is the client certificate (nil with a token): the one the
+	// identity holds, so that a rotation moves to new connections.
+	cert *clientCert
 }
 
 // proxyConfigured reports whether the apiserver proxy has a way to the
@@ -37,9 +35,11 @@ func (c Config) proxyConfigured() bool {
 // --key and --server-ca. --server-addr given with --kubeconfig replaces
 // the kubeconfig's server; --server-ca replaces its CA. A client
 // certificate in files is read again when the files change. With
-// --bootstrap-kubeconfig (nc not nil), the bootstrap kubeconfig gives the
-// server and CA and nc the client certificate.
-func loadAPIServerAccess(c Config, nc *nodeCert, log *slog.Logger) (*apiserverAccess, error) {
+// --bootstrap-kubeconfig (id.nc not nil), the bootstrap kubeconfig gives
+// the server and CA and id.nc the client certificate. Certificate files are
+// the identity's, loaded once.
+func loadAPIServerAccess(c Config, id *identity, log *slog.Logger) (*apiserverAccess, error) {
+	nc := id.nc
 	a := &apiserverAccess{servers: c.ServerAddr, tls: &tls.Config{MinVersion: tls.VersionTLS12}}
 	certFile, keyFile := c.Cert, c.Key
 	var certPEM, keyPEM, caPEM []byte
@@ -94,37 +94,27 @@ func loadAPIServerAccess(c Config, nc *nodeCert, log *slog.Logger) (*apiserverAc
 	}
 	switch {
 	case nc != nil:
-		a.tls.GetClientCertificate = nc.GetClientCertificate
-		a.node = nc.NodeName()
+		a.cert = id.bootstrapped()
 	case len(certPEM) > 0:
 		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
 			return nil, fmt.Errorf("--kubeconfig: client certificate: %w", err)
 		}
-		a.tls.Certificates = []tls.Certificate{cert}
-		a.node, _ = nodeOf(cert.Leaf)
+		a.cert = fixed(cert)
 	case certFile != "":
 		if keyFile == "" {
 			keyFile = certFile
 		}
-		files, err := edgetunnel.LoadCertFiles(certFile, keyFile, log)
-		if err != nil {
+		var err error
+		if a.cert, err = id.files(certFile, keyFile); err != nil {
 			return nil, err
 		}
-		a.tls.GetClientCertificate = files.GetClientCertificate
-		a.certFiles = files
-		a.node, _ = files.NodeName()
 	case a.token == "":
 		return nil, errors.New("no credentials for the apiserver: give --cert and --key, or a --kubeconfig with a client certificate or token")
 	}
-	return a, nil
-}
-
-// nodeOf reads the node name of a node certificate.
-func nodeOf(cert *x509.Certificate) (string, bool) {
-	if cert == nil {
-		return "", false
+	if a.cert != nil {
+		a.tls.GetClientCertificate = a.cert.GetClientCertificate
+		a.node, _ = a.cert.NodeName()
 	}
-	name, ok := strings.CutPrefix(cert.Subject.CommonName, "system:node:")
-	return name, ok && name != ""
+	return a, nil
 }

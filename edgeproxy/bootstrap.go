@@ -109,10 +109,10 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 	}
 	c.m, err = nodecert.New(nodecert.Config{
 		Store: store,
-		// A certificate for another node (--node-name changed) is
-		// replaced at once, and not used meanwhile: no approver would
-		// renew it for this one.
-		Accept: func(cert *tls.Certificate) bool { return cert.Leaf.Subject.CommonName == cn },
+		// A certificate for another node (--node-name changed), or one
+		// that is no node identity, is replaced at once, and not used
+		// meanwhile: no approver would renew it for this one.
+		Accept: isNode(cfg.NodeName),
 		Client: func(current *tls.Certificate) (nodecert.CSRs, error) {
 			kc, err := csrClient(cfg.BootstrapKubeconfig, current)
 			if err != nil {
@@ -144,6 +144,14 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 		c.m.Run(ctx)
 	}()
 	return c, nil
+}
+
+// isNode accepts a certificate that names node (tunnel.NodeName).
+func isNode(node string) func(*tls.Certificate) bool {
+	return func(cert *tls.Certificate) bool {
+		name, err := leafNodeName(cert)
+		return err == nil && name == node
+	}
 }
 
 // wait blocks until there is a certificate (true) or ctx ends.

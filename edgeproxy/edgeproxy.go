@@ -7,7 +7,6 @@ package edgeproxy
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -47,12 +46,11 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Debug("effective configuration", "config", string(b))
 	}
 	reg := admin.NewRegistry()
-	node := cfg.NodeName
 
 	var nc *nodeCert // nil: the client certificate is in files
 	if cfg.BootstrapKubeconfig != "" {
 		var err error
-		if nc, err = startNodeCert(ctx, cfg, reg, log.With("node", node)); err != nil {
+		if nc, err = startNodeCert(ctx, cfg, reg, log.With("node", cfg.NodeName)); err != nil {
 			return err
 		}
 		defer nc.stop()
@@ -61,40 +59,42 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		}
 	}
+	id := newIdentity(cfg, nc, log)
 	var tun *edgetunnel.Client
-	var tunCerts *edgetunnel.CertFiles // --cert/--key as the tunnel reads them
+	var tunCert *clientCert
 	if len(cfg.Gateway) > 0 {
 		var err error
-		if tun, tunCerts, node, err = newTunnel(cfg, nc, reg, log); err != nil {
+		if tun, tunCert, err = newTunnel(cfg, id, reg, log); err != nil {
 			return err
-		}
-		if nc != nil {
-			// The tunnels move to new connections with the new
-			// certificate; the old ones end with the streams they relay.
-			nc.onRenew(tun.Rotate)
 		}
 	}
 	var ap *apiserverProxy
 	if cfg.proxyConfigured() {
 		var err error
-		if ap, err = newAPIServerProxy(cfg, node, nc, tun, reg, log); err != nil {
+		if ap, err = newAPIServerProxy(cfg, id, tun, reg, log); err != nil {
 			return err
-		}
-		if nc != nil {
-			// New requests to the apiservers go over new connections, with
-			// the new certificate; watches keep their connections.
-			nc.onRenew(ap.upstreams.Rotate)
 		}
 		defer ap.store.Close()
 		if ap.pool != nil {
 			defer ap.pool.ln.Close()
 		}
-		if node == "" {
-			node = ap.node
-		}
 	}
+	node := id.Name()
 	if node != "" {
 		log = log.With("node", node)
+	}
+	if tun != nil {
+		// The tunnels move to new connections with the new certificate;
+		// the old ones end with the streams they relay.
+		tunCert.onRotate("client certificate rotated; tunnels move to new connections", log, tun.Rotate)
+	}
+	if ap != nil && ap.cert != nil {
+		// kubelet rotates its client certificate in place; open HTTP/2
+		// connections would keep presenting the old one until it expires
+		// and kube-apiserver answers 401. New requests to the apiservers
+		// go over new connections, with the new certificate; watches keep
+		// their connections.
+		ap.cert.onRotate("client certificate rotated; new apiserver requests use new connections", log, ap.upstreams.Rotate)
 	}
 
 	var adminLn net.Listener
@@ -131,16 +131,12 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 		g.Go(func() error { return tun.Run(tunCtx) })
 		readies = append(readies, tun.Ready)
-		if tunCerts != nil {
-			g.Go(func() error {
-				tunCerts.Watch(ctx, cfg.CertCheckInterval.Duration, func(c *tls.Certificate) {
-					log.Info("client certificate rotated; tunnels move to new connections", "not_after", c.Leaf.NotAfter)
-					tun.Rotate()
-				})
-				return nil
-			})
-		}
 	}
+	// Each client certificate file is watched once, whoever presents it.
+	g.Go(func() error {
+		id.Watch(ctx, cfg.CertCheckInterval.Duration)
+		return nil
+	})
 	if ap != nil {
 		// The proxy and its health checks stay until the pool is done
 		// (above).
@@ -153,18 +149,6 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		})
 		g.Go(func() error { return ap.upstreams.Run(serveCtx) })
-		if ap.certFiles != nil {
-			// kubelet rotates its client certificate in place; open HTTP/2
-			// connections would keep presenting the old one until it expires
-			// and kube-apiserver answers 401.
-			g.Go(func() error {
-				ap.certFiles.Watch(ctx, cfg.CertCheckInterval.Duration, func(c *tls.Certificate) {
-					log.Info("client certificate rotated; new apiserver requests use new connections", "not_after", c.Leaf.NotAfter)
-					ap.upstreams.Rotate()
-				})
-				return nil
-			})
-		}
 		g.Go(func() error { return ap.proxy.Run(ctx) })
 		g.Go(func() error { return ap.proxy.Serve(serveCtx, ap.ln) })
 		if ap.topology != nil {
@@ -214,36 +198,31 @@ func Run(ctx context.Context, cfg Config) error {
 	return err
 }
 
-// newTunnel builds the tunnel client and returns the node name it goes
-// by. Its client certificate is nc's, or in --cert and --key when nc is
-// nil.
-func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *edgetunnel.CertFiles, string, error) {
-	var getCert func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
-	var certNode string
-	var certs *edgetunnel.CertFiles
-	if nc != nil {
-		getCert, certNode = nc.GetClientCertificate, nc.NodeName()
-	} else {
+// newTunnel builds the tunnel client, with the identity's client
+// certificate: the one obtained with --bootstrap-kubeconfig, or the one in
+// --cert and --key, which must name a node.
+func newTunnel(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *clientCert, error) {
+	cert := id.bootstrapped()
+	if id.nc == nil {
 		var err error
-		if certs, err = edgetunnel.LoadCertFiles(cfg.Cert, cfg.Key, log); err != nil {
-			return nil, nil, "", err
+		if cert, err = id.files(cfg.Cert, cfg.Key); err != nil {
+			return nil, nil, err
 		}
-		if certNode, err = certs.NodeName(); err != nil {
-			return nil, nil, "", fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
-		}
-		getCert = certs.GetClientCertificate
 	}
-	node := certNode
+	certNode, err := cert.NodeName()
+	if err != nil {
+		return nil, nil, fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
+	}
 	if cfg.NodeName != "" && cfg.NodeName != certNode {
 		log.Warn("--node-name differs from the node the client certificate names; the gateway knows this edge by its certificate",
 			"node_name", cfg.NodeName, "cert_node", certNode)
-		node = cfg.NodeName
 	}
+	id.learn(certNode)
 	var roots func() *x509.CertPool
 	if cfg.GatewayCA != "" {
 		cas, err := certfile.LoadCAs(cfg.GatewayCA, certfile.Options{Name: "--gateway-ca", Logger: log})
 		if err != nil {
-			return nil, nil, "", fmt.Errorf("--gateway-ca: %w", err)
+			return nil, nil, fmt.Errorf("--gateway-ca: %w", err)
 		}
 		roots = cas.Pool
 	}
@@ -251,13 +230,13 @@ func newTunnel(cfg Config, nc *nodeCert, reg *prometheus.Registry, log *slog.Log
 		Gateways:    cfg.Gateway,
 		ServerName:  cfg.GatewayServerName,
 		RootCAs:     roots,
-		Certificate: getCert,
+		Certificate: cert.GetClientCertificate,
 		AllowPorts:  cfg.AllowPorts,
 		MaxStreams:  cfg.MaxStreams,
-		Logger:      log.With("node", node),
+		Logger:      log.With("node", id.Name()),
 		Registry:    reg,
 	})
-	return tun, certs, node, err
+	return tun, cert, err
 }
 
 // apiserverProxy is the kube-apiserver proxy and what it runs on.
@@ -266,23 +245,21 @@ type apiserverProxy struct {
 	store     *cache.Store
 	proxy     *apiproxy.Proxy
 	ln        net.Listener
-	node      string
-	topology  *filter.Filter        // nil when off
-	pool      *poolRunner           // nil when off
-	certFiles *edgetunnel.CertFiles // the --cert/--key files; nil in other modes
+	topology  *filter.Filter // nil when off
+	pool      *poolRunner    // nil when off
+	cert      *clientCert    // the client certificate; nil with a token
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
-// proxy; node is the node name known so far ("" to take the one in the
-// apiserver credentials).
-func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
-	acc, err := loadAPIServerAccess(cfg, nc, log)
+// proxy; the identity learns the node name of the apiserver credentials if
+// it knows none yet.
+func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
+	acc, err := loadAPIServerAccess(cfg, id, log)
 	if err != nil {
 		return nil, err
 	}
-	if node == "" {
-		node = acc.node
-	}
+	id.learn(acc.node)
+	node := id.Name()
 	if node == "" {
 		log.Warn("node name unknown (give --node-name): the node's Lease will not be renewed while the cloud is unreachable")
 	}
@@ -356,7 +333,7 @@ func newAPIServerProxy(cfg Config, node string, nc *nodeCert, tun *edgetunnel.Cl
 	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, node: node, topology: topo, pool: pool, certFiles: acc.certFiles}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.cert}, nil
 }
 
 // newTopologyFilter builds the service topology filter (nil when

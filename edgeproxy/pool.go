@@ -151,16 +151,10 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 // credentials are the node certificate the peers see and the CAs their
 // certificates are checked against: --pool-ca, else the apiserver's CA.
 func (r *poolRunner) credentials() (func() (*tls.Certificate, error), func() *x509.CertPool, error) {
-	var cert func() (*tls.Certificate, error)
-	switch t := r.access.tls; {
-	case t.GetClientCertificate != nil:
-		cert = func() (*tls.Certificate, error) { return t.GetClientCertificate(&tls.CertificateRequestInfo{}) }
-	case len(t.Certificates) > 0:
-		c := t.Certificates[0]
-		cert = func() (*tls.Certificate, error) { return &c, nil }
-	default:
+	if r.access.cert == nil {
 		return nil, nil, errors.New("node pool: peers are authenticated with the node's client certificate, and the apiserver credentials hold none")
 	}
+	cert := func() (*tls.Certificate, error) { return r.access.cert.GetClientCertificate(nil) }
 	if r.cfg.PoolCA != "" {
 		cas, err := certfile.LoadCAs(r.cfg.PoolCA, certfile.Options{Logger: r.log})
 		if err != nil {
