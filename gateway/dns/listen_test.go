@@ -2,6 +2,7 @@ package dns
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -95,11 +96,35 @@ func TestServeTCP(t *testing.T) {
 }
 
 func TestListenAndServe(t *testing.T) {
-	s := newTestServer(t, Options{})
+	serving := make(chan string, 1)
+	s := newTestServer(t, Options{Logger: slog.New(servingAddr{serving})})
 	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- s.ListenAndServe(ctx, "127.0.0.1:0") }()
-	time.Sleep(20 * time.Millisecond)
+	var addr string
+	select {
+	case addr = <-serving:
+	case err := <-done:
+		t.Fatalf("ListenAndServe: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("ListenAndServe did not say it serves within 30 s")
+	}
+	// It answers on the port it logged, over UDP and TCP.
+	for _, network := range []string{"udp", "tcp"} {
+		c, err := dns.Dial(network, addr)
+		if err != nil {
+			t.Fatalf("%s %s: %v", network, addr, err)
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		if err := c.WriteMsg(query("edge-1.", dns.TypeA, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.ReadMsg(); err != nil || len(r.Answer) != 1 {
+			t.Errorf("%s query to %s: %v, %v", network, addr, r, err)
+		}
+		c.Close()
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("ListenAndServe: %v", err)
@@ -126,3 +151,28 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// servingAddr is a log handler that passes on the address of
+// ListenAndServe's "serving dns".
+type servingAddr struct{ ch chan<- string }
+
+func (h servingAddr) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h servingAddr) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "serving dns" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "addr" {
+			select {
+			case h.ch <- a.Value.String():
+			default:
+			}
+		}
+		return true
+	})
+	return nil
+}
+
+func (h servingAddr) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h servingAddr) WithGroup(string) slog.Handler      { return h }
