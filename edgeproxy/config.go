@@ -116,7 +116,8 @@ type Config struct {
 	Logger *slog.Logger `json:"-"`
 }
 
-// Defaults of the settings that have one (DESIGN.md, Ports and names).
+// Defaults of the settings that have one (docs/design.md, "Ports and
+// names").
 const (
 	DefaultAPIServerListen = "127.0.0.1:10261"
 	DefaultAdminListen     = "127.0.0.1:10267"

@@ -107,7 +107,7 @@ type Config struct {
 	Logger *slog.Logger `json:"-"`
 }
 
-// Default ports and addresses (DESIGN.md, "Ports and names").
+// Default ports and addresses (docs/design.md, "Ports and names").
 const (
 	DefaultTunnelListen = ":10262"
 	DefaultProxyPort    = 10263

@@ -20,7 +20,8 @@ import (
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
-// to answer reads while the cloud is reachable (DESIGN.md: Node pool).
+// to answer reads while the cloud is reachable (docs/design.md, "The node
+// pool").
 const DefaultFreshFor = 30 * time.Second
 
 // Options configure a Pool. PeerConfig, Pool, Client, Store, Listener

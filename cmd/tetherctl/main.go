@@ -27,7 +27,7 @@ import (
 )
 
 // DefaultGateway is the admin address of a gateway on this host
-// (DESIGN.md: gateway admin HTTP :10265).
+// (docs/design.md, "Ports and names": gateway admin HTTP :10265).
 const DefaultGateway = "http://127.0.0.1:10265"
 
 func main() {

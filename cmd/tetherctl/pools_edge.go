@@ -19,8 +19,9 @@ import (
 	"github.com/tether-edge/tether/internal/statusapi"
 )
 
-// defaultEdgeAdmin is tether-edge's admin address (DESIGN.md: edge admin
-// HTTP 127.0.0.1:10267); --edge fills in its port and host.
+// defaultEdgeAdmin is tether-edge's admin address (docs/design.md, "Ports
+// and names": edge admin HTTP 127.0.0.1:10267); --edge fills in its port
+// and host.
 const defaultEdgeAdmin = "127.0.0.1:10267"
 
 // edgePool is the pool part of one edge's /status with the URL it came

@@ -24,7 +24,7 @@ import (
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
-// Ports of the design (DESIGN.md: Ports and names).
+// Ports of the design (docs/design.md, "Ports and names").
 const (
 	TunnelPort  = 10262
 	ProxyPort   = 10263

@@ -35,7 +35,7 @@ type Pool interface {
 const PoolUserAgent = "tether-edge-pool"
 
 // DelegateHeartbeatAnnotation marks a Lease the gateway wrote for a node
-// that lost the cloud (DESIGN.md: Labels and annotations).
+// that lost the cloud (docs/design.md, "Labels and annotations").
 const DelegateHeartbeatAnnotation = openyurt.DelegateHeartbeatAnnotation
 
 // servedPool: answered from the node pool's replica.

@@ -12,7 +12,7 @@ import (
 )
 
 // Labels and annotations read from Node objects (OpenYurt-compatible, see
-// DESIGN.md).
+// docs/design.md, "Labels and annotations").
 const (
 	// EdgeLabel marks an edge node when it is "true"; it is the default edge
 	// selector.

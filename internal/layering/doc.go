@@ -1,3 +1,3 @@
-// Package layering holds no code, only the test that keeps DESIGN.md's
+// Package layering holds no code, only the test that keeps docs/design.md's
 // import directions true: which packages may not import which, and why.
 package layering

@@ -1,8 +1,9 @@
 // Package openyurt is the one home of the names Tether shares with
-// OpenYurt (DESIGN.md, "Labels and annotations"): the labels, annotations,
-// taint and topology keys that both programs and the libraries under them
-// read or write, so that OpenYurt's users switch without relabelling. It
-// imports nothing of the project, so every layer may use it.
+// OpenYurt (docs/design.md, "Labels and annotations"): the labels,
+// annotations, taint and topology keys that both programs and the
+// libraries under them read or write, so that OpenYurt's users switch
+// without relabelling. It imports nothing of the project, so every layer
+// may use it.
 package openyurt
 
 import "strings"
