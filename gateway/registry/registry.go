@@ -15,9 +15,10 @@
 // edge (tunnel.QUICConfig's MaxIncomingStreams); the semaphore turns a
 // stuck OpenStreamSync into a prompt, counted refusal.
 //
-// Per edge the registry keeps the time it connected, its remote address,
-// open streams, bytes relayed each way and refusals by reason; RTT comes
-// from the QUIC connection. Edges returns all of it for /status, and the
+// Per edge the registry keeps the time it connected, open streams, bytes
+// relayed each way and refusals by reason; RTT and the remote address
+// come from the QUIC connection at the moment asked (the address changes
+// when the edge's NAT rebinds or the edge migrates the connection). Edges returns all of it for /status, and the
 // registry's Prometheus collector exports it at scrape time.
 package registry
 
@@ -144,12 +145,11 @@ func New(opts Options) *Registry {
 
 // Edge is one registered tunnel: a node's QUIC connection to this replica.
 type Edge struct {
-	node   string
-	conn   Conn
-	since  time.Time
-	remote string
-	reg    *Registry
-	sem    chan struct{}
+	node  string
+	conn  Conn
+	since time.Time
+	reg   *Registry
+	sem   chan struct{}
 
 	streams          atomic.Int64
 	bytesUp, bytesDn atomic.Int64 // toward the edge, from the edge
@@ -188,7 +188,6 @@ func (r *Registry) Register(conn Conn) (*Edge, error) {
 		node:     node,
 		conn:     conn,
 		since:    time.Now(),
-		remote:   conn.RemoteAddr().String(),
 		reg:      r,
 		sem:      make(chan struct{}, r.maxStreams),
 		refusals: make(map[string]int64),
@@ -208,7 +207,7 @@ func (r *Registry) Register(conn Conn) (*Edge, error) {
 	r.registered.Add(1)
 	if old != nil {
 		r.replaced.Add(1)
-		r.log.Info("edge registration replaced", "node", node, "remote", e.remote, "old_remote", old.remote, "old_streams", oldStreams)
+		r.log.Info("edge registration replaced", "node", node, "remote", conn.RemoteAddr().String(), "old_remote", old.conn.RemoteAddr().String(), "old_streams", oldStreams)
 		if closeOld {
 			old.closeReplaced()
 		}
@@ -410,7 +409,7 @@ func (r *Registry) Drain(ctx context.Context) error {
 // EdgeStatus is what the registry knows about one edge at one moment.
 type EdgeStatus struct {
 	Node           string
-	Remote         string
+	Remote         string // the connection's current path
 	ConnectedSince time.Time
 	RTT            time.Duration // smoothed
 	Streams        int64
@@ -429,7 +428,7 @@ func (e *Edge) Status() EdgeStatus {
 	e.mu.Unlock()
 	return EdgeStatus{
 		Node:           e.node,
-		Remote:         e.remote,
+		Remote:         e.conn.RemoteAddr().String(),
 		ConnectedSince: e.since,
 		RTT:            e.conn.ConnectionStats().SmoothedRTT,
 		Streams:        e.streams.Load(),
