@@ -9,14 +9,12 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/rest"
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
@@ -26,6 +24,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"
+	"github.com/tether-edge/tether/internal/component"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
@@ -33,7 +32,8 @@ import (
 
 // Run runs tether-edge until ctx ends: the tunnel when --gateway is
 // given, the kube-apiserver proxy when a way to the apiserver is, and the
-// admin endpoints.
+// admin endpoints. Its parts run in a component.Group (see build for
+// their order).
 func Run(ctx context.Context, cfg Config) error {
 	log := cfg.Logger
 	if log == nil {
@@ -46,7 +46,6 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Debug("effective configuration", "config", string(b))
 	}
 	reg := admin.NewRegistry()
-
 	var nc *nodeCert // nil: the client certificate is in files
 	if cfg.BootstrapKubeconfig != "" {
 		var err error
@@ -59,34 +58,57 @@ func Run(ctx context.Context, cfg Config) error {
 			return nil
 		}
 	}
-	id := newIdentity(cfg, nc, log)
+	e, err := build(cfg, newIdentity(cfg, nc, log), reg, log)
+	if err != nil {
+		return err
+	}
+	e.log.Info("tether-edge starting", "version", version.Version, "gateway", cfg.Gateway,
+		"allow_ports", cfg.AllowPorts.String(), "apiserver_proxy", cfg.proxyConfigured(), "admin", cfg.AdminListen)
+	err = e.parts.Run(ctx)
+	e.log.Info("tether-edge stopped")
+	return err
+}
+
+// edge is tether-edge with its parts built and its listeners bound.
+type edge struct {
+	parts component.Group
+	log   *slog.Logger // with the node name, once known
+}
+
+// build makes tether-edge's parts, in the order they start; they stop in
+// the reverse order. The pool reaches the cloud through the proxy and the
+// upstreams, and has its election record written through the tunnel: on
+// shutdown those stay until the pool has released its leadership, so that
+// another node takes over at once. If build fails, nothing is left open.
+func build(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger) (_ *edge, err error) {
+	e := &edge{}
+	defer func() {
+		if err != nil {
+			e.parts.Close()
+		}
+	}()
 	var tun *edgetunnel.Client
 	var tunCert *clientCert
 	if len(cfg.Gateway) > 0 {
-		var err error
 		if tun, tunCert, err = newTunnel(cfg, id, reg, log); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	var ap *apiserverProxy
 	if cfg.proxyConfigured() {
-		var err error
 		if ap, err = newAPIServerProxy(cfg, id, tun, reg, log); err != nil {
-			return err
-		}
-		defer ap.store.Close()
-		if ap.pool != nil {
-			defer ap.pool.ln.Close()
+			return nil, err
 		}
 	}
-	node := id.Name()
-	if node != "" {
+	if node := id.Name(); node != "" {
 		log = log.With("node", node)
 	}
+	e.log = log
 	if tun != nil {
 		// The tunnels move to new connections with the new certificate;
 		// the old ones end with the streams they relay.
 		tunCert.onRotate("client certificate rotated; tunnels move to new connections", log, tun.Rotate)
+		e.parts.Add(tunnelPart{tun})
 	}
 	if ap != nil && ap.cert != nil {
 		// kubelet rotates its client certificate in place; open HTTP/2
@@ -96,106 +118,35 @@ func Run(ctx context.Context, cfg Config) error {
 		// their connections.
 		ap.cert.onRotate("client certificate rotated; new apiserver requests use new connections", log, ap.upstreams.Rotate)
 	}
-
-	var adminLn net.Listener
-	if cfg.AdminListen != "" {
-		var err error
-		if adminLn, err = listen(listenerAdmin, cfg.AdminListen, reg, log); err != nil {
-			if ap != nil {
-				ap.ln.Close()
-			}
-			return fmt.Errorf("admin listener: %w", err)
-		}
-	}
-
-	log.Info("tether-edge starting", "version", version.Version, "gateway", cfg.Gateway,
-		"allow_ports", cfg.AllowPorts.String(), "apiserver_proxy", ap != nil, "admin", cfg.AdminListen)
-	g, ctx := errgroup.WithContext(ctx)
-	var readies []func() error
-	// The pool reaches the cloud through the proxy, and has its election
-	// record written through the tunnel: on shutdown both stay until the
-	// pool has released its leadership, so that another node takes over
-	// at once.
-	poolDone := make(chan struct{})
-	if ap == nil || ap.pool == nil {
-		close(poolDone)
-	}
-	if tun != nil {
-		tunCtx, stopTunnel := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopTunnel()
-		g.Go(func() error {
-			<-ctx.Done()
-			<-poolDone
-			stopTunnel()
-			return nil
-		})
-		g.Go(func() error { return tun.Run(tunCtx) })
-		readies = append(readies, tun.Ready)
-	}
-	// Each client certificate file is watched once, whoever presents it.
-	g.Go(func() error {
-		id.Watch(ctx, cfg.CertCheckInterval.Duration)
-		return nil
-	})
+	e.parts.Add(id.watcher(cfg.CertCheckInterval.Duration))
 	if ap != nil {
-		// The proxy and its health checks stay until the pool is done
-		// (above).
-		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopServing()
-		g.Go(func() error {
-			<-ctx.Done()
-			<-poolDone
-			stopServing()
-			return nil
-		})
-		g.Go(func() error { return ap.upstreams.Run(serveCtx) })
-		g.Go(func() error { return ap.proxy.Run(ctx) })
-		g.Go(func() error { return ap.proxy.Serve(serveCtx, ap.ln) })
-		if ap.topology != nil {
-			ap.topology.Start(ctx)
-			defer ap.topology.Shutdown()
-		}
-		if ap.pool != nil {
-			g.Go(func() error {
-				defer close(poolDone)
-				return ap.pool.Run(ctx, ap.ln.Addr())
-			})
-		}
-		readies = append(readies, ap.proxy.Ready)
+		e.parts.Add(ap.parts()...)
 	}
-	if adminLn != nil {
-		h := admin.New(admin.Options{
-			Registry:  reg,
-			Profiling: cfg.Profiling,
-			Ready: func() error {
-				var errs []error
-				for _, r := range readies {
-					errs = append(errs, r())
-				}
-				return errors.Join(errs...)
-			},
-			Status: func() any {
-				st := statusapi.Edge{Node: node, Version: version.Version}
-				if tun != nil {
-					st.Gateways = tun.Status()
-				}
-				if ap != nil {
-					as := ap.proxy.Status()
-					as.Servers = ap.upstreams.Status()
-					st.APIServer = &as
-					if ap.pool != nil {
-						st.Pool = ap.pool.Status()
-					}
-				}
-				return st
-			},
-			Logger: log,
-		})
-		g.Go(func() error { return admin.ServeListener(ctx, adminLn, h) })
+	if cfg.AdminListen != "" {
+		ln, err := listen(listenerAdmin, cfg.AdminListen, reg, log)
+		if err != nil {
+			return nil, fmt.Errorf("admin listener: %w", err)
+		}
+		e.parts.Add(e.admin(cfg, ln, reg, id.Name()))
 	}
-	err := g.Wait()
-	log.Info("tether-edge stopped")
-	return err
+	return e, nil
+}
+
+// admin serves the admin endpoints on ln: readiness and /status come from
+// the parts.
+func (e *edge) admin(cfg Config, ln net.Listener, reg *prometheus.Registry, node string) component.Component {
+	h := admin.New(admin.Options{
+		Registry:  reg,
+		Profiling: cfg.Profiling,
+		Ready:     e.parts.Ready,
+		Status: func() any {
+			st := statusapi.Edge{Node: node, Version: version.Version}
+			component.Status(&e.parts, &st)
+			return st
+		},
+		Logger: e.log,
+	})
+	return part{N: "admin", RunF: func(ctx context.Context) error { return admin.ServeListener(ctx, ln, h) }, CloseF: ln.Close}
 }
 
 // newTunnel builds the tunnel client, with the identity's client
