@@ -28,6 +28,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 )
@@ -425,15 +426,28 @@ func firstDifference(have, want []byte) string {
 			wl = w[i]
 		}
 		if hl != wl {
-			return fmt.Sprintf("line %d is %q, the code says %q", i+1, clip(hl), clip(wl))
+			// From a little before the first byte that differs.
+			p := 0
+			for p < len(hl) && p < len(wl) && hl[p] == wl[p] {
+				p++
+			}
+			from := max(0, p-40)
+			for from > 0 && !utf8.RuneStart(hl[from]) {
+				from--
+			}
+			return fmt.Sprintf("line %d is %q, the code says %q", i+1, clip(hl[from:], from > 0), clip(wl[from:], from > 0))
 		}
 	}
 	return "they differ"
 }
 
-func clip(s string) string {
+// clip shortens s to about 120 bytes, marking what it left out.
+func clip(s string, cutBefore bool) string {
 	if len(s) > 120 {
-		return s[:117] + "..."
+		s = s[:117] + "..."
+	}
+	if cutBefore {
+		s = "..." + s
 	}
 	return s
 }
