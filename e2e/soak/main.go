@@ -6,20 +6,26 @@
 //   - relays new-connection HTTPS GETs from a cloud client to the edge's
 //     kubelet through the gateway and the tunnel (--connections);
 //   - makes requests as the node's kubelet through tether-edge's apiserver
-//     proxy (--requests): reads of its pods, status patches of them, each
-//     with a step of its own, and renewals of the node's Lease;
+//     proxy (--requests, paced evenly over --duration so that every cut
+//     and kill lands during them): reads of its pods, status patches of
+//     them, each with a step of its own, and reads of its Node;
 //   - cuts the site's uplink and heals it, every --cut-every;
 //   - kills tether-edge with SIGKILL every --kill-every and starts it again.
 //
 // At the end the cloud is healed, the edge's queue of status writes
 // drains, and the soak checks, printing a table: every status patch the
 // proxy answered 200 reached the cloud (the pod's step upstream is at
-// least the last acknowledged one: nothing lost), the gateway's and the
-// last tether-edge's goroutines, open files and RSS are within 10 % (or a
+// least the last acknowledged one: nothing lost), the queue's ledger that
+// the last tether-edge reports in /status (kept in its cache file across
+// the kills) balances with the queue drained: every queued write applied,
+// coalesced, obsolete or rejected, and how many were resent (sent again
+// after a kill between their send and their dequeue, or a send without an
+// answer: possibly applied twice), the gateway's and the last
+// tether-edge's goroutines, open files and RSS are within 10 % (or a
 // small absolute slack) of their level after warm-up, and no log of any
 // process has a panic. The last line is machine-readable:
 //
-//	soak: conns=<ok>/<tried> requests=<ok>/<tried> cuts=<n> kills=<n> lost_writes=<n> panics=<n> gw_goroutines=<warm>/<end> gw_fds=<warm>/<end> gw_rss_mib=<warm>/<end> edge_goroutines=<warm>/<end> edge_fds=<warm>/<end> edge_rss_mib=<warm>/<end> pass=<true|false>
+//	soak: conns=<ok>/<tried> requests=<ok>/<tried> cuts=<n> kills=<n> kills_in_traffic=<n> lost_writes=<n> ledger=<ok|broken|missing> enqueued=<n> resent=<n> panics=<n> gw_goroutines=<warm>/<end> gw_fds=<warm>/<end> gw_rss_mib=<warm>/<end> edge_goroutines=<warm>/<end> edge_fds=<warm>/<end> edge_rss_mib=<warm>/<end> pass=<true|false>
 //
 // It needs root and uses only addresses inside the namespaces it creates.
 // Failures of single requests during cuts and kills are expected and
@@ -54,7 +60,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-gateway and tether-edge, as make build leaves them in bin; empty builds them from this tree into a temporary directory")
 	flag.IntVar(&o.connections, "connections", 100000, "relayed `connections` to have answered (one HTTPS GET each; failed ones do not count), or as many as --duration allows")
-	flag.IntVar(&o.requests, "requests", 10000, "apiserver proxy `requests` to have answered as the node's kubelet (failed ones do not count), or as many as --duration allows")
+	flag.IntVar(&o.requests, "requests", 10000, "apiserver proxy `requests` to have answered as the node's kubelet (failed ones do not count), paced evenly over --duration")
 	flag.DurationVar(&o.duration, "duration", 10*time.Minute, "stop making connections and requests after this `duration`, whether or not the counts are reached")
 	flag.DurationVar(&o.cutEvery, "cut-every", 20*time.Second, "cut the site's uplink, and heal it, every this `duration` (0: never)")
 	flag.DurationVar(&o.killEvery, "kill-every", 2*time.Minute, "kill tether-edge with SIGKILL and start it again every this `duration` (0: never)")

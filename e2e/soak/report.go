@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -72,6 +73,8 @@ type report struct {
 	relayOK, relayTried     int64
 	kubeletOK, kubeletTried int64
 	cuts, kills             int
+	killsInTraffic          int // kills within 5 s of a kubelet request
+	ledger                  *statusapi.QueueLedger
 	lost                    int
 	lostDetail              []string
 	panics                  int
@@ -81,7 +84,27 @@ type report struct {
 
 func (r *report) pass() bool {
 	return r.lost == 0 && r.panics == 0 && r.gwEnd.within(r.gwWarm) && r.edgeEnd.within(r.edgeWarm) &&
-		r.relayOK > 0 && r.kubeletOK > 0
+		r.relayOK > 0 && r.kubeletOK > 0 && r.ledgerOK()
+}
+
+// ledgerOK: with the queue drained, every status write tether-edge queued
+// (across the kills: the ledger is in its cache file) is accounted for,
+// applied, coalesced, obsolete or rejected, and none is left marked as
+// being sent.
+func (r *report) ledgerOK() bool {
+	l := r.ledger
+	return l != nil && l.Balanced && l.Queued == 0 && l.Unconfirmed == 0 &&
+		l.Enqueued == l.Coalesced+l.Applied+l.Obsolete+l.Rejected
+}
+
+func (r *report) ledgerVerdict() string {
+	switch {
+	case r.ledger == nil:
+		return "missing"
+	case r.ledgerOK():
+		return "ok"
+	}
+	return "broken"
 }
 
 func (r *report) print(out io.Writer) {
@@ -91,10 +114,26 @@ func (r *report) print(out io.Writer) {
 	fmt.Fprintf(tw, "relayed connections\t%d\t%d\t\n", r.relayOK, r.relayTried)
 	fmt.Fprintf(tw, "kubelet requests via tether-edge\t%d\t%d\t\n", r.kubeletOK, r.kubeletTried)
 	tw.Flush()
-	fmt.Fprintf(out, "\nuplink cuts %d, tether-edge kills (SIGKILL) %d; status patches lost: %d of %d pods; panics in logs: %d\n",
-		r.cuts, r.kills, r.lost, r.pods, r.panics)
+	fmt.Fprintf(out, "\nuplink cuts %d, tether-edge kills (SIGKILL) %d (%d within 5 s of a kubelet request); status patches lost: %d of %d pods; panics in logs: %d\n",
+		r.cuts, r.kills, r.killsInTraffic, r.lost, r.pods, r.panics)
 	for _, d := range r.lostDetail {
 		fmt.Fprintf(out, "  lost: %s\n", d)
+	}
+	if l := r.ledger; l != nil {
+		fmt.Fprintf(out, "\ntether-edge's queue ledger (its cache file, across the kills), the queue drained: %s\n", r.ledgerVerdict())
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+		for _, row := range []struct {
+			name string
+			v    uint64
+		}{{"enqueued", l.Enqueued}, {"coalesced (a later patch took its place)", l.Coalesced}, {"applied", l.Applied},
+			{"obsolete", l.Obsolete}, {"rejected (4xx)", l.Rejected}, {"still queued", uint64(l.Queued)},
+			{"resent (an earlier send may have applied it)", l.Resent}, {"marked as being sent", uint64(l.Unconfirmed)}} {
+			fmt.Fprintf(tw, "%s\t%d\t\n", row.name, row.v)
+		}
+		tw.Flush()
+		fmt.Fprintln(out, "(enqueued = coalesced + applied + obsolete + rejected + still queued; resent writes were applied at least once, possibly twice: a status merge patch that sets values is the same applied twice)")
+	} else {
+		fmt.Fprintln(out, "\ntether-edge's queue ledger: not read")
 	}
 	fmt.Fprintln(out)
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -114,9 +153,13 @@ func (r *report) print(out io.Writer) {
 	row("tether-edge RSS MiB", r.edgeWarm.rssMiB, r.edgeEnd.rssMiB, slackRSSMiB)
 	tw.Flush()
 	fmt.Fprintln(out, "\n(tether-edge at the end is the process started after the last kill; bounds are 110 % of the warm level plus a small slack)")
-	fmt.Fprintf(out, "soak: conns=%d/%d requests=%d/%d cuts=%d kills=%d lost_writes=%d panics=%d "+
+	var enqueued, resent uint64
+	if r.ledger != nil {
+		enqueued, resent = r.ledger.Enqueued, r.ledger.Resent
+	}
+	fmt.Fprintf(out, "soak: conns=%d/%d requests=%d/%d cuts=%d kills=%d kills_in_traffic=%d lost_writes=%d ledger=%s enqueued=%d resent=%d panics=%d "+
 		"gw_goroutines=%.0f/%.0f gw_fds=%.0f/%.0f gw_rss_mib=%.1f/%.1f edge_goroutines=%.0f/%.0f edge_fds=%.0f/%.0f edge_rss_mib=%.1f/%.1f pass=%t\n",
-		r.relayOK, r.relayTried, r.kubeletOK, r.kubeletTried, r.cuts, r.kills, r.lost, r.panics,
+		r.relayOK, r.relayTried, r.kubeletOK, r.kubeletTried, r.cuts, r.kills, r.killsInTraffic, r.lost, r.ledgerVerdict(), enqueued, resent, r.panics,
 		r.gwWarm.goroutines, r.gwEnd.goroutines, r.gwWarm.fds, r.gwEnd.fds, r.gwWarm.rssMiB, r.gwEnd.rssMiB,
 		r.edgeWarm.goroutines, r.edgeEnd.goroutines, r.edgeWarm.fds, r.edgeEnd.fds, r.edgeWarm.rssMiB, r.edgeEnd.rssMiB, r.pass())
 }

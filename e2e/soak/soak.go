@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -95,9 +97,21 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 		})
 	}
 	go func() { wg.Wait(); relayDone.Store(true) }()
+	// The kubelet's answered requests are paced evenly over --duration
+	// (behind, it catches up at full speed), so that every cut and kill
+	// lands while it makes them.
 	var kwg sync.WaitGroup
 	kwg.Go(func() {
-		for i := 0; soakCtx.Err() == nil && k.ok.Load() < int64(o.requests); i++ {
+		base, start := k.ok.Load(), time.Now()
+		every := o.duration / time.Duration(max(o.requests, 1))
+		for i := 0; soakCtx.Err() == nil && k.ok.Load()-base < int64(o.requests); i++ {
+			if wait := time.Until(start.Add(time.Duration(k.ok.Load()-base) * every)); wait > 0 {
+				select {
+				case <-soakCtx.Done():
+					continue
+				case <-time.After(wait):
+				}
+			}
 			if k.once(soakCtx, i) != nil {
 				pause()
 			}
@@ -131,6 +145,9 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 				return r, fmt.Errorf("kill tether-edge: %w", err)
 			}
 			r.kills++
+			if time.Since(k.last()) < 5*time.Second {
+				r.killsInTraffic++
+			}
 			w.StartEdge(s, e, w.ProxyArgs(e)...)
 		case <-time.After(time.Second):
 		}
@@ -147,6 +164,9 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 
 	note("healed; waiting for tether-edge's queue to drain and the processes to settle")
 	if err := waitDrained(ctx, e); err != nil {
+		return r, err
+	}
+	if r.ledger, err = queueLedger(ctx, e); err != nil {
 		return r, err
 	}
 	if r.lost, r.lostDetail, err = k.lostWrites(ctx, w.CP.Client); err != nil {
@@ -264,13 +284,24 @@ type kubelet struct {
 	pods      []string
 	ok, tried atomic.Int64
 
-	mu    sync.Mutex
-	acked map[string]int // pod -> the last step answered 200
-	sent  map[string]int // pod -> the last step sent
+	mu      sync.Mutex
+	acked   map[string]int // pod -> the last step answered 200
+	sent    map[string]int // pod -> the last step sent
+	lastReq time.Time      // when the last request was made
+}
+
+// last is when the kubelet made its last request.
+func (k *kubelet) last() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lastReq
 }
 
 func (k *kubelet) once(ctx context.Context, i int) error {
 	k.tried.Add(1)
+	k.mu.Lock()
+	k.lastReq = time.Now()
+	k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	pod := k.pods[i%len(k.pods)]
@@ -370,6 +401,24 @@ func waitDrained(ctx context.Context, e *world.Edge) error {
 		}
 	}
 	return fmt.Errorf("tether-edge's queue did not drain in 3 minutes (%s)", last)
+}
+
+// queueLedger reads the ledger of tether-edge's queue of status writes
+// from its /status: every write queued since its cache file was made,
+// across the kills, and what became of it.
+func queueLedger(ctx context.Context, e *world.Edge) (*statusapi.QueueLedger, error) {
+	body, err := world.Get(ctx, e.Host, world.EdgeAdmin("/status"))
+	if err != nil {
+		return nil, fmt.Errorf("tether-edge's /status: %w", err)
+	}
+	var st statusapi.Edge
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		return nil, fmt.Errorf("tether-edge's /status: %w", err)
+	}
+	if st.APIServer == nil || st.APIServer.QueueLedger == nil {
+		return nil, fmt.Errorf("tether-edge's /status has no queue ledger (apiserver.queueLedger): %.300s", body)
+	}
+	return st.APIServer.QueueLedger, nil
 }
 
 // upstreamHealthy reports whether the exposition has an upstream
