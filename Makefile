@@ -80,7 +80,9 @@ bench-tunnel: build testbins
 # soak runs Tether through faults (issue 17): relayed connections and kubelet
 # requests through tether-edge while the site's uplink is cut and healed
 # every 20 s and tether-edge is killed (SIGKILL) every 2 minutes; then checks
-# that no acknowledged status write was lost, that goroutines, open files and
+# that no acknowledged status write was lost, that the queue's ledger balances
+# across the kills (applied, coalesced, obsolete or rejected; resent counted),
+# that goroutines, open files and
 # RSS are back within 10 % of their warm level and that no log has a panic.
 # Needs root; about 12 minutes. SOAK_FLAGS: see --help.
 .PHONY: soak
