@@ -3,6 +3,7 @@ package edgetunnel
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -13,20 +14,17 @@ import (
 // Liveness probes (see the tunnel package doc): a gateway replica that
 // restarted answers the keepalive PINGs of the connections it forgot with
 // nothing, because they are too short to be answered with a stateless
-// reset. The watcher of each connection therefore looks every
-// keepalive/probeTicks at how many packets it has received; once nothing
-// has come for probeAfter of those ticks (a keepalive period and a
-// quarter: the PING sent after a keepalive period of silence went
+// reset. The watcher of each connection therefore looks about every
+// quarter keepalive period (jittered by a quarter either way, so that
+// edges that connected together do not probe in step) at how many
+// packets it has received; once nothing has come for a keepalive period
+// and a quarter (the PING sent after a keepalive period of silence went
 // unanswered), it sends a probe padded to well over the 42 bytes that
-// draw a stateless reset, and again at every tick while the silence lasts.
-// A restarted gateway resets the connection at once and the supervisor
-// dials again (after its jittered backoff); a live one answers, which
-// ends the silence. At most one probe is out at a time, and each gives up
-// after a tick.
-const (
-	probeTicks = 4 // ticks per keepalive period
-	probeAfter = 5 // silent ticks before the first probe
-)
+// draw a stateless reset, and again at every look while the silence
+// lasts. A restarted gateway resets the connection at once and the
+// supervisor dials again (after its jittered backoff); a live one
+// answers, which ends the silence. At most one probe is out at a time,
+// and each gives up after a quarter keepalive period.
 
 // watch probes conn while it is silent (see above), until ctx ends.
 func (r *replica) watch(ctx context.Context, conn *quic.Conn) {
@@ -34,21 +32,21 @@ func (r *replica) watch(ctx context.Context, conn *quic.Conn) {
 	if keepalive <= 0 {
 		return
 	}
-	tick := keepalive / probeTicks
-	t := r.c.clock.NewTicker(tick)
-	defer t.Stop()
-	last, silent := conn.ConnectionStats().PacketsReceived, 0
+	tick := keepalive / 4
+	last, heard := conn.ConnectionStats().PacketsReceived, r.c.clock.Now()
 	for {
+		t := r.c.clock.NewTimer(tick*3/4 + rand.N(tick/2+1))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C():
 		}
 		if n := conn.ConnectionStats().PacketsReceived; n != last {
-			last, silent = n, 0
+			last, heard = n, r.c.clock.Now()
 			continue
 		}
-		if silent++; silent < probeAfter {
+		if r.c.clock.Since(heard) < keepalive+tick {
 			continue
 		}
 		r.probe(conn, tick)
