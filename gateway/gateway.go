@@ -246,6 +246,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		StatelessResetKey: resetKey,
 		GetClientCAs:      g.certs.clientCAs.Pool,
 		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration, ReceiveBudget: cfg.receiveBudget()},
+		UDPBuffer:         int(cfg.UDPBuffer.Value()),
 		ShutdownGrace:     cfg.ShutdownGrace.Duration,
 		Logger:            log,
 		Registerer:        g.metrics,

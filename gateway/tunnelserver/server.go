@@ -90,6 +90,10 @@ type Options struct {
 	// Limits: IdleTimeout and ReceiveBudget apply to every tunnel; the
 	// per-edge stream limit is the registry's.
 	Limits tunnel.Limits
+	// UDPBuffer, if positive, is the size in bytes of the listening
+	// socket's receive and send buffers (--udp-buffer; see setUDPBuffers);
+	// 0 leaves quic-go's choice (it asks for 7 MiB).
+	UDPBuffer int
 	// ShutdownGrace bounds how long open streams may drain at shutdown; 0
 	// means DefaultShutdownGrace.
 	ShutdownGrace time.Duration
@@ -261,8 +265,13 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		uc.Close()
 		return nil, fmt.Errorf("tunnel listener %s: %w", addr, err)
 	}
+	if opts.UDPBuffer > 0 {
+		// After tr.Listen: quic-go sets its own size when it wraps the
+		// socket.
+		s.sizeBuffers(opts.UDPBuffer)
+	}
 	if opts.Registerer != nil {
-		collectors := []prometheus.Collector{s.conns, s.evictions, s.edgeStreams}
+		collectors := []prometheus.Collector{s.conns, s.evictions, s.edgeStreams, s.udpDropsCollector()}
 		if b := opts.Limits.ReceiveBudget; b != nil {
 			collectors = append(collectors, budgetCollectors(b)...)
 		}
@@ -467,4 +476,37 @@ func (s *Server) reply(qs *quic.Stream, write func(io.Writer) error, log *slog.L
 		qs.Close()
 	}
 	qs.CancelRead(0)
+}
+
+// sizeBuffers sets the socket's buffers to size bytes and logs what the
+// kernel gave, with a warning when it gave less.
+func (s *Server) sizeBuffers(size int) {
+	rcv, snd, forced, err := setUDPBuffers(s.udp, size)
+	attrs := []any{"want", mib(size), "receive", mib(rcv), "send", mib(snd), "forced", forced}
+	switch {
+	case err != nil:
+		s.log.Warn("tunnel listener: cannot size the UDP socket's buffers (--udp-buffer)", append(attrs, "err", err)...)
+	case rcv < size || snd < size:
+		s.log.Warn("tunnel listener: the kernel gave the UDP socket smaller buffers than --udp-buffer: raise net.core.rmem_max and net.core.wmem_max, or run with CAP_NET_ADMIN (README, Sizing)", attrs...)
+	default:
+		s.log.Info("tunnel listener: UDP socket buffers", attrs...)
+	}
+}
+
+// mib formats a size in bytes for the logs.
+func mib(n int) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
+
+// udpDropsCollector exports the datagrams the kernel dropped on the
+// listening socket (SO_MEMINFO), read when scraped.
+func (s *Server) udpDropsCollector() prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tether_gateway_tunnel_udp_drops_total",
+		Help: "Datagrams the kernel dropped on the tunnel listener's UDP socket because its receive buffer was full (the socket's drop count, SO_MEMINFO): the gateway did not read them fast enough, as in a cold start or restart storm of thousands of edges. Raise --udp-buffer (and net.core.rmem_max, unless the gateway has CAP_NET_ADMIN).",
+	}, func() float64 {
+		n, err := udpDrops(s.udp)
+		if err != nil {
+			return 0
+		}
+		return float64(n)
+	})
 }
