@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -17,4 +22,34 @@ type link struct {
 // emulator; the zero link clears it.
 func shape(site *testenv.Site, l link) error {
 	return site.Shape(testenv.Link{Delay: l.Delay, Jitter: l.Jitter, Loss: l.Loss, Rate: l.Rate})
+}
+
+// setTCPCongestionControl sets net.ipv4.tcp_congestion_control on the
+// gateway and edge hosts to name (empty leaves it) and returns the one in
+// force on the first edge host. Konnectivity's traffic crosses the WAN as
+// TCP between those hosts, so its bulk throughput under loss depends on
+// this choice far more than on Konnectivity itself: a loss-based
+// controller (cubic, reno) backs off at every random loss as quic-go's
+// Cubic does, a model-based one (bbr) does not. New namespaces inherit
+// the setting of the machine's own, which need not be Linux's default.
+func setTCPCongestionControl(name string, gateways []*testenv.Host, edges []*world.Edge) (string, error) {
+	hosts := slices.Clone(gateways)
+	for _, e := range edges {
+		hosts = append(hosts, e.Host)
+	}
+	if name != "" {
+		for _, h := range hosts {
+			if err := h.Sysctl("net.ipv4.tcp_congestion_control", name); err != nil {
+				// A namespace may only choose a controller in the
+				// machine-wide net.ipv4.tcp_allowed_congestion_control,
+				// which the bench does not change.
+				return "", fmt.Errorf("--tcp-cc %s on %s (a namespace may choose only what net.ipv4.tcp_allowed_congestion_control lists): %w", name, h.Label, err)
+			}
+		}
+	}
+	out, err := hosts[len(hosts)-1].Command(context.Background(), "sysctl", "-n", "net.ipv4.tcp_congestion_control").Output()
+	if err != nil {
+		return "", fmt.Errorf("read the TCP congestion control: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
