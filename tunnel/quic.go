@@ -6,9 +6,11 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/qlog"
 )
 
 // Connection close codes (QUIC application error codes).
@@ -80,6 +82,12 @@ func QUICConfig(l Limits) *quic.Config {
 	}
 	if l.ReceiveBudget != nil {
 		cfg.AllowConnectionWindowIncrease = l.ReceiveBudget.Allow
+	}
+	if os.Getenv("QLOGDIR") != "" {
+		// quic-go's qlog, one file per connection in $QLOGDIR: the
+		// congestion window, losses and flow control of each tunnel, for
+		// debugging only (a busy tunnel writes megabytes a second).
+		cfg.Tracer = qlog.DefaultConnectionTracer
 	}
 	return cfg
 }
