@@ -247,7 +247,8 @@ func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *pr
 		store.Close()
 		return nil, fmt.Errorf("apiserver proxy listener: %w", err)
 	}
-	topo, err := newTopologyFilter(cfg, node, ln.Addr(), log)
+	topoLoop := apiproxy.NewLoopback(apiproxy.TopologyClient)
+	topo, err := newTopologyFilter(cfg, node, ln.Addr(), topoLoop, log)
 	if err != nil {
 		ln.Close()
 		store.Close()
@@ -282,6 +283,13 @@ func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *pr
 		store.Close()
 		return nil, err
 	}
+	// The filter's informers and the pool's clients read through the
+	// proxy, in process.
+	topoLoop.Bind(px)
+	if pool != nil {
+		pool.loop.Bind(px)
+		pool.membersLoop.Bind(px)
+	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
 	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.cert}, nil
@@ -289,9 +297,10 @@ func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *pr
 
 // newTopologyFilter builds the service topology filter (nil when
 // --topology-components is empty or the node is unknown). Its Service and
-// Node informers read through the proxy itself (listening on addr), with
-// the node's identity, so that they are cached for offline restarts.
-func newTopologyFilter(cfg Config, node string, addr net.Addr, log *slog.Logger) (*filter.Filter, error) {
+// Node informers read through the proxy itself, in process (loop, as
+// apiproxy.TopologyClient), with the node's identity, so that they are
+// cached for offline restarts.
+func newTopologyFilter(cfg Config, node string, addr net.Addr, loop *apiproxy.Loopback, log *slog.Logger) (*filter.Filter, error) {
 	if len(cfg.TopologyComponents) == 0 {
 		return nil, nil
 	}
@@ -299,7 +308,7 @@ func newTopologyFilter(cfg Config, node string, addr net.Addr, log *slog.Logger)
 		log.Warn("node name unknown (give --node-name): no service topology filter")
 		return nil, nil
 	}
-	client, err := kube.NewForConfig(&rest.Config{Host: "http://" + addr.String(),
+	client, err := kube.NewForConfig(&rest.Config{Host: "http://" + addr.String(), Transport: loop,
 		UserAgent: apiproxy.TopologyUserAgent + "/" + version.Version, QPS: 20, Burst: 40})
 	if err != nil {
 		return nil, fmt.Errorf("topology filter: %w", err)

@@ -32,11 +32,6 @@ import (
 	"github.com/tether-edge/tether/poolstore"
 )
 
-// membersUserAgent is the component name of the pool's Node informer:
-// unlike the pool's other requests, its reads are cached, so that a node
-// restarted without the cloud still knows its peers.
-const membersUserAgent = "tether-edge-pool-members"
-
 // poolRunner starts the node pool once the node's own Node is known (its
 // pool label). Until then, and when the node is in no pool, the apiserver
 // proxy sees a pool that serves nothing.
@@ -50,6 +45,11 @@ type poolRunner struct {
 	ln       net.Listener
 	reg      prometheus.Registerer
 	log      *slog.Logger
+
+	// loop and membersLoop carry the pool's requests and its Node
+	// informer's to the proxy in process (apiproxy.PoolClient and
+	// PoolMembersClient: only the informer's reads are cached).
+	loop, membersLoop *apiproxy.Loopback
 
 	store *poolstore.Store // the replica, once open
 	pool  atomic.Pointer[poolstore.Pool]
@@ -72,7 +72,8 @@ func newPoolRunner(cfg Config, node string, access *apiserverAccess, tun *edgetu
 	if err != nil {
 		return nil, fmt.Errorf("pool listener: %w", err)
 	}
-	return &poolRunner{cfg: cfg, node: node, access: access, tun: tun, healthy: healthy, ln: ln, reg: reg, log: log}, nil
+	return &poolRunner{cfg: cfg, node: node, access: access, tun: tun, healthy: healthy, ln: ln, reg: reg, log: log,
+		loop: apiproxy.NewLoopback(apiproxy.PoolClient), membersLoop: apiproxy.NewLoopback(apiproxy.PoolMembersClient)}, nil
 }
 
 // Run waits for the node's Node, then runs the pool until ctx ends.
@@ -111,7 +112,7 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 	if err != nil {
 		return nil, err
 	}
-	rc := &rest.Config{Host: r.proxyURL, UserAgent: apiproxy.PoolUserAgent + "/" + version.Version,
+	rc := &rest.Config{Host: r.proxyURL, Transport: r.loop, UserAgent: apiproxy.PoolClient.Name + "/" + version.Version,
 		QPS: 50, Burst: 100, ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"}}
 	client, err := kube.NewForConfig(rc)
 	if err != nil {
@@ -169,10 +170,11 @@ func (r *poolRunner) credentials() (func() (*tls.Certificate, error), func() *x5
 }
 
 // startMembers starts the Node informer through the proxy and waits for
-// its first list (from the cache when the cloud is out of reach).
+// its first list (from the cache when the cloud is out of reach: its
+// reads are cached).
 func (r *poolRunner) startMembers(ctx context.Context) (*nodeMembers, error) {
-	client, err := kube.NewForConfig(&rest.Config{Host: r.proxyURL,
-		UserAgent: membersUserAgent + "/" + version.Version, QPS: 20, Burst: 40})
+	client, err := kube.NewForConfig(&rest.Config{Host: r.proxyURL, Transport: r.membersLoop,
+		UserAgent: apiproxy.PoolMembersClient.Name + "/" + version.Version, QPS: 20, Burst: 40})
 	if err != nil {
 		return nil, fmt.Errorf("node pool: %w", err)
 	}

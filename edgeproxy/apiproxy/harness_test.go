@@ -136,8 +136,12 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 	}
 	e.Addr = ln.Addr().String()
 	var topo Topology
+	var loop *Loopback
 	if spec.topology {
+		// The filter's informers read through the proxy in process.
+		loop = NewLoopback(TopologyClient)
 		_, cfg := e.client(TopologyUserAgent + "/test")
+		cfg.Dial, cfg.Transport = nil, loop
 		c, err := kube.NewForConfig(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -150,6 +154,9 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents, Pool: spec.pool})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if loop != nil {
+		loop.Bind(e.Proxy)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel

@@ -30,9 +30,18 @@ type Pool interface {
 }
 
 // PoolUserAgent is the component name of the pool's own requests through
-// the proxy (election, the leader's watches, the Node informer): they are
-// never answered from the pool.
+// the proxy (election, the leader's watches).
 const PoolUserAgent = "tether-edge-pool"
+
+// The node pool's internal clients (Loopback). The pool's own requests
+// are never answered from the pool, and not cached: the leader's watches
+// fill the replica, and the election must see the cloud's records, not a
+// copy. Its Node informer is cached, so that a node restarted without the
+// cloud still knows its peers (and starts its pool).
+var (
+	PoolClient        = Internal{Name: PoolUserAgent, NotFromPool: true}
+	PoolMembersClient = Internal{Name: PoolUserAgent + "-members", Cached: true, NotFromPool: true}
+)
 
 // DelegateHeartbeatAnnotation marks a Lease the gateway wrote for a node
 // that lost the cloud (docs/design.md, "Labels and annotations").
@@ -46,8 +55,11 @@ const delegateTimeout = 5 * time.Second
 
 // fromPool reports whether req is answered from the pool replica.
 func (p *Proxy) fromPool(req request, r *http.Request, comp string, healthy bool) bool {
-	return p.pool != nil && comp != PoolUserAgent && (req.Verb == verbList || req.Verb == verbWatch) &&
-		req.Subresource == "" && (p.cached[comp] || p.filtered(req, r, comp)) && p.pool.Serves(req.GVR, healthy)
+	if in := internalOf(r); in != nil && in.NotFromPool {
+		return false
+	}
+	return p.pool != nil && (req.Verb == verbList || req.Verb == verbWatch) &&
+		req.Subresource == "" && (p.caches(r, comp) || p.filtered(req, r, comp)) && p.pool.Serves(req.GVR, healthy)
 }
 
 // whilePoolServes returns a context that ends when ctx does or when the

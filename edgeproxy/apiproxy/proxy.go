@@ -167,13 +167,6 @@ func New(o Options) (*Proxy, error) {
 		for _, c := range o.TopologyComponents {
 			p.topoComps[c] = true
 		}
-		// The filter's own informers read through the proxy, so that
-		// their Services and Nodes are served from the cache offline.
-		p.cached[TopologyUserAgent] = true
-	}
-	if o.Pool != nil {
-		// The pool's Node informer reads through the proxy too.
-		p.cached[PoolUserAgent] = true
 	}
 	for q, err := range o.Store.QueuedWrites(0) {
 		if err != nil {
@@ -233,10 +226,14 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := parseRequest(r)
 	comp := component(r.UserAgent())
+	in := internalOf(r)
+	if in != nil {
+		comp = in.Name
+	}
 	p.up.WaitKnown(r.Context())
 	served := p.serve(w, r, req, comp)
 	label := comp
-	if !p.cached[comp] && !slices.Contains(DefaultComponents, comp) {
+	if in == nil && !p.cached[comp] && !slices.Contains(DefaultComponents, comp) {
 		label = "other"
 	}
 	p.m.requests.WithLabelValues(label, req.Verb, served).Inc()
@@ -245,7 +242,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp string) string {
 	healthy := p.up.Healthy()
 	filtered := p.filtered(req, r, comp)
-	cached := (p.cached[comp] || filtered) && req.cacheable(r)
+	cached := (p.caches(r, comp) || filtered) && req.cacheable(r)
 	pool := cached && p.fromPool(req, r, comp, healthy)
 	if filtered && (healthy || pool) && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
 		topologyNotSynced(w)
@@ -283,6 +280,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 	}
 	p.reverse.ServeHTTP(w, r)
 	return servedUpstream
+}
+
+// caches reports whether comp's reads are cached: a component of
+// --cache-components, or an internal client that asks for it.
+func (p *Proxy) caches(r *http.Request, comp string) bool {
+	if in := internalOf(r); in != nil {
+		return in.Cached
+	}
+	return p.cached[comp]
 }
 
 // isNodeLease reports whether req renews this node's Lease.

@@ -48,6 +48,11 @@ var DefaultTopologyComponents = []string{"kube-proxy", "coredns", "nginx-ingress
 // they read through the proxy.
 const TopologyUserAgent = "tether-edge-topology"
 
+// TopologyClient is the filter's informers as an internal client
+// (Loopback): their Services and Nodes are cached, so that the filter
+// syncs from the cache offline.
+var TopologyClient = Internal{Name: TopologyUserAgent, Cached: true}
+
 var (
 	endpointSlicesGVR = discoveryv1.SchemeGroupVersion.WithResource("endpointslices")
 	endpointsGVR      = corev1.SchemeGroupVersion.WithResource("endpoints")
