@@ -245,9 +245,12 @@ type agentStats struct {
 	Connected  int            `json:"connected"`  // edges with at least one gateway connection
 	PerGateway map[string]int `json:"perGateway"` // connected edges by gateway address
 	Reconnects int64          `json:"reconnects"`
-	Relayed    int64          `json:"relayed"` // connections the stand-in kubelet accepted
-	Goroutines int            `json:"goroutines"`
-	HeapMiB    float64        `json:"heapMiB"`
+	// Disconnects: connections that were up and ended, by reason
+	// (edgetunnel.Client.Disconnects).
+	Disconnects map[string]int64 `json:"disconnects"`
+	Relayed     int64            `json:"relayed"` // connections the stand-in kubelet accepted
+	Goroutines  int              `json:"goroutines"`
+	HeapMiB     float64          `json:"heapMiB"`
 }
 
 func (a *agent) stats() agentStats {
@@ -259,8 +262,12 @@ func (a *agent) stats() agentStats {
 		}
 	}
 	a.mu.Unlock()
-	st := agentStats{Running: len(running), PerGateway: map[string]int{}, Relayed: a.kubelet.accepted.Load(), Goroutines: runtime.NumGoroutine()}
+	st := agentStats{Running: len(running), PerGateway: map[string]int{}, Relayed: a.kubelet.accepted.Load(), Goroutines: runtime.NumGoroutine(),
+		Disconnects: map[string]int64{}}
 	for _, c := range running {
+		for reason, n := range c.Disconnects() {
+			st.Disconnects[reason] += n
+		}
 		up := false
 		for _, g := range c.Status() {
 			st.Reconnects += g.Reconnects

@@ -204,6 +204,9 @@ type regResult struct {
 	cpu           time.Duration // the gateway's CPU time meanwhile
 	peakRate      float64       // registrations per second, best 1 s sample
 	agentCPU      time.Duration // the load generator's CPU time meanwhile
+	// udpDrops: datagrams dropped for a full receive buffer in the
+	// gateway's namespace meanwhile (RcvbufErrors).
+	udpDrops int64
 }
 
 func (r regResult) all() bool { return r.reached >= r.want }

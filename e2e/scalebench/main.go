@@ -27,7 +27,10 @@
 //     before the cold start the same against a gateway with one edge
 //     connected;
 //   - storm: kill -9 the gateway and start it again: time until every edge
-//     is registered again, peak RSS, registrations per second;
+//     is registered again, peak RSS, registrations per second, datagrams
+//     dropped for a full receive buffer in the gateway's namespace (as in
+//     the cold start), and how the edges' old connections ended (a
+//     stateless reset drawn by their liveness probe, or an idle timeout);
 //   - heartbeats: --hb-offline edges go offline in pools of 10 (a leader
 //     and 9 members), and the leaders renew the members' Leases through
 //     the gateway every --hb-interval for --hb-duration: renewals written

@@ -52,6 +52,7 @@ func (b *bench) routeOne(ctx context.Context, res *results) error {
 // edge is registered.
 func (b *bench) cold(ctx context.Context, res *results) error {
 	note("cold start: %d edges dialling, gateway starting", b.o.edges)
+	udp0, _ := udpDatagrams(ctx, b.w.Gateways[0])
 	if err := b.agent.start(ctx, b.all, b.gatewayAddr(0)); err != nil {
 		return err
 	}
@@ -60,6 +61,9 @@ func (b *bench) cold(ctx context.Context, res *results) error {
 		return err
 	}
 	r := b.waitRegistered(ctx, g, b.o.edges, "cold start")
+	if udp1, err := udpDatagrams(ctx, g.host); err == nil {
+		r.udpDrops = udp1.rcvbufErrors - udp0.rcvbufErrors
+	}
 	res.cold = &r
 	note("cold start: %d/%d registered in %v, peak RSS %s MiB, CPU %.1f s", r.reached, r.want, r.took.Round(100*time.Millisecond), mib(r.peakRSS), r.cpu.Seconds())
 	return nil
@@ -109,7 +113,7 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 		return err
 	}
 	r.before = n
-	in0, out0, err := udpDatagrams(ctx, g.host)
+	udp0, err := udpDatagrams(ctx, g.host)
 	if err != nil {
 		return err
 	}
@@ -126,13 +130,13 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 		return err
 	}
 	cpu1, took := procCPU(g.pid), time.Since(t0)
-	in1, out1, err := udpDatagrams(ctx, g.host)
+	udp1, err := udpDatagrams(ctx, g.host)
 	if err != nil {
 		return err
 	}
 	r.took, r.rss = took, readMem(g.pid).rss
 	r.cpuPct = 100 * (cpu1 - cpu0).Seconds() / took.Seconds()
-	r.udpIn, r.udpOut = float64(in1-in0)/took.Seconds(), float64(out1-out0)/took.Seconds()
+	r.udpIn, r.udpOut = float64(udp1.in-udp0.in)/took.Seconds(), float64(udp1.out-udp0.out)/took.Seconds()
 	if r.connected, err = registered(ctx, g.host); err != nil {
 		return err
 	}
@@ -165,6 +169,9 @@ func (b *bench) routeAll(ctx context.Context, res *results) error {
 type stormResult struct {
 	reg      regResult
 	sinceKil time.Duration // from the kill to every edge registered
+	// noticed: how the edges' old connections ended meanwhile, by reason
+	// (stateless_reset, idle_timeout, ...).
+	noticed map[string]int64
 }
 
 // storm kills the gateway with SIGKILL, starts it again at once and waits
@@ -174,6 +181,8 @@ func (b *bench) storm(ctx context.Context, res *results) error {
 		return errors.New("no gateway running")
 	}
 	note("storm: kill -9 the gateway and start it again")
+	udp0, _ := udpDatagrams(ctx, b.gws[0].host)
+	st0, _ := b.agent.stats(ctx)
 	killed := time.Now()
 	if err := b.killGateway(0); err != nil {
 		return err
@@ -183,7 +192,17 @@ func (b *bench) storm(ctx context.Context, res *results) error {
 		return err
 	}
 	r := b.waitRegistered(ctx, g, b.o.edges, "storm")
-	res.storm = &stormResult{reg: r, sinceKil: time.Since(killed)}
+	if udp1, err := udpDatagrams(ctx, g.host); err == nil {
+		r.udpDrops = udp1.rcvbufErrors - udp0.rcvbufErrors
+	}
+	res.storm = &stormResult{reg: r, sinceKil: time.Since(killed), noticed: map[string]int64{}}
+	if st1, err := b.agent.stats(ctx); err == nil {
+		for reason, n := range st1.Disconnects {
+			if d := n - st0.Disconnects[reason]; d > 0 {
+				res.storm.noticed[reason] = d
+			}
+		}
+	}
 	note("storm: %d/%d registered %v after the restart, peak RSS %s MiB, peak %.0f registrations/s", r.reached, r.want,
 		r.took.Round(100*time.Millisecond), mib(r.peakRSS), r.peakRate)
 	return nil

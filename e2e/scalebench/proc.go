@@ -99,13 +99,19 @@ func children(pid int) []int {
 	return out
 }
 
-// udpDatagrams is the UDP datagrams received and sent so far in h's
-// network namespace (Udp: InDatagrams and OutDatagrams of /proc/net/snmp,
-// which a process reads for its own namespace).
-func udpDatagrams(ctx context.Context, h *testenv.Host) (in, out int64, err error) {
+// udpCounters are the UDP counters of a network namespace (Udp: of
+// /proc/net/snmp, which a process reads for its own namespace).
+type udpCounters struct {
+	in, out      int64 // InDatagrams, OutDatagrams
+	rcvbufErrors int64 // RcvbufErrors: dropped for a full receive buffer
+}
+
+// udpDatagrams reads h's namespace's UDP counters.
+func udpDatagrams(ctx context.Context, h *testenv.Host) (udpCounters, error) {
+	var c udpCounters
 	b, err := h.Command(ctx, "cat", "/proc/net/snmp").Output()
 	if err != nil {
-		return 0, 0, fmt.Errorf("read /proc/net/snmp in %s: %w", h, err)
+		return c, fmt.Errorf("read /proc/net/snmp in %s: %w", h, err)
 	}
 	var names []string
 	for _, line := range strings.Split(string(b), "\n") {
@@ -121,14 +127,16 @@ func udpDatagrams(ctx context.Context, h *testenv.Host) (in, out int64, err erro
 			v, _ := strconv.ParseInt(f[i], 10, 64)
 			switch names[i] {
 			case "InDatagrams":
-				in = v
+				c.in = v
 			case "OutDatagrams":
-				out = v
+				c.out = v
+			case "RcvbufErrors":
+				c.rcvbufErrors = v
 			}
 		}
-		return in, out, nil
+		return c, nil
 	}
-	return 0, 0, fmt.Errorf("no Udp counters in /proc/net/snmp of %s", h)
+	return c, fmt.Errorf("no Udp counters in /proc/net/snmp of %s", h)
 }
 
 // raiseFileLimit raises this process's open-file limit (soft and, as root

@@ -3,9 +3,11 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +47,7 @@ func printResults(o options, r *results) {
 		row("gateway CPU", fmt.Sprintf("%.1f s (%.0f%% of a core on average)", c.cpu.Seconds(), 100*c.cpu.Seconds()/c.took.Seconds()))
 		row("registrations/s, best 1 s", fmt.Sprintf("%.0f", c.peakRate))
 		row("load generator CPU (all edges' handshakes)", fmt.Sprintf("%.1f s", c.agentCPU.Seconds()))
+		row("UDP drops, full receive buffer (gateway ns)", fmt.Sprint(c.udpDrops))
 	}
 	if s := r.steady; s != nil {
 		fmt.Printf("steady state (%v, keepalives only):\n", s.took.Round(time.Second))
@@ -80,6 +83,8 @@ func printResults(o options, r *results) {
 		row("gateway peak RSS", mib(s.reg.peakRSS)+" MiB")
 		row("gateway CPU", fmt.Sprintf("%.1f s", s.reg.cpu.Seconds()))
 		row("registrations/s, best 1 s / average", fmt.Sprintf("%.0f / %.0f", s.reg.peakRate, float64(s.reg.reached)/s.reg.took.Seconds()))
+		row("UDP drops, full receive buffer (gateway ns)", fmt.Sprint(s.reg.udpDrops))
+		row("old connections ended by", noticed(s.noticed))
 	}
 	printLaterPhases(o, r)
 	if r.failed != nil {
@@ -142,4 +147,16 @@ func printLaterPhases(o options, r *results) {
 			row("first failure", x.routing.firstErr.Error())
 		}
 	}
+}
+
+// noticed lists how the edges' old connections ended, by reason.
+func noticed(m map[string]int64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, reason := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", reason, m[reason]))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -110,3 +110,19 @@ func endOf(err error) int {
 	}
 	return endOther
 }
+
+// Disconnects counts, by reason (stateless_reset, idle_timeout,
+// closed_by_gateway, other), the connections to the current gateway
+// replicas that were up and ended: what
+// tether_edge_tunnel_gateway_disconnects_total says, summed over replicas.
+func (c *Client) Disconnects() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int64, numEnds)
+	for _, r := range c.replicas {
+		for end := range numEnds {
+			out[endNames[end]] += r.ends[end].Load()
+		}
+	}
+	return out
+}
