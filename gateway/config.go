@@ -103,8 +103,10 @@ type Config struct {
 	UDPBuffer resource.Quantity `json:"udp-buffer"`
 
 	// MemoryLimit is the Go runtime's soft memory limit, a quantity such as
-	// "1Gi"; "" or "0": none (the heap may grow to twice what is live).
-	// GOMEMLIMIT in the environment wins; cmd/tether-gateway applies it.
+	// "1Gi"; "" or "0": none (the heap may grow to twice what is live);
+	// "auto" (the default): 90 % of the cgroup's memory limit if it has
+	// one, else none. GOMEMLIMIT in the environment wins;
+	// cmd/tether-gateway applies it (cli.ApplyMemoryLimit).
 	MemoryLimit string `json:"memory-limit,omitempty"`
 
 	// Logger is where the gateway logs; nil discards.
@@ -162,6 +164,7 @@ func DefaultConfig() Config {
 		MaxStreamsPerEdge: registry.DefaultMaxStreams,
 		MaxReceiveMemory:  *resource.NewQuantity(tunnel.DefaultReceiveBudget, resource.BinarySI),
 		UDPBuffer:         *resource.NewQuantity(DefaultUDPBuffer, resource.BinarySI),
+		MemoryLimit:       cli.AutoMemoryLimit,
 		IdleTimeout:       metav1.Duration{Duration: 15 * time.Second},
 		StreamIdleTimeout: metav1.Duration{Duration: 4 * time.Hour},
 		ShutdownGrace:     metav1.Duration{Duration: 10 * time.Second},

@@ -87,8 +87,8 @@ func TestMaxReceiveMemory(t *testing.T) {
 
 func TestMemoryLimit(t *testing.T) {
 	cfg := gateway.DefaultConfig()
-	if cfg.MemoryLimit != "" {
-		t.Fatalf("default %q, want none", cfg.MemoryLimit)
+	if cfg.MemoryLimit != cli.AutoMemoryLimit {
+		t.Fatalf("default %q, want %q (a share of the cgroup's limit)", cfg.MemoryLimit, cli.AutoMemoryLimit)
 	}
 	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
