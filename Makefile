@@ -19,7 +19,7 @@ TEST_FLAGS ?= -count=1 -timeout 20m
 FUZZ_TIME  ?= 10s
 FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./tunnel:FuzzReadElectionRequest ./tunnel:FuzzReadElectionReply \
               ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff ./poolstore:FuzzReplicationStream \
-              ./edgeproxy/apiproxy:FuzzParseRequest \
+              ./internal/localapi:FuzzParseRequest ./edgeproxy/apiproxy:FuzzParseRequest \
               ./edgeproxy/cache:FuzzRecord ./edgeproxy/cache:FuzzResourceInfo ./edgeproxy/cache:FuzzQueuedWrite \
               ./gateway/heartbeat:FuzzParseLease ./gateway/election:FuzzParseConfigMap ./edgeproxy/apiproxy:FuzzOfflineWrite
 CACHE      ?= $(or $(TETHER_CACHE_DIR),$(HOME)/.cache/tether)

@@ -3,7 +3,6 @@ package poolstore
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -18,11 +17,10 @@ import (
 	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
 	"k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // HandlerOptions configure a Handler. Zero values take the defaults.
@@ -78,7 +76,7 @@ type readRequest struct {
 	namespace string
 	name      string // a get, or a watch of one object
 	opts      metainternalversion.ListOptions
-	scope     readScope
+	scope     localapi.Scope
 }
 
 // ServeHTTP answers GET (and HEAD) requests for resources of the replica:
@@ -88,15 +86,15 @@ type readRequest struct {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req, err := parseReadRequest(r)
 	if err != nil {
-		writeAPIStatus(w, err)
+		localapi.WriteStatus(w, err)
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		writeAPIStatus(w, apierrors.NewMethodNotSupported(req.gvr.GroupResource(), strings.ToLower(r.Method)))
+		localapi.WriteStatus(w, apierrors.NewMethodNotSupported(req.gvr.GroupResource(), strings.ToLower(r.Method)))
 		return
 	}
 	if !h.Serves(req.resource) {
-		writeAPIStatus(w, apierrors.NewServiceUnavailable(fmt.Sprintf(
+		localapi.WriteStatus(w, apierrors.NewServiceUnavailable(fmt.Sprintf(
 			"the node pool's replica does not hold %s", req.gvr.GroupResource())))
 		return
 	}
@@ -113,16 +111,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // parseReadRequest reads the path and query of r as kube-apiserver does;
 // errors are *apierrors.StatusError.
 func parseReadRequest(r *http.Request) (*readRequest, error) {
-	req, watchPath, ok := parseAPIPath(r.URL.Path)
-	if !ok {
+	api := localapi.ParseRequest(r)
+	if !api.IsResource || api.Subresource != "" {
 		return nil, &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure,
 			Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
 			Message: "the server could not find the requested resource"}}
 	}
+	req := &readRequest{gvr: api.GVR, resource: ResourceKey(api.GVR), namespace: api.Namespace, name: api.Name}
 	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(r.URL.Query(), metav1.SchemeGroupVersion, &req.opts); err != nil {
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
-	req.opts.Watch = req.opts.Watch || watchPath
+	req.opts.Watch = req.opts.Watch || api.Verb == localapi.VerbWatch
 	if errs := validation.ValidateListOptions(&req.opts, true); len(errs) > 0 {
 		return nil, apierrors.NewInvalid(schema.GroupKind{Group: metav1.GroupName, Kind: "ListOptions"}, "", errs)
 	}
@@ -139,38 +138,6 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 	return req, nil
 }
 
-// parseAPIPath splits an API path into resource, namespace and name;
-// watchPath is true for the deprecated /watch/ paths. ok is false for
-// anything else (subresources, discovery).
-func parseAPIPath(p string) (req *readRequest, watchPath, ok bool) {
-	parts := strings.Split(strings.Trim(p, "/"), "/")
-	var gv schema.GroupVersion
-	switch {
-	case len(parts) >= 3 && parts[0] == "api":
-		gv, parts = schema.GroupVersion{Version: parts[1]}, parts[2:]
-	case len(parts) >= 4 && parts[0] == "apis":
-		gv, parts = schema.GroupVersion{Group: parts[1], Version: parts[2]}, parts[3:]
-	default:
-		return nil, false, false
-	}
-	if parts[0] == "watch" {
-		watchPath, parts = true, parts[1:]
-	}
-	req = &readRequest{}
-	if len(parts) >= 3 && parts[0] == "namespaces" {
-		req.namespace, parts = parts[1], parts[2:]
-	}
-	if len(parts) == 0 || len(parts) > 2 || parts[0] == "" {
-		return nil, false, false
-	}
-	req.gvr = gv.WithResource(parts[0])
-	req.resource = ResourceKey(req.gvr)
-	if len(parts) == 2 {
-		req.name = parts[1]
-	}
-	return req, watchPath, true
-}
-
 // parseRV reads a resourceVersion parameter: "" and "0" are 0.
 func parseRV(s string) (uint64, error) {
 	if s == "" {
@@ -181,23 +148,6 @@ func parseRV(s string) (uint64, error) {
 		return 0, apierrors.NewBadRequest(fmt.Sprintf("invalid resource version %q", s))
 	}
 	return n, nil
-}
-
-// readScope is what a list or watch covers.
-type readScope struct {
-	namespace string
-	labels    labels.Selector // nil: all
-	fields    fields.Selector // nil: all; metadata.name and metadata.namespace only
-	// content are the field selector's requirements on the object's
-	// content (contentFields), which, like labels, can change.
-	content []contentRequirement
-}
-
-// contentRequirement is a field selector's requirement on a content
-// field, with the field's JSON path.
-type contentRequirement struct {
-	fields.Requirement
-	path []string
 }
 
 // contentFields are, by resource, the fields beyond metadata.name and
@@ -215,79 +165,48 @@ var contentFields = map[string]map[string][]string{
 // may use metadata.name and metadata.namespace, the fields every resource
 // supports, and the resource's contentFields; others are refused as
 // kube-apiserver refuses fields a resource does not index.
-func newScope(resource, namespace, name string, opts metainternalversion.ListOptions) (readScope, error) {
-	sc := readScope{namespace: namespace}
-	if opts.LabelSelector != nil && !opts.LabelSelector.Empty() {
-		sc.labels = opts.LabelSelector
-	}
-	fs := opts.FieldSelector
-	if name != "" {
-		nameSel := fields.OneTermEqualSelector("metadata.name", name)
-		if fs == nil {
-			fs = nameSel
-		} else {
-			fs = fields.AndSelectors(fs, nameSel)
+func newScope(resource, namespace, name string, opts metainternalversion.ListOptions) (localapi.Scope, error) {
+	sc := localapi.Scope{Namespace: namespace, Labels: opts.LabelSelector, Fields: opts.FieldSelector}.WithName(name)
+	if sc.Fields != nil {
+		for _, r := range sc.Fields.Requirements() {
+			if r.Field != "metadata.name" && r.Field != "metadata.namespace" && contentFields[resource][r.Field] == nil {
+				return sc, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", r.Field))
+			}
 		}
-	}
-	if fs == nil || fs.Empty() {
-		return sc, nil
-	}
-	var keys []fields.Selector
-	for _, r := range fs.Requirements() {
-		switch {
-		case r.Field == "metadata.name" || r.Field == "metadata.namespace":
-			keys = append(keys, requirementSelector(r))
-		case contentFields[resource][r.Field] != nil:
-			sc.content = append(sc.content, contentRequirement{r, contentFields[resource][r.Field]})
-		default:
-			return sc, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", r.Field))
-		}
-	}
-	if len(keys) > 0 {
-		sc.fields = fields.AndSelectors(keys...)
 	}
 	return sc, nil
 }
 
-// requirementSelector is the selector of one requirement (a field
-// selector's requirements use =, == or !=).
-func requirementSelector(r fields.Requirement) fields.Selector {
-	if r.Operator == selection.NotEquals {
-		return fields.OneTermNotEqualSelector(r.Field, r.Value)
-	}
-	return fields.OneTermEqualSelector(r.Field, r.Value)
+// scopeObject is an object of resource as a localapi.Scope reads it: its
+// key, labels and content fields (the JSON decoded at the first).
+type scopeObject struct {
+	resource        string
+	namespace, name string
+	labels          map[string]string
+	raw             json.RawMessage
+	obj             map[string]any
 }
 
-// filtersContent reports whether the scope depends on what can change
-// in an object (labels, content fields), not only on its key.
-func (sc readScope) filtersContent() bool { return sc.labels != nil || len(sc.content) > 0 }
+func (o *scopeObject) GetLabels() map[string]string { return o.labels }
 
-// matchesContent reports whether an object with labels l and JSON raw
-// matches the scope's label selector and content fields.
-func (sc readScope) matchesContent(l map[string]string, raw json.RawMessage) bool {
-	if sc.labels != nil && !sc.labels.Matches(labels.Set(l)) {
-		return false
+// Field is the value of a field a scope of resource may select on: a
+// content field is the string at its path, or "" (absent fields select as
+// empty, as kube-apiserver's field sets have them).
+func (o *scopeObject) Field(field string) string {
+	switch field {
+	case "metadata.name":
+		return o.name
+	case "metadata.namespace":
+		return o.namespace
 	}
-	if len(sc.content) == 0 {
-		return true
+	path := contentFields[o.resource][field]
+	if path == nil {
+		return ""
 	}
-	var obj map[string]any
-	if json.Unmarshal(raw, &obj) != nil {
-		return false
+	if o.obj == nil && json.Unmarshal(o.raw, &o.obj) != nil {
+		return ""
 	}
-	for _, r := range sc.content {
-		v := jsonString(obj, r.path)
-		if (v == r.Value) == (r.Operator == selection.NotEquals) {
-			return false
-		}
-	}
-	return true
-}
-
-// jsonString is the string at path in obj, or "" (absent fields select
-// as empty, as kube-apiserver's field sets have them).
-func jsonString(obj map[string]any, path []string) string {
-	var v any = obj
+	var v any = o.obj
 	for _, k := range path {
 		m, ok := v.(map[string]any)
 		if !ok {
@@ -299,35 +218,9 @@ func jsonString(obj map[string]any, path []string) string {
 	return s
 }
 
-// matchesKey reports whether an object's namespace and name are in the
-// scope; they never change, so neither does the answer.
-func (sc readScope) matchesKey(namespace, name string) bool {
-	if sc.namespace != "" && namespace != sc.namespace {
-		return false
-	}
-	return sc.fields == nil || sc.fields.Matches(objectFields{namespace, name})
-}
-
-func (sc readScope) matches(o *Object) bool {
-	return sc.matchesKey(o.Namespace, o.Name) && sc.matchesContent(o.Labels, o.Raw)
-}
-
-// objectFields are the fields of an object a field selector may use
-// (fields.Fields, without a map per object).
-type objectFields struct{ namespace, name string }
-
-func (f objectFields) Has(field string) bool {
-	return field == "metadata.name" || field == "metadata.namespace"
-}
-
-func (f objectFields) Get(field string) string {
-	switch field {
-	case "metadata.name":
-		return f.name
-	case "metadata.namespace":
-		return f.namespace
-	}
-	return ""
+// matches reports whether a stored object of resource is in sc.
+func matches(sc localapi.Scope, resource string, o *Object) bool {
+	return sc.Matches(&scopeObject{resource: resource, namespace: o.Namespace, name: o.Name, labels: o.Labels, raw: o.Raw})
 }
 
 // serveGet answers a get of one object.
@@ -340,10 +233,10 @@ func (h *Handler) serveGet(w http.ResponseWriter, req *readRequest) {
 		return strings.Compare(o.Name, k[1])
 	})
 	if !found {
-		writeAPIStatus(w, apierrors.NewNotFound(req.gvr.GroupResource(), req.name))
+		localapi.WriteStatus(w, apierrors.NewNotFound(req.gvr.GroupResource(), req.name))
 		return
 	}
-	writeAPIObject(w, http.StatusOK, objs[i].Raw)
+	localapi.WriteJSON(w, http.StatusOK, objs[i].Raw)
 }
 
 // serveList answers a list: the objects in the scope, in one page (limit
@@ -351,42 +244,21 @@ func (h *Handler) serveGet(w http.ResponseWriter, req *readRequest) {
 func (h *Handler) serveList(ctx context.Context, w http.ResponseWriter, req *readRequest) {
 	minRV, _ := parseRV(req.opts.ResourceVersion)
 	if err := h.waitFresh(ctx, req.resource, minRV); err != nil {
-		writeAPIStatus(w, err)
+		localapi.WriteStatus(w, err)
 		return
 	}
 	objs, rv, _, _ := h.s.List(req.resource)
 	if req.opts.ResourceVersionMatch == metav1.ResourceVersionMatchExact && rv != minRV {
-		writeAPIStatus(w, apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", minRV, rv)))
+		localapi.WriteStatus(w, apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", minRV, rv)))
 		return
 	}
-	objs = slices.DeleteFunc(objs, func(o Object) bool { return !req.scope.matches(&o) })
-	head := fmt.Appendf(nil, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"},"items":[`,
-		h.kind(req.resource)+"List", req.gvr.GroupVersion().String(), rv)
-	n := len(head) + len(listTail) + max(len(objs)-1, 0)
-	for _, o := range objs {
-		n += len(o.Raw)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(n))
-	w.WriteHeader(http.StatusOK)
-	if _, err := w.Write(head); err != nil {
-		return
-	}
+	objs = slices.DeleteFunc(objs, func(o Object) bool { return !matches(req.scope, req.resource, &o) })
+	items := make([][]byte, len(objs))
 	for i, o := range objs {
-		if i > 0 {
-			w.Write(comma)
-		}
-		if _, err := w.Write(o.Raw); err != nil {
-			return
-		}
+		items[i] = o.Raw
 	}
-	w.Write(listTail)
+	localapi.WriteList(w, h.kind(req.resource)+"List", req.gvr.GroupVersion().String(), rv, items)
 }
-
-var (
-	comma    = []byte{','}
-	listTail = []byte("]}\n")
-)
 
 // waitFresh waits until the replica's resourceVersion of resource is at
 // least minRV, for up to FreshnessWait; then it is the error
@@ -455,31 +327,4 @@ func (h *Handler) kind(resource string) string {
 		return "List"
 	}
 	return strings.ToUpper(name[:1]) + name[1:]
-}
-
-// writeAPIObject writes a JSON answer.
-func writeAPIObject(w http.ResponseWriter, code int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(code)
-	w.Write(body)
-}
-
-// writeAPIStatus writes err as kube-apiserver writes a failure: a
-// metav1.Status with the error's code.
-func writeAPIStatus(w http.ResponseWriter, err error) {
-	st := statusOf(err)
-	b, _ := json.Marshal(st)
-	writeAPIObject(w, int(st.Code), b)
-}
-
-// statusOf returns err as a metav1.Status, with its type meta.
-func statusOf(err error) metav1.Status {
-	var se *apierrors.StatusError
-	if !errors.As(err, &se) {
-		se = apierrors.NewInternalError(err)
-	}
-	st := se.ErrStatus
-	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
-	return st
 }

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // apiWatcher is one watch request: it follows the store's change log from
@@ -29,7 +29,7 @@ type apiWatcher struct {
 	// are sent (or not in its scope).
 	afterRV uint64
 	// view is, for a watch with a label selector or content fields
-	// (readScope.filtersContent), which objects the
+	// (localapi.Scope.FiltersContent), which objects the
 	// client holds: key -> the object last sent, or nil for an object
 	// known not to be held. complete is true when every key the client
 	// holds is in view (the watch began with the objects), false when it
@@ -52,7 +52,7 @@ func (h *Handler) serveWatch(ctx context.Context, w http.ResponseWriter, req *re
 		deadline = timer.C()
 	}
 	wt := &apiWatcher{h: h, req: req, w: w, rc: http.NewResponseController(w)}
-	if req.scope.filtersContent() {
+	if req.scope.FiltersContent() {
 		wt.view = map[string]json.RawMessage{}
 	}
 	if send := req.opts.SendInitialEvents; send != nil && !*send {
@@ -120,7 +120,7 @@ func (wt *apiWatcher) sendInitial() error {
 	objs, rv, _, _ := wt.h.s.List(wt.req.resource)
 	for i := range objs {
 		o := &objs[i]
-		if !wt.req.scope.matches(o) {
+		if !matches(wt.req.scope, wt.req.resource, o) {
 			continue
 		}
 		if wt.view != nil {
@@ -200,7 +200,7 @@ func (wt *apiWatcher) sendChanges(cs []Change) error {
 // ADDED when it starts to match and as DELETED (its last matching state
 // at the change's resourceVersion) when it stops, as kube-apiserver does.
 func (wt *apiWatcher) event(c Change) (typ string, obj json.RawMessage) {
-	if !wt.req.scope.matchesKey(c.Namespace, c.Name) {
+	if !wt.req.scope.MatchesKey(c.Namespace, c.Name) {
 		return "", nil
 	}
 	if wt.view == nil {
@@ -255,7 +255,8 @@ func (wt *apiWatcher) forget(k string) {
 
 func (wt *apiWatcher) matchesContent(raw json.RawMessage) bool {
 	o, err := decodeObject(raw)
-	return err == nil && wt.req.scope.matchesContent(o.Labels, raw)
+	return err == nil && wt.req.scope.MatchesContent(o.Labels,
+		(&scopeObject{resource: wt.req.resource, namespace: o.Namespace, name: o.Name, raw: raw}).Field)
 }
 
 // bookmark sends a BOOKMARK at afterRV; initialEnd marks the end of the
@@ -264,36 +265,26 @@ func (wt *apiWatcher) bookmark(initialEnd bool) error {
 	if wt.afterRV == 0 {
 		return nil
 	}
-	b := wt.buf
-	b = append(b, `{"type":"BOOKMARK","object":{"kind":`...)
-	b = strconv.AppendQuote(b, wt.h.kind(wt.req.resource))
-	b = append(b, `,"apiVersion":`...)
-	b = strconv.AppendQuote(b, wt.req.gvr.GroupVersion().String())
-	b = append(b, `,"metadata":{"resourceVersion":"`...)
-	b = strconv.AppendUint(b, wt.afterRV, 10)
-	b = append(b, '"')
-	if initialEnd {
-		b = append(b, `,"annotations":{"`+metav1.InitialEventsAnnotationKey+`":"true"}`...)
-	}
-	wt.buf = append(b, "}}}\n"...)
+	wt.buf = localapi.AppendBookmark(wt.buf, wt.h.kind(wt.req.resource), wt.req.gvr.GroupVersion().String(), wt.afterRV, initialEnd)
 	return wt.flush()
 }
 
 // fail sends an ERROR event: the watch ends after it.
 func (wt *apiWatcher) fail(err *apierrors.StatusError) {
-	st, _ := json.Marshal(statusOf(err))
-	if wt.add("ERROR", st) == nil {
+	wt.buf = localapi.AppendErrorEvent(wt.buf, err)
+	if wt.batched() == nil {
 		wt.flush()
 	}
 }
 
 // add appends an event to the batch, writing the batch once it is large.
 func (wt *apiWatcher) add(typ string, obj json.RawMessage) error {
-	wt.buf = append(wt.buf, `{"type":"`...)
-	wt.buf = append(wt.buf, typ...)
-	wt.buf = append(wt.buf, `","object":`...)
-	wt.buf = append(wt.buf, obj...)
-	wt.buf = append(wt.buf, "}\n"...)
+	wt.buf = localapi.AppendEvent(wt.buf, typ, obj)
+	return wt.batched()
+}
+
+// batched writes the batch once it is large.
+func (wt *apiWatcher) batched() error {
 	if len(wt.buf) < eventBatch {
 		return nil
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/tether-edge/tether/internal/boltfile"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // FileName is the replica's file in the data directory.
@@ -25,10 +26,10 @@ const FileName = "pool.db"
 // Event types of the change log: the watch event types, and Bookmark,
 // which only raises a resource's resourceVersion.
 const (
-	Added    = "ADDED"
-	Modified = "MODIFIED"
-	Deleted  = "DELETED"
-	Bookmark = "BOOKMARK"
+	Added    = localapi.Added
+	Modified = localapi.Modified
+	Deleted  = localapi.Deleted
+	Bookmark = localapi.Bookmark
 )
 
 // Errors callers branch on.

@@ -13,6 +13,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	nodev1 "k8s.io/api/node/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -20,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // The API groups whose protobuf the proxy reads: responses of these
@@ -241,24 +244,18 @@ func withStatusOf(base, from []byte) ([]byte, error) {
 
 // writeJSON writes a JSON answer.
 func writeJSON(w http.ResponseWriter, code int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(code)
-	w.Write(body)
+	localapi.WriteJSON(w, code, body)
 }
 
 // writeStatus writes a metav1.Status failure, as kube-apiserver does.
 func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, details *metav1.StatusDetails, format string, args ...any) {
-	st := metav1.Status{
-		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
-		Status:   metav1.StatusFailure,
-		Message:  fmt.Sprintf(format, args...),
-		Reason:   reason,
-		Details:  details,
-		Code:     int32(code),
-	}
-	b, _ := json.Marshal(st)
-	writeJSON(w, code, b)
+	localapi.WriteStatus(w, &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status:  metav1.StatusFailure,
+		Message: fmt.Sprintf(format, args...),
+		Reason:  reason,
+		Details: details,
+		Code:    int32(code),
+	}})
 }
 
 // unreachableMessage starts the message of a refusal for want of the

@@ -4,15 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // serveRead answers a get or list from the cache. why is why the cloud
@@ -45,16 +44,11 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
 		return servedError
 	}
-	// The items are copied from the store into the answer in one go,
-	// inside the read transaction (a memory copy, no I/O).
-	var items bytes.Buffer
-	n := 0
+	// The items are copied out of the store inside the read transaction
+	// (a memory copy, no I/O).
+	var items [][]byte
 	info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *cache.Object) {
-		if n > 0 {
-			items.WriteByte(',')
-		}
-		items.Write(o.Raw)
-		n++
+		items = append(items, bytes.Clone(o.Raw))
 	})
 	if err != nil {
 		writeStatus(w, http.StatusInternalServerError, metav1.StatusReasonInternalError, nil, "tether-edge: %v", err)
@@ -66,14 +60,7 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 		return servedRefused
 	}
 	p.m.hits.WithLabelValues(comp).Inc()
-	head := fmt.Sprintf(`{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d"},"items":[`, info.Kind+"List", info.APIVersion, info.MaxRV)
-	const tail = "]}\n"
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(head)+items.Len()+len(tail)))
-	w.WriteHeader(http.StatusOK)
-	io.WriteString(w, head)
-	w.Write(items.Bytes())
-	io.WriteString(w, tail)
+	localapi.WriteList(w, info.Kind+"List", info.APIVersion, info.MaxRV, items)
 	return servedCache
 }
 
@@ -87,25 +74,22 @@ func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, 
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
 		return servedError
 	}
-	var events bytes.Buffer
-	if isTrue(r.URL.Query().Get("sendInitialEvents")) {
+	var events []byte
+	if localapi.IsTrue(r.URL.Query().Get("sendInitialEvents")) {
 		info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *cache.Object) {
-			events.WriteString(`{"type":"ADDED","object":`)
-			events.Write(o.Raw)
-			events.WriteString("}\n")
+			events = localapi.AppendEvent(events, localapi.Added, o.Raw)
 		})
 		if err != nil || !found {
 			p.m.misses.WithLabelValues(comp).Inc()
 			refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
 			return servedRefused
 		}
-		fmt.Fprintf(&events, `{"type":"BOOKMARK","object":{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":"%d","annotations":{%q:"true"}}}}`+"\n",
-			info.Kind, info.APIVersion, info.MaxRV, initialEventsEnd)
+		events = localapi.AppendBookmark(events, info.Kind, info.APIVersion, info.MaxRV, true)
 	}
 	p.m.hits.WithLabelValues(comp).Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
-	w.Write(events.Bytes())
+	w.Write(events)
 	http.NewResponseController(w).Flush()
 	p.hold(r, start, offline)
 	return servedCache

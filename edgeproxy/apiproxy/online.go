@@ -12,10 +12,12 @@ import (
 	"net/http"
 	"sync"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // forwardRead relays a get or list to the cloud (or, viaPool, to the node
@@ -209,7 +211,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 	open.Inc()
 	defer open.Dec()
 	wc := &watchCacher{p: p, comp: comp, gvr: req.GVR, scope: scope}
-	if isTrue(r.URL.Query().Get("sendInitialEvents")) {
+	if localapi.IsTrue(r.URL.Query().Get("sendInitialEvents")) {
 		wc.seen = map[string]bool{}
 	}
 	// Events are relayed whole, one at a time, so that a stream cut in
@@ -330,9 +332,6 @@ type bookmark struct {
 	} `json:"metadata"`
 }
 
-// initialEventsEnd marks the bookmark that ends a watch's initial events.
-const initialEventsEnd = "k8s.io/initial-events-end"
-
 // watchCacher applies a watch's events to the cache.
 type watchCacher struct {
 	p     *Proxy
@@ -362,7 +361,7 @@ func (wc *watchCacher) apply(raw []byte) {
 	}
 	var err error
 	switch ev.Type {
-	case "ADDED", "MODIFIED":
+	case localapi.Added, localapi.Modified:
 		var o *cache.Object
 		if o, err = cache.DecodeObject(ev.Object, "", ""); err == nil {
 			err = wc.p.store.Put(wc.comp, wc.gvr, o)
@@ -370,20 +369,19 @@ func (wc *watchCacher) apply(raw []byte) {
 				wc.seen[o.Key()] = true
 			}
 		}
-	case "DELETED":
+	case localapi.Deleted:
 		// With selectors, DELETED also means "no longer selected": the
 		// object goes from the cache, but without a tombstone.
 		var o *cache.Object
 		if o, err = cache.DecodeObject(ev.Object, "", ""); err == nil {
-			sel := (wc.scope.Labels != nil && !wc.scope.Labels.Empty()) || (wc.scope.Fields != nil && !wc.scope.Fields.Empty())
-			err = wc.p.store.Delete(wc.comp, wc.gvr, o, !sel)
+			err = wc.p.store.Delete(wc.comp, wc.gvr, o, !wc.scope.Selective())
 		}
-	case "BOOKMARK":
+	case localapi.Bookmark:
 		var b bookmark
 		if err = json.Unmarshal(ev.Object, &b); err == nil {
 			rv := cache.ParseRV(b.Metadata.ResourceVersion)
 			err = wc.p.store.Bookmark(wc.comp, wc.gvr, b.Kind, b.APIVersion, rv)
-			if wc.seen != nil && b.Metadata.Annotations[initialEventsEnd] == "true" {
+			if wc.seen != nil && b.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true" {
 				err = errors.Join(err, wc.p.store.Prune(wc.comp, wc.gvr, wc.scope, rv, wc.seen))
 				wc.seen = nil
 			}

@@ -1,137 +1,40 @@
 package apiproxy
 
 import (
-	"fmt"
 	"mime"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
-// Verbs, as kube-apiserver names them.
+// Verbs, as kube-apiserver names them (localapi's).
 const (
-	verbGet              = "get"
-	verbList             = "list"
-	verbWatch            = "watch"
-	verbCreate           = "create"
-	verbUpdate           = "update"
-	verbPatch            = "patch"
-	verbDelete           = "delete"
-	verbDeleteCollection = "deletecollection"
-	verbProxy            = "proxy" // non-resource requests and anything else
+	verbGet              = localapi.VerbGet
+	verbList             = localapi.VerbList
+	verbWatch            = localapi.VerbWatch
+	verbCreate           = localapi.VerbCreate
+	verbUpdate           = localapi.VerbUpdate
+	verbPatch            = localapi.VerbPatch
+	verbDelete           = localapi.VerbDelete
+	verbDeleteCollection = localapi.VerbDeleteCollection
+	verbProxy            = localapi.VerbProxy
 )
 
-// request is what the proxy reads from a client's request, much as
-// kube-apiserver's RequestInfo: the API path parsed into verb, resource
-// and object.
-type request struct {
-	Verb string
-	// Resource requests only.
-	IsResource  bool
-	GVR         schema.GroupVersionResource
-	Subresource string
-	Namespace   string
-	Name        string
-}
+// request is what the proxy reads from a client's request: the API path
+// parsed into verb, resource and object (localapi.ParseRequest), with
+// what the proxy asks of it.
+type request struct{ localapi.Request }
 
-// parseRequest parses an API path:
-//
-//	/api/v1[/namespaces/{ns}]/{resource}[/{name}[/{subresource}]]
-//	/apis/{group}/{version}[/namespaces/{ns}]/{resource}[/{name}[/{subresource}]]
-//	/api/v1/watch/...  (the deprecated watch paths)
-//
-// Anything else (discovery, /version, /openapi, a path with an empty
-// segment such as /api/v1/namespaces//pods) is a non-resource request
-// with verb "proxy": relayed as it is, refused offline.
+// parseRequest parses an API path as localapi.ParseRequest does:
+// anything but a resource request is verb "proxy", relayed as it is and
+// refused offline. A watch of one object (the legacy watch path with a
+// name) is covered by its scope (see scope).
 func parseRequest(r *http.Request) request {
-	parts := splitPath(r.URL.Path)
-	if slices.Contains(parts, "") {
-		return request{Verb: verbProxy}
-	}
-	var req request
-	var gv schema.GroupVersion
-	switch {
-	case len(parts) >= 3 && parts[0] == "api":
-		gv = schema.GroupVersion{Version: parts[1]}
-		parts = parts[2:]
-	case len(parts) >= 4 && parts[0] == "apis":
-		gv = schema.GroupVersion{Group: parts[1], Version: parts[2]}
-		parts = parts[3:]
-	default:
-		return request{Verb: verbProxy}
-	}
-	watchPath := false
-	if parts[0] == "watch" {
-		watchPath = true
-		parts = parts[1:]
-	}
-	// namespaces/{ns}/{resource}...; a bare namespaces or namespaces/{ns}
-	// is the namespaces resource itself.
-	if len(parts) >= 3 && parts[0] == "namespaces" && parts[2] != "status" && parts[2] != "finalize" {
-		req.Namespace = parts[1]
-		parts = parts[2:]
-	}
-	if len(parts) == 0 || len(parts) > 3 {
-		return request{Verb: verbProxy}
-	}
-	req.IsResource = true
-	req.GVR = gv.WithResource(parts[0])
-	if len(parts) > 1 {
-		req.Name = parts[1]
-	}
-	if len(parts) > 2 {
-		req.Subresource = parts[2]
-	}
-	q := r.URL.Query()
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-		switch {
-		case watchPath || isTrue(q.Get("watch")):
-			req.Verb = verbWatch
-		case req.Name != "":
-			req.Verb = verbGet
-		default:
-			req.Verb = verbList
-		}
-	case http.MethodPost:
-		req.Verb = verbCreate
-	case http.MethodPut:
-		req.Verb = verbUpdate
-	case http.MethodPatch:
-		req.Verb = verbPatch
-	case http.MethodDelete:
-		req.Verb = verbDelete
-		if req.Name == "" {
-			req.Verb = verbDeleteCollection
-		}
-	default:
-		req.Verb = verbProxy
-	}
-	// A watch of one object: the legacy watch path with a name, or a
-	// watch with a metadata.name field selector, are both covered by
-	// the scope (see scope).
-	return req
-}
-
-func splitPath(p string) []string {
-	p = strings.Trim(p, "/")
-	if p == "" {
-		return nil
-	}
-	return strings.Split(p, "/")
-}
-
-func isTrue(s string) bool {
-	b, _ := strconv.ParseBool(s)
-	return b
+	return request{localapi.ParseRequest(r)}
 }
 
 // cacheable reports whether the response to req can be cached and the
@@ -152,19 +55,7 @@ func (req request) cacheable(r *http.Request) bool {
 
 // scope returns the namespace and selectors of a list or watch.
 func (req request) scope(r *http.Request) (cache.Scope, error) {
-	q := r.URL.Query()
-	s := cache.Scope{Namespace: req.Namespace}
-	var err error
-	if s.Labels, err = labels.Parse(q.Get("labelSelector")); err != nil {
-		return s, fmt.Errorf("labelSelector: %w", err)
-	}
-	if s.Fields, err = fields.ParseSelector(q.Get("fieldSelector")); err != nil {
-		return s, fmt.Errorf("fieldSelector: %w", err)
-	}
-	if req.Name != "" { // the legacy watch path of one object
-		s.Fields = fields.AndSelectors(s.Fields, fields.OneTermEqualSelector("metadata.name", req.Name))
-	}
-	return s, nil
+	return localapi.ParseScope(req.Namespace, req.Name, r.URL.Query())
 }
 
 // watchTimeout is the watch's timeoutSeconds (0 if none).

@@ -15,45 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/internal/testenv"
 )
-
-func TestParseRequest(t *testing.T) {
-	pods := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
-	for _, tc := range []struct {
-		method, url string
-		want        request
-	}{
-		{"GET", "/api/v1/namespaces/ns/pods/p", request{Verb: verbGet, IsResource: true, GVR: pods, Namespace: "ns", Name: "p"}},
-		{"GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dn", request{Verb: verbList, IsResource: true, GVR: pods}},
-		{"GET", "/api/v1/pods?watch=true", request{Verb: verbWatch, IsResource: true, GVR: pods}},
-		{"GET", "/api/v1/watch/namespaces/ns/pods/p", request{Verb: verbWatch, IsResource: true, GVR: pods, Namespace: "ns", Name: "p"}},
-		{"PATCH", "/api/v1/namespaces/ns/pods/p/status", request{Verb: verbPatch, IsResource: true, GVR: pods, Namespace: "ns", Name: "p", Subresource: "status"}},
-		{"PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n",
-			request{Verb: verbUpdate, IsResource: true, GVR: leasesGVR, Namespace: "kube-node-lease", Name: "n"}},
-		{"DELETE", "/api/v1/namespaces/ns/pods", request{Verb: verbDeleteCollection, IsResource: true, GVR: pods, Namespace: "ns"}},
-		{"POST", "/api/v1/namespaces/ns/pods/p/eviction", request{Verb: verbCreate, IsResource: true, GVR: pods, Namespace: "ns", Name: "p", Subresource: "eviction"}},
-		{"GET", "/api/v1/namespaces/ns", request{Verb: verbGet, IsResource: true, GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: "ns"}},
-		{"PUT", "/api/v1/namespaces/ns/status", request{Verb: verbUpdate, IsResource: true, GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: "ns", Subresource: "status"}},
-		{"GET", "/apis/discovery.k8s.io/v1/endpointslices", request{Verb: verbList, IsResource: true, GVR: schema.GroupVersionResource{Group: "discovery.k8s.io", Version: "v1", Resource: "endpointslices"}}},
-		{"GET", "/api", request{Verb: verbProxy}},
-		{"GET", "/apis/apps/v1", request{Verb: verbProxy}},
-		{"GET", "/version", request{Verb: verbProxy}},
-		{"GET", "/readyz", request{Verb: verbProxy}},
-	} {
-		r := httptest.NewRequest(tc.method, tc.url, nil)
-		if diff := cmp.Diff(tc.want, parseRequest(r)); diff != "" {
-			t.Errorf("%s %s (-want +got):\n%s", tc.method, tc.url, diff)
-		}
-	}
-}
 
 func TestComponent(t *testing.T) {
 	for ua, want := range map[string]string{

@@ -196,11 +196,11 @@ func (s *Store) prune(b *bolt.Bucket, scope Scope, rv uint64, keep map[string]bo
 			if newer {
 				continue
 			}
-			if r.flag == flagTombstone || !scope.selective() {
+			if r.flag == flagTombstone || !scope.Selective() {
 				break
 			}
 			fallthrough
-		case r.flag == flagLocal && scope.selective(): // its resourceVersion is made up
+		case r.flag == flagLocal && scope.Selective(): // its resourceVersion is made up
 			o, err := r.object()
 			if err == nil && !scope.Matches(o) {
 				continue

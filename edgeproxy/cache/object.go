@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // Object is one API object as the cache holds it: the identity and labels
@@ -177,36 +177,13 @@ func ParseRV(s string) uint64 {
 	return n
 }
 
-// Scope is what a list or watch covers: a namespace ("" for all) and
-// label and field selectors (nil selects everything).
-type Scope struct {
-	Namespace string
-	Labels    labels.Selector
-	Fields    fields.Selector
-}
+// Scope is what a list or watch covers: a namespace and label and field
+// selectors (localapi.Scope, which the pool replica serves with too). Its
+// Matches reads an Object's fields with Object.Field.
+type Scope = localapi.Scope
 
-// Matches reports whether o is in the scope.
-func (s Scope) Matches(o *Object) bool {
-	if s.Namespace != "" && o.Namespace != s.Namespace {
-		return false
-	}
-	if s.Labels != nil && !s.Labels.Empty() && !s.Labels.Matches(labels.Set(o.Labels)) {
-		return false
-	}
-	if s.Fields != nil && !s.Fields.Empty() {
-		set := fields.Set{}
-		for _, r := range s.Fields.Requirements() {
-			set[r.Field] = o.Field(r.Field)
-		}
-		return s.Fields.Matches(set)
-	}
-	return true
-}
-
-// selective reports whether the scope has selectors (beyond a namespace).
-func (s Scope) selective() bool {
-	return (s.Labels != nil && !s.Labels.Empty()) || (s.Fields != nil && !s.Fields.Empty())
-}
+// GetLabels returns the object's labels (for localapi.Scope).
+func (o *Object) GetLabels() map[string]string { return o.Labels }
 
 // ResourceInfo is what the cache knows of one resource of one component.
 type ResourceInfo struct {

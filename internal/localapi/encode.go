@@ -1,0 +1,125 @@
+package localapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Watch event types, as kube-apiserver sends them.
+const (
+	Added    = "ADDED"
+	Modified = "MODIFIED"
+	Deleted  = "DELETED"
+	Bookmark = "BOOKMARK"
+	Error    = "ERROR"
+)
+
+// ListHead is the start of a list answer, up to its items: listKind
+// ("PodList") and apiVersion at resourceVersion rv.
+func ListHead(listKind, apiVersion string, rv uint64) []byte {
+	b := append([]byte(`{"kind":`), strconv.Quote(listKind)...)
+	b = append(b, `,"apiVersion":`...)
+	b = strconv.AppendQuote(b, apiVersion)
+	b = append(b, `,"metadata":{"resourceVersion":"`...)
+	b = strconv.AppendUint(b, rv, 10)
+	return append(b, `"},"items":[`...)
+}
+
+// ListTail ends a list answer.
+const ListTail = "]}\n"
+
+// WriteList writes a list answer in one page, as kube-apiserver writes
+// it: the envelope of ListHead around items (each an object's JSON with
+// kind and apiVersion), with its Content-Length.
+func WriteList(w http.ResponseWriter, listKind, apiVersion string, rv uint64, items [][]byte) {
+	head := ListHead(listKind, apiVersion, rv)
+	n := len(head) + len(ListTail) + max(len(items)-1, 0)
+	for _, it := range items {
+		n += len(it)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(n))
+	w.WriteHeader(http.StatusOK)
+	if _, err := w.Write(head); err != nil {
+		return
+	}
+	for i, it := range items {
+		if i > 0 {
+			w.Write(comma)
+		}
+		if _, err := w.Write(it); err != nil {
+			return
+		}
+	}
+	w.Write([]byte(ListTail))
+}
+
+var comma = []byte{','}
+
+// AppendEvent appends a watch event of type typ and object obj (its
+// JSON), with the newline that ends it.
+func AppendEvent(b []byte, typ string, obj []byte) []byte {
+	b = append(b, `{"type":"`...)
+	b = append(b, typ...)
+	b = append(b, `","object":`...)
+	b = append(b, obj...)
+	return append(b, "}\n"...)
+}
+
+// AppendBookmark appends a BOOKMARK event at resourceVersion rv for
+// objects of kind and apiVersion; initialEnd marks it as the end of a
+// watch's initial events (metav1.InitialEventsAnnotationKey).
+func AppendBookmark(b []byte, kind, apiVersion string, rv uint64, initialEnd bool) []byte {
+	b = append(b, `{"type":"BOOKMARK","object":{"kind":`...)
+	b = strconv.AppendQuote(b, kind)
+	b = append(b, `,"apiVersion":`...)
+	b = strconv.AppendQuote(b, apiVersion)
+	b = append(b, `,"metadata":{"resourceVersion":"`...)
+	b = strconv.AppendUint(b, rv, 10)
+	b = append(b, '"')
+	if initialEnd {
+		b = append(b, `,"annotations":{"`+metav1.InitialEventsAnnotationKey+`":"true"}`...)
+	}
+	return append(b, "}}}\n"...)
+}
+
+// AppendErrorEvent appends the ERROR event that ends a watch, with err as
+// a metav1.Status (see StatusOf): apierrors.NewResourceExpired is the 410
+// Gone that makes a client relist.
+func AppendErrorEvent(b []byte, err error) []byte {
+	st, _ := json.Marshal(StatusOf(err))
+	return AppendEvent(b, Error, st)
+}
+
+// StatusOf returns err as a metav1.Status with its type meta: the status
+// of an *apierrors.StatusError, or an internal error.
+func StatusOf(err error) metav1.Status {
+	var se *apierrors.StatusError
+	if !errors.As(err, &se) {
+		se = apierrors.NewInternalError(err)
+	}
+	st := se.ErrStatus
+	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
+	return st
+}
+
+// WriteStatus writes err as kube-apiserver writes a failure: a
+// metav1.Status (StatusOf) with its code.
+func WriteStatus(w http.ResponseWriter, err error) {
+	st := StatusOf(err)
+	b, _ := json.Marshal(st)
+	WriteJSON(w, int(st.Code), b)
+}
+
+// WriteJSON writes a JSON answer with its Content-Length.
+func WriteJSON(w http.ResponseWriter, code int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	w.Write(body)
+}
