@@ -13,17 +13,11 @@ import (
 )
 
 // The file (FileName in the data directory) is an API: change the bucket
-// tree only with a new schema version.
-//
-//	meta/
-//	    "schema-version"  -> "1"
-//	    "epoch"           -> the leader term of the data
-//	    "rev"             -> the last revision, 8 bytes big-endian
-//	resources/
-//	    <group>/<version>/<resource>  -> resourceVersion, 8 bytes big-endian
-//	objects/
-//	    <group>/<version>/<resource>/
-//	        <namespace>/<name>        -> the object's JSON (kind, apiVersion set)
+// tree only with a new schema version. The tree (meta/ with the schema
+// version, epoch and revision; resources/ with each resource's
+// resourceVersion; objects/ with each object's JSON) is in
+// internal/localapi/README.md ("The two stores' files"), with the
+// apiserver cache's.
 //
 // The file trails memory by at most flushDelay plus one transaction: it
 // is what a node serves after a restart without the cloud and without the

@@ -5,54 +5,13 @@
 //
 // # Schema (version 1)
 //
-// The bucket tree is an API: change it only with a new schema version.
-//
-//	meta/
-//	    "schema-version"  -> "1"
-//	resources/
-//	    <component>/                      kubelet, kube-proxy, coredns, ...
-//	        <group>/<version>/<resource>  -> JSON ResourceInfo {kind, apiVersion, maxRV}
-//	                                         ("core" is the legacy group: core/v1/pods)
-//	objects/
-//	    <component>/
-//	        <group>/<version>/<resource>/
-//	            <namespace>/<name>        -> record (cluster-scoped objects: "/<name>")
-//	queue/                                   status writes made offline, in order
-//	    <seq, 8 bytes big-endian>         -> JSON QueuedWrite (seq from the bucket's sequence)
-//	evicted/                                 resources evicted for the size bound (may be absent)
-//	    <component>/
-//	        <group>/<version>/<resource>  -> time of the eviction (Unix seconds, 8 bytes big-endian)
-//	ledger/                                  the queue's ledger (ledger.go)
-//	    "enqueued", "coalesced", "applied",
-//	    "obsolete", "rejected", "resent"  -> counter (8 bytes big-endian)
-//	    sending/
-//	        <seq, 8 bytes big-endian>     -> time of the mark (Unix seconds, 8 bytes big-endian)
-//
-// ResourceInfo's "updated" (Unix seconds), evicted/ and ledger/ were
-// added within version 1: older builds ignore them (a file an older
-// build wrote to since has a ledger that no longer balances, which the
-// open logs). A build that ignores evicted/
-// serves an evicted resource as soon as a watch event refills part of
-// it; the versions that know it wait for a complete list.
-//
-// Every schema version keeps queue/ as it is here (the top-level bucket,
-// its keys, its sequence and the JSON of QueuedWrite), and ledger/: they
-// are what a version change carries over. A version that changes them
-// must read the old form too.
-//
-// A record is: a flag byte (1 object from the cloud, 2 tombstone, 3
-// object answered locally offline), the resourceVersion (8 bytes
-// big-endian), the length of the meta section (4 bytes big-endian), the
-// meta section, and the object's JSON with kind and apiVersion set (list
-// items get them from the list's kind). The meta section is a sequence of
-// strings, each a uvarint length and its bytes: kind, apiVersion,
-// namespace, name, uid, the number of labels (decimal) and each key and
-// value, the number of indexed fields and each path and value: the fields
-// kube-apiserver supports in field selectors for the kind (spec.nodeName,
-// status.phase, ... of a Pod), so that lists with selectors never decode
-// objects. A tombstone has no JSON; its meta section is the time of the
-// deletion (Unix seconds, 8 bytes big-endian), or empty in tombstones of
-// older builds.
+// The bucket tree and the record format are an API: change them only with
+// a new schema version. They are written down, with the pool replica's,
+// in internal/localapi/README.md ("The two stores' files"): meta/
+// (schema-version), resources/ and objects/ per component and resource
+// (objects as records: a flag byte, the resourceVersion, a meta section
+// with the key, labels and indexed fields, and the JSON), queue/,
+// evicted/ and ledger/.
 //
 // # Invariants
 //

@@ -30,8 +30,8 @@ func (e *schemaError) Error() string {
 
 // carryQueue copies the queue of the file at old, which Open moved aside
 // for its schema version, into db, a fresh file, keeping seqs and the
-// bucket's sequence, and its ledger (carryLedger). Every schema version keeps queue/ as the package doc
-// has it; a queued write that does not read as such (a newer build's
+// bucket's sequence, and its ledger (carryLedger). Every schema version
+// keeps queue/ as internal/localapi/README.md has it; a queued write that does not read as such (a newer build's
 // format) fails the whole carry, and nothing is written.
 func carryQueue(db *bolt.DB, old string) (int, error) {
 	odb, err := bolt.Open(old, 0o600, &bolt.Options{ReadOnly: true, Timeout: lockTimeout})

@@ -16,7 +16,7 @@ import (
 )
 
 // oldFile writes a cache file of another schema version with bbolt
-// directly, as the package doc has the tree: a cached pod and the queue
+// directly, as internal/localapi/README.md has the tree: a cached pod and the queue
 // entries given (seq -> value), the queue's sequence at seqs' last. A
 // version of "" writes no meta bucket (a file from before versions).
 func oldFile(t *testing.T, path, version string, queue map[uint64][]byte) {

@@ -21,7 +21,7 @@ import (
 // FileName is the store's file in the data directory.
 const FileName = "apiserver-cache.db"
 
-// SchemaVersion is the version of the bucket tree in the package doc.
+// SchemaVersion is the version of the bucket tree (internal/localapi/README.md).
 const SchemaVersion = "1"
 
 var (
