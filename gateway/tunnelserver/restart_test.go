@@ -30,9 +30,10 @@ func TestRestartedGatewayResetsIdleEdge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Keepalive 3 s: the edge probes after about 4 s of silence, long
-	// before the 9 s idle timeout.
-	limits := tunnel.Limits{IdleTimeout: 9 * time.Second}
+	// Keepalive 5 s (the default): the edge probes after about 6 s of
+	// silence, 9 s before the 15 s idle timeout, room for a loaded
+	// machine to run the probe late.
+	limits := tunnel.Limits{IdleTimeout: 15 * time.Second}
 	listen := func(addr string) (*Server, *registry.Registry, func() error) {
 		t.Helper()
 		reg := registry.New(registry.Options{})
