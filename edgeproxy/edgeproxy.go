@@ -19,8 +19,8 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/filter"
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"

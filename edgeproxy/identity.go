@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/tunnel"
 )
 

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/internal/component"
 	"github.com/tether-edge/tether/internal/statusapi"
 )

@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"

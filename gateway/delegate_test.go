@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/poolstore"

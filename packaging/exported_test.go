@@ -25,7 +25,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy"
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
-	edgetunnel "github.com/tether-edge/tether/edgeproxy/tunnel"
+	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/gateway"
 	"github.com/tether-edge/tether/internal/testenv"

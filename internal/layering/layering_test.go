@@ -113,7 +113,7 @@ func TestLayeringCatchesAWrongArrow(t *testing.T) {
 		{"cmd/tetherctl", "gateway", true},
 		{"cmd/tetherctl", "gateway/nodewatch", true},
 		{"cmd/tetherctl", "edgeproxy", true},
-		{"cmd/tetherctl", "edgeproxy/tunnel", true},
+		{"cmd/tetherctl", "edgeproxy/edgetunnel", true},
 		{"internal/statusapi", "gateway/nodewatch", true},
 		{"cmd/tetherctl", "gateway/selfca", false},
 		{"cmd/tetherctl", "internal/statusapi", false},
