@@ -5,7 +5,12 @@
 //
 // A Group starts its parts in the order they were added and stops them in
 // the reverse order, each once the parts added after it have returned: a
-// part that others use (a listener, a tunnel) outlives them. Readiness is
+// part that others use (a listener, a tunnel) outlives them. Parts added
+// in one AddTogether call stop together instead: all are told at once and
+// the group waits for them all, for parts that end one another (a proxy
+// whose connections end when the tunnels under them close). A part's
+// context ends with the cause of the stop: the cause of Run's context, or
+// the error of the part that failed. Readiness is
 // asked of every part that implements Readier, by interface, as CoreDNS's
 // ready plugin asks its plugins: no hand-written switch of parts.
 package component
@@ -87,19 +92,41 @@ type Group struct {
 	Logger *slog.Logger
 
 	parts    []Component
+	stages   []int // stages[i]: the stage of parts[i]; a stage stops as one
 	running  atomic.Bool
 	stopping atomic.Bool
 	closed   sync.Once
 }
 
 // Add appends parts, started after those already added and stopped
-// before them.
-func (g *Group) Add(parts ...Component) { g.parts = append(g.parts, parts...) }
+// before them, each after those that follow it.
+func (g *Group) Add(parts ...Component) {
+	for _, p := range parts {
+		g.AddTogether(p)
+	}
+}
+
+// AddTogether appends parts that start after those already added and stop
+// together, before them: their contexts end at once, and the parts added
+// earlier stop once all of them have returned.
+func (g *Group) AddTogether(parts ...Component) {
+	if len(parts) == 0 {
+		return
+	}
+	stage := 0
+	if n := len(g.stages); n > 0 {
+		stage = g.stages[n-1] + 1
+	}
+	for _, p := range parts {
+		g.parts = append(g.parts, p)
+		g.stages = append(g.stages, stage)
+	}
+}
 
 // Run starts every part and runs them until ctx ends or one fails, then
 // stops them in the reverse order of Add, each after those added later
-// have returned, and closes the Closers. It returns the first error of a
-// part.
+// have returned (AddTogether's parts as one), and closes the Closers. It
+// returns the first error of a part.
 func (g *Group) Run(ctx context.Context) error {
 	if g.running.Swap(true) {
 		return errors.New("component: Run called twice")
@@ -110,7 +137,7 @@ func (g *Group) Run(ctx context.Context) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	type running struct {
-		stop context.CancelFunc
+		stop context.CancelCauseFunc
 		done chan struct{}
 	}
 	var (
@@ -121,7 +148,7 @@ func (g *Group) Run(ctx context.Context) error {
 	)
 	rs := make([]running, len(g.parts))
 	for i, p := range g.parts {
-		pctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		pctx, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 		rs[i] = running{stop: stop, done: make(chan struct{})}
 		go func() {
 			defer close(rs[i].done)
@@ -142,9 +169,24 @@ func (g *Group) Run(ctx context.Context) error {
 	case <-failed:
 	}
 	g.stopping.Store(true)
-	for i := len(rs) - 1; i >= 0; i-- {
-		rs[i].stop()
-		<-rs[i].done
+	cause := context.Cause(ctx)
+	if ctx.Err() == nil {
+		mu.Lock()
+		cause = first
+		mu.Unlock()
+	}
+	for end := len(rs); end > 0; {
+		start := end - 1
+		for start > 0 && g.stages[start-1] == g.stages[end-1] {
+			start--
+		}
+		for i := end - 1; i >= start; i-- {
+			rs[i].stop(cause)
+		}
+		for i := end - 1; i >= start; i-- {
+			<-rs[i].done
+		}
+		end = start
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -151,3 +151,89 @@ func TestGroupCloseWithoutRun(t *testing.T) {
 		t.Errorf("events %v", got)
 	}
 }
+
+// TestGroupStopsTogether: the parts of one AddTogether call are told to
+// stop at once (each here waits for the other to have been told), and the
+// part added before them stops once both have returned.
+func TestGroupStopsTogether(t *testing.T) {
+	r := &recorder{}
+	started := make(chan struct{}, 4)
+	told := map[string]chan struct{}{"b": make(chan struct{}), "c": make(chan struct{})}
+	together := func(name, other string) Func[status] {
+		return Func[status]{N: name, RunF: func(ctx context.Context) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			close(told[name])
+			select {
+			case <-told[other]:
+			case <-time.After(30 * time.Second):
+				r.note(name + " stopped alone")
+			}
+			r.note("stop " + name)
+			return nil
+		}}
+	}
+	var g Group
+	g.Add(part(r, "a", started))
+	g.AddTogether(together("b", "c"), together("c", "b"))
+	g.AddTogether()
+	g.Add(part(r, "d", started))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	for range 4 {
+		<-started
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	got := r.seen()
+	got = got[slices.Index(got, "stop d"):]
+	if len(got) < 4 || got[0] != "stop d" || !slices.Contains(got[1:3], "stop b") || !slices.Contains(got[1:3], "stop c") || got[3] != "stop a" {
+		t.Errorf("events %v, want d, then b and c, then a", got)
+	}
+}
+
+// TestGroupStopCause: the parts' contexts end with the cause of the stop,
+// the run context's or the error of the part that failed.
+func TestGroupStopCause(t *testing.T) {
+	causes := make(chan error, 2)
+	waiting := func(started chan<- struct{}) Func[status] {
+		return Func[status]{N: "waiting", RunF: func(ctx context.Context) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return nil
+		}}
+	}
+	t.Run("context", func(t *testing.T) {
+		started := make(chan struct{}, 1)
+		signal := errors.New("terminated")
+		var g Group
+		g.Add(waiting(started))
+		ctx, cancel := context.WithCancelCause(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(ctx) }()
+		<-started
+		cancel(signal)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-causes; !errors.Is(err, signal) {
+			t.Errorf("cause %v, want %v", err, signal)
+		}
+	})
+	t.Run("failure", func(t *testing.T) {
+		started := make(chan struct{}, 1)
+		boom := errors.New("boom")
+		var g Group
+		g.Add(waiting(started), Func[status]{N: "failing", RunF: func(context.Context) error { <-started; return boom }})
+		if err := g.Run(context.Background()); !errors.Is(err, boom) {
+			t.Fatalf("Run: %v", err)
+		}
+		if err := <-causes; !errors.Is(err, boom) {
+			t.Errorf("cause %v, want %v", err, boom)
+		}
+	})
+}
