@@ -138,7 +138,7 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 		records = edgetunnel.PoolRecords{Client: r.tun}
 	} else {
 		r.log.Warn("no --gateway: this node never leads its pool, it follows the leader the others elect (a node may only read the "+
-			"pool's election record, "+poolstore.LeaseNamespace+"/"+poolstore.LeaseName(pool)+"; the gateway writes it for the edges)", "pool", pool)
+			"pool's election record, "+poolstore.RecordNamespace+"/"+poolstore.ElectionRecordName(pool)+"; the gateway writes it for the edges)", "pool", pool)
 	}
 	return poolstore.New(poolstore.Options{
 		PeerConfig: poolstore.PeerConfig{Self: r.node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},

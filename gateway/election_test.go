@@ -38,7 +38,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	pc := pooltest.Start(t, pooltest.Options{Manifests: []string{"edge-rbac.yaml", "pool-rbac.yaml"},
 		Pools: map[string]string{"edge-1": "pool-a", "edge-2": "pool-a", "edge-3": "pool-b"}, Labels: map[string]string{nodewatch.EdgeLabel: "true"}})
 	cp, ctx := pc.ControlPlane, pc.Ctx
-	cms := cp.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+	cms := cp.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
 
 	// The gateway, as user tether-gateway.
 	cfg, ca := testConfig(t, cp.Kubeconfig(t, "tether-gateway", pc.GatewayCert))
@@ -98,20 +98,20 @@ func TestElectionThroughTunnel(t *testing.T) {
 	}
 	// The leader's sync record, written through its tunnel too.
 	eventually(t, "the leader's sync record in the cloud", func() bool {
-		cm, err := cms.Get(ctx, poolstore.SyncLeaseName("pool-a"), metav1.GetOptions{})
+		cm, err := cms.Get(ctx, poolstore.SyncRecordName("pool-a"), metav1.GetOptions{})
 		return err == nil && cm.Data["holderIdentity"] == first.node
 	})
 
 	// Refused: a node of pool-b taking pool-a's record, or creating
 	// pool-b's for another node; the follower releasing the leader's.
-	cm, err := cms.Get(ctx, poolstore.LeaseName("pool-a"), metav1.GetOptions{})
+	cm, err := cms.Get(ctx, poolstore.ElectionRecordName("pool-a"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := metav1.Now()
 	take := cm.DeepCopy()
 	poolstore.SetElectionRecord(take, poolstore.ElectionRecord{HolderIdentity: "edge-3", LeaseDurationSeconds: 15, AcquireTime: now, RenewTime: now})
-	elsewhere := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName("pool-b"), Namespace: poolstore.LeaseNamespace}}
+	elsewhere := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("pool-b"), Namespace: poolstore.RecordNamespace}}
 	poolstore.SetElectionRecord(elsewhere, poolstore.ElectionRecord{HolderIdentity: "edge-1", LeaseDurationSeconds: 15, AcquireTime: now, RenewTime: now})
 	release := cm.DeepCopy()
 	poolstore.SetElectionRecord(release, poolstore.ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
@@ -139,7 +139,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	if el, err := poolstore.ReadElection(ctx, cms, "pool-a"); err != nil || el.Holder != first.node {
 		t.Fatalf("pool-a's record after the refusals: %+v, %v; want %s's", el, err, first.node)
 	}
-	if _, err := cms.Get(ctx, poolstore.LeaseName("pool-b"), metav1.GetOptions{}); err == nil {
+	if _, err := cms.Get(ctx, poolstore.ElectionRecordName("pool-b"), metav1.GetOptions{}); err == nil {
 		t.Fatal("pool-b's record was created")
 	}
 	metrics := httpGet(t, admin+"/metrics")

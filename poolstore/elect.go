@@ -52,7 +52,7 @@ type ElectionOptions struct {
 const jitterFactor = 1.2
 
 // Elector runs the pool's leader election on the record
-// LeaseNamespace/LeaseName(pool) in the cloud: only a node that reaches
+// RecordNamespace/ElectionRecordName(pool) in the cloud: only a node that reaches
 // the cloud can hold it. See lock.go for why the record is a ConfigMap.
 //
 // It is client-go's leader election (tools/leaderelection), on the same
@@ -104,7 +104,7 @@ func NewElector(o ElectionOptions) (*Elector, error) {
 	if o.Client == nil {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
-	cms := o.Client.ConfigMaps(LeaseNamespace)
+	cms := o.Client.ConfigMaps(RecordNamespace)
 	w := o.Records
 	if w == nil {
 		w = ClientRecords{ConfigMaps: cms}
@@ -136,7 +136,7 @@ func newElector(o ElectionOptions, get ConfigMapGetter, w RecordWriter, clk cloc
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Elector{o: o, lock: &recordLock{get: get, w: w, pool: o.Pool, name: LeaseName(o.Pool)}, clock: clk,
+	return &Elector{o: o, lock: &recordLock{get: get, w: w, pool: o.Pool, name: ElectionRecordName(o.Pool)}, clock: clk,
 		changed: make(chan struct{})}, nil
 }
 

@@ -15,7 +15,7 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 )
 
-// memConfigMaps is the ConfigMaps of LeaseNamespace in memory, with the
+// memConfigMaps is the ConfigMaps of RecordNamespace in memory, with the
 // apiserver's resourceVersion checks; while down, every call fails.
 type memConfigMaps struct {
 	mu   sync.Mutex
@@ -98,7 +98,7 @@ func (m *memConfigMaps) put(t *testing.T, rec ElectionRecord) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("p1"), Namespace: LeaseNamespace,
+	m.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1"), Namespace: RecordNamespace,
 		Annotations: map[string]string{ElectionAnnotation: string(raw)}}})
 }
 
@@ -106,7 +106,7 @@ func (m *memConfigMaps) put(t *testing.T, rec ElectionRecord) {
 func (m *memConfigMaps) record(t *testing.T) ElectionRecord {
 	t.Helper()
 	m.mu.Lock()
-	cm, ok := m.cms[LeaseName("p1")]
+	cm, ok := m.cms[ElectionRecordName("p1")]
 	m.mu.Unlock()
 	if !ok {
 		t.Fatal("no election record")
@@ -343,8 +343,8 @@ func TestElectorLosesLeadership(t *testing.T) {
 func TestRecordLockConflict(t *testing.T) {
 	cms := &memConfigMaps{}
 	cms.put(t, ElectionRecord{})
-	a := &recordLock{get: cms, w: ClientRecords{cms}, pool: "p1", name: LeaseName("p1")}
-	b := &recordLock{get: cms, w: ClientRecords{cms}, pool: "p1", name: LeaseName("p1")}
+	a := &recordLock{get: cms, w: ClientRecords{cms}, pool: "p1", name: ElectionRecordName("p1")}
+	b := &recordLock{get: cms, w: ClientRecords{cms}, pool: "p1", name: ElectionRecordName("p1")}
 	for _, l := range []*recordLock{a, b} {
 		if _, _, err := l.read(context.Background()); err != nil {
 			t.Fatal(err)
@@ -388,7 +388,7 @@ func TestReadElection(t *testing.T) {
 		t.Fatalf("no record: %v; want not found", err)
 	}
 	raw := `{"holderIdentity":"b","leaseDurationSeconds":15,"acquireTime":"2025-06-01T11:00:00Z","renewTime":"2025-06-01T12:00:00Z","leaderTransitions":4,"strategy":"","preferredHolder":""}`
-	cms.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("p1"), Namespace: LeaseNamespace,
+	cms.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1"), Namespace: RecordNamespace,
 		Annotations: map[string]string{ElectionAnnotation: raw}}})
 	el, err := ReadElection(context.Background(), cms, "p1")
 	if err != nil {

@@ -106,7 +106,7 @@ func TestElectorFollowOnly(t *testing.T) {
 		f.step(maxRetry)
 		f.wantLeader("", false)
 	}
-	if _, err := cms.Get(context.Background(), LeaseName("p1"), metav1.GetOptions{}); err == nil {
+	if _, err := cms.Get(context.Background(), ElectionRecordName("p1"), metav1.GetOptions{}); err == nil {
 		t.Fatal("a follower created the election record")
 	}
 	cms.put(t, ElectionRecord{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})

@@ -101,12 +101,12 @@ func TestElectionAndSource(t *testing.T) {
 
 	// A node identity may read the records but write none.
 	nodeClient, _, _ := cp.NodeClient(t, "edge-0")
-	nodeCMs := nodeClient.CoreV1().ConfigMaps(LeaseNamespace)
+	nodeCMs := nodeClient.CoreV1().ConfigMaps(RecordNamespace)
 	waitFor(t, 10*time.Second, "RBAC lets a node read the records", func() bool {
-		_, err := nodeCMs.Get(ctx, LeaseName("p1"), metav1.GetOptions{})
+		_, err := nodeCMs.Get(ctx, ElectionRecordName("p1"), metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("a node created its pool's election record: %v; want forbidden", err)
 	}
 
@@ -114,7 +114,7 @@ func TestElectionAndSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	records := ClientRecords{ConfigMaps: admin.ConfigMaps(LeaseNamespace)}
+	records := ClientRecords{ConfigMaps: admin.ConfigMaps(RecordNamespace)}
 	var cs []*candidate
 	for i := range 3 {
 		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i), records))
@@ -131,10 +131,10 @@ func TestElectionAndSource(t *testing.T) {
 	waitFor(t, 5*time.Second, "a new slice in the leader's store", func() bool { return countSlices(first.store) == 25 })
 	waitFor(t, 15*time.Second, "the sync mark", func() bool { return !first.store.SyncedAt().IsZero() })
 	waitFor(t, 5*time.Second, "the sync record in the cloud", func() bool {
-		rec, err := cp.Client.CoreV1().ConfigMaps(LeaseNamespace).Get(ctx, SyncLeaseName("p1"), metav1.GetOptions{})
+		rec, err := cp.Client.CoreV1().ConfigMaps(RecordNamespace).Get(ctx, SyncRecordName("p1"), metav1.GetOptions{})
 		return err == nil && rec.Data["holderIdentity"] == first.node
 	})
-	el, err := ReadElection(ctx, cp.Client.CoreV1().ConfigMaps(LeaseNamespace), "p1")
+	el, err := ReadElection(ctx, cp.Client.CoreV1().ConfigMaps(RecordNamespace), "p1")
 	if err != nil || el.Holder != first.node || !el.Expires.After(time.Now()) {
 		t.Fatalf("election record: %+v, %v", el, err)
 	}

@@ -18,12 +18,12 @@ import (
 // The election record lives in a ConfigMap, not a Lease: kube-apiserver's
 // NodeRestriction admission lets a node identity write no Lease but its
 // own in kube-node-lease, whatever RBAC grants. A ConfigMap in
-// LeaseNamespace with client-go's leader record annotation (the format of
+// RecordNamespace with client-go's leader record annotation (the format of
 // client-go's former ConfigMap lock) is what RBAC can grant.
 //
 // Nodes only read it, though: RBAC cannot tell one pool's record from
 // another's, nor admission the requesting node's pool, so a node allowed
-// to write ConfigMaps in LeaseNamespace could write every pool's. The
+// to write ConfigMaps in RecordNamespace could write every pool's. The
 // records are written on the node's behalf by a RecordWriter: in
 // tether-edge the gateway, through the tunnel, after checking that the
 // node is in the pool and that the record names it (gateway/election).
@@ -69,7 +69,7 @@ func SetElectionRecord(cm *corev1.ConfigMap, rec ElectionRecord) error {
 }
 
 // SyncRecord is the leader-informer-sync record,
-// LeaseNamespace/SyncLeaseName(pool): a ConfigMap whose data names the
+// RecordNamespace/SyncRecordName(pool): a ConfigMap whose data names the
 // leader and when its watches were last seen synced.
 type SyncRecord struct {
 	HolderIdentity       string    // data holderIdentity
@@ -105,10 +105,10 @@ func DecodeSyncRecord(cm *corev1.ConfigMap) (SyncRecord, error) {
 // RecordKind says which of its pool's records a write is for.
 type RecordKind uint8
 
-// The records of a pool, both ConfigMaps in LeaseNamespace.
+// The records of a pool, both ConfigMaps in RecordNamespace.
 const (
-	RecordElection RecordKind = 1 // LeaseName(pool): who leads
-	RecordSync     RecordKind = 2 // SyncLeaseName(pool): the leader's sync mark
+	RecordElection RecordKind = 1 // ElectionRecordName(pool): who leads
+	RecordSync     RecordKind = 2 // SyncRecordName(pool): the leader's sync mark
 )
 
 // RecordWrite is one write of a pool's record.
@@ -129,14 +129,14 @@ type RecordWriter interface {
 	WriteRecord(ctx context.Context, w RecordWrite) (*corev1.ConfigMap, error)
 }
 
-// ConfigMapGetter reads the ConfigMaps of LeaseNamespace: the
-// clientset's CoreV1().ConfigMaps(LeaseNamespace) or kube's
-// ConfigMaps(LeaseNamespace).
+// ConfigMapGetter reads the ConfigMaps of RecordNamespace: the
+// clientset's CoreV1().ConfigMaps(RecordNamespace) or kube's
+// ConfigMaps(RecordNamespace).
 type ConfigMapGetter interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error)
 }
 
-// ConfigMapWriter writes the ConfigMaps of LeaseNamespace, as
+// ConfigMapWriter writes the ConfigMaps of RecordNamespace, as
 // ConfigMapGetter reads them.
 type ConfigMapWriter interface {
 	Create(ctx context.Context, cm *corev1.ConfigMap, opts metav1.CreateOptions) (*corev1.ConfigMap, error)
@@ -149,7 +149,7 @@ var (
 )
 
 // ClientRecords is a RecordWriter that writes with a client of its own,
-// whose identity RBAC must let write ConfigMaps in LeaseNamespace: an
+// whose identity RBAC must let write ConfigMaps in RecordNamespace: an
 // administrator's or the gateway's, not a node's (the shipped
 // pool-rbac.yaml lets nodes only read them).
 type ClientRecords struct{ ConfigMaps ConfigMapWriter }
@@ -165,7 +165,7 @@ func (c ClientRecords) WriteRecord(ctx context.Context, w RecordWrite) (*corev1.
 }
 
 // recordLock reads the election record in the ConfigMap
-// LeaseNamespace/LeaseName(pool) and has it written.
+// RecordNamespace/ElectionRecordName(pool) and has it written.
 type recordLock struct {
 	get  ConfigMapGetter
 	w    RecordWriter
@@ -174,7 +174,7 @@ type recordLock struct {
 	cm   *corev1.ConfigMap // as last read or written: the next update's base
 }
 
-func (l *recordLock) String() string { return LeaseNamespace + "/" + l.name }
+func (l *recordLock) String() string { return RecordNamespace + "/" + l.name }
 
 // read reads the record, and its annotation as read (the elector compares
 // it with the last one to see a change).
@@ -205,7 +205,7 @@ func decodeRecord(cm *corev1.ConfigMap) (ElectionRecord, []byte, error) {
 }
 
 func (l *recordLock) create(ctx context.Context, rec ElectionRecord) error {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: l.name, Namespace: LeaseNamespace}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: l.name, Namespace: RecordNamespace}}
 	if err := SetElectionRecord(cm, rec); err != nil {
 		return err
 	}
@@ -244,18 +244,18 @@ type Election struct {
 }
 
 // ReadElection reads pool's election record from cms, the ConfigMaps of
-// LeaseNamespace (the gateway checks it before it writes a delegated
+// RecordNamespace (the gateway checks it before it writes a delegated
 // heartbeat). A pool without a record, or whose record names no holder,
 // is an error that apierrors.IsNotFound recognises.
 func ReadElection(ctx context.Context, cms ConfigMapGetter, pool string) (Election, error) {
-	name := LeaseName(pool)
+	name := ElectionRecordName(pool)
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return Election{}, err
 	}
 	rec, _, err := decodeRecord(cm)
 	if err != nil {
-		return Election{}, fmt.Errorf("election record %s/%s: %w", LeaseNamespace, name, err)
+		return Election{}, fmt.Errorf("election record %s/%s: %w", RecordNamespace, name, err)
 	}
 	if rec.HolderIdentity == "" {
 		return Election{}, apierrors.NewNotFound(corev1.Resource("configmaps"), name)

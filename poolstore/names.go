@@ -8,9 +8,9 @@ import "github.com/tether-edge/tether/internal/openyurt"
 const (
 	// PoolLabel on a Node names its pool.
 	PoolLabel = openyurt.PoolLabel
-	// LeaseNamespace holds the pools' election records (ConfigMaps: see
-	// lock.go).
-	LeaseNamespace = "tether-system"
+	// RecordNamespace holds the pools' records, election and sync: both
+	// are ConfigMaps, not Leases (lock.go says why).
+	RecordNamespace = "tether-system"
 	// DelegateHeartbeatAnnotation marks a node Lease written by the
 	// gateway on behalf of a node that lost the cloud.
 	DelegateHeartbeatAnnotation = openyurt.DelegateHeartbeatAnnotation
@@ -21,9 +21,11 @@ const (
 	DefaultPort = 10269
 )
 
-// LeaseName is the name of pool's election record in LeaseNamespace.
-func LeaseName(pool string) string { return "pool-" + pool }
+// ElectionRecordName is the name of pool's election record, a ConfigMap in
+// RecordNamespace: "pool-<pool>".
+func ElectionRecordName(pool string) string { return "pool-" + pool }
 
-// SyncLeaseName is the name of the record the leader of pool renews while
-// its watches are synced (leader-informer-sync).
-func SyncLeaseName(pool string) string { return "pool-" + pool + "-sync" }
+// SyncRecordName is the name of the record, a ConfigMap in RecordNamespace,
+// that the leader of pool renews while its watches are synced
+// (leader-informer-sync): "pool-<pool>-sync".
+func SyncRecordName(pool string) string { return "pool-" + pool + "-sync" }

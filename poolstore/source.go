@@ -137,20 +137,20 @@ func (s *Source) markSynced(ctx context.Context) {
 }
 
 // renewSyncLease writes the leader-informer-sync record,
-// LeaseNamespace/SyncLeaseName(pool): a ConfigMap (see lock.go) naming this
+// RecordNamespace/SyncRecordName(pool): a ConfigMap (see lock.go) naming this
 // node and the time its watches were last seen synced. It is read with
 // Client and written with Records, as the election record is.
 func (s *Source) renewSyncLease(ctx context.Context, now time.Time) error {
-	cms := s.o.Client.ConfigMaps(LeaseNamespace)
+	cms := s.o.Client.ConfigMaps(RecordNamespace)
 	w := s.o.Records
 	if w == nil {
 		w = ClientRecords{ConfigMaps: cms}
 	}
-	name := SyncLeaseName(s.o.Pool)
+	name := SyncRecordName(s.o.Pool)
 	data := SyncRecord{HolderIdentity: s.o.Node, RenewTime: now, LeaseDurationSeconds: syncLeaseSeconds}.Data()
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: LeaseNamespace}, Data: data}
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RecordNamespace}, Data: data}
 		_, err = w.WriteRecord(ctx, RecordWrite{Kind: RecordSync, Pool: s.o.Pool, Create: true, ConfigMap: cm})
 		return err
 	}

@@ -53,7 +53,7 @@ type poolRecord struct {
 
 // poolsRBAC says what `tetherctl pools` reads, for Forbidden errors.
 const poolsRBAC = "tetherctl pools needs list on nodes, list on leases in kube-node-lease and get on configmaps in " +
-	poolstore.LeaseNamespace + ": an admin kubeconfig has them, and so has the gateway's identity (packaging/kubernetes/gateway-rbac.yaml)"
+	poolstore.RecordNamespace + ": an admin kubeconfig has them, and so has the gateway's identity (packaging/kubernetes/gateway-rbac.yaml)"
 
 // pools prints the node pools: with --edge the pool part of the edges'
 // /status, otherwise what the cloud apiserver holds.
@@ -156,11 +156,11 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 	for i := range ps {
 		p := &ps[i]
 		g.Go(func() error {
-			el, err := poolstore.ReadElection(gctx, client.CoreV1().ConfigMaps(poolstore.LeaseNamespace), p.Pool)
+			el, err := poolstore.ReadElection(gctx, client.CoreV1().ConfigMaps(poolstore.RecordNamespace), p.Pool)
 			switch {
 			case apierrors.IsNotFound(err):
 			case err != nil:
-				return kubeError("get election record "+poolstore.LeaseNamespace+"/"+poolstore.LeaseName(p.Pool), err)
+				return kubeError("get election record "+poolstore.RecordNamespace+"/"+poolstore.ElectionRecordName(p.Pool), err)
 			default:
 				p.Election = &poolRecord{Holder: el.Holder, Renewed: el.Renewed, Expires: el.Expires, Expired: now.After(el.Expires)}
 			}
@@ -177,12 +177,12 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 // readSyncRecord reads pool's leader-informer-sync record (nil when there
 // is none, or it is not in the format poolstore writes).
 func readSyncRecord(ctx context.Context, client kubernetes.Interface, pool string, now time.Time) (*poolRecord, error) {
-	name := poolstore.SyncLeaseName(pool)
-	cm, err := client.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Get(ctx, name, metav1.GetOptions{})
+	name := poolstore.SyncRecordName(pool)
+	cm, err := client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	} else if err != nil {
-		return nil, kubeError("get sync record "+poolstore.LeaseNamespace+"/"+name, err)
+		return nil, kubeError("get sync record "+poolstore.RecordNamespace+"/"+name, err)
 	}
 	renewed, err := time.Parse(time.RFC3339Nano, cm.Data["renewTime"])
 	if err != nil || cm.Data["holderIdentity"] == "" {

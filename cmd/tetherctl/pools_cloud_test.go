@@ -76,7 +76,7 @@ func TestPoolsFromCloud(t *testing.T) {
 		t.Fatal(err)
 	}
 	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: nodeClient, Pool: "shop", Node: "edge-1",
-		Records: poolstore.ClientRecords{ConfigMaps: adminKube.ConfigMaps(poolstore.LeaseNamespace)}})
+		Records: poolstore.ClientRecords{ConfigMaps: adminKube.ConfigMaps(poolstore.RecordNamespace)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,12 +105,12 @@ func TestPoolsFromCloud(t *testing.T) {
 	rec, _ := json.Marshal(resourcelock.LeaderElectionRecord{HolderIdentity: "yard-1", LeaseDurationSeconds: 15,
 		AcquireTime: yardRenewed, RenewTime: yardRenewed})
 	for _, cm := range []*corev1.ConfigMap{
-		{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncLeaseName("shop")}, Data: map[string]string{
+		{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName("shop")}, Data: map[string]string{
 			"holderIdentity": "edge-1", "renewTime": synced.UTC().Format(time.RFC3339Nano), "leaseDurationSeconds": "30"}},
-		{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName("yard"),
+		{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("yard"),
 			Annotations: map[string]string{resourcelock.LeaderElectionRecordAnnotationKey: string(rec)}}},
 	} {
-		if _, err := admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		if _, err := admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -159,8 +159,8 @@ func (b *bench) heartbeats(ctx context.Context, res *results) error {
 // naming its leader (as the pool's election would have written it, valid
 // for an hour) and each offline member's Lease.
 func (b *bench) hbObjects(ctx context.Context, pools []hbPool) error {
-	cms := b.admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseNamespace}}
+	cms := b.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: poolstore.RecordNamespace}}
 	if _, err := b.admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
@@ -168,7 +168,7 @@ func (b *bench) hbObjects(ctx context.Context, pools []hbPool) error {
 	err := parallel(ctx, b.o.createParallel, len(pools), func(k int) error {
 		p := pools[k]
 		pool := poolOf(p.Leader)
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName(pool), Namespace: poolstore.LeaseNamespace}}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace}}
 		if err := poolstore.SetElectionRecord(cm, poolstore.ElectionRecord{HolderIdentity: edgeName(p.Leader),
 			LeaseDurationSeconds: 3600, AcquireTime: now, RenewTime: now}); err != nil {
 			return err

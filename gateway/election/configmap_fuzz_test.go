@@ -24,12 +24,12 @@ import (
 func FuzzParseConfigMap(f *testing.F) {
 	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	election := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
-		ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName("p1"), Namespace: poolstore.LeaseNamespace, ResourceVersion: "17"}}
+		ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("p1"), Namespace: poolstore.RecordNamespace, ResourceVersion: "17"}}
 	if err := poolstore.SetElectionRecord(election, poolstore.ElectionRecord{HolderIdentity: "edge-1", LeaseDurationSeconds: 15,
 		AcquireTime: metav1.NewTime(now.Add(-time.Minute)), RenewTime: metav1.NewTime(now.Add(time.Hour)), LeaderTransitions: 2}); err != nil {
 		f.Fatal(err)
 	}
-	sync := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncLeaseName("p1")},
+	sync := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName("p1")},
 		Data: map[string]string{"leader": "edge-1"}}
 	for _, cm := range []*corev1.ConfigMap{election, sync} {
 		b, err := json.Marshal(cm)
@@ -54,11 +54,11 @@ func FuzzParseConfigMap(f *testing.F) {
 			}
 			return
 		}
-		want := poolstore.LeaseName(pool)
+		want := poolstore.ElectionRecordName(pool)
 		if req.Record == tunnel.RecordSync {
-			want = poolstore.SyncLeaseName(pool)
+			want = poolstore.SyncRecordName(pool)
 		}
-		if got.Name != want || got.Namespace != poolstore.LeaseNamespace ||
+		if got.Name != want || got.Namespace != poolstore.RecordNamespace ||
 			(req.Op == tunnel.ElectionUpdate && got.ResourceVersion == "") ||
 			(got.Kind != "" && got.Kind != "ConfigMap") || (got.APIVersion != "" && got.APIVersion != "v1") {
 			t.Fatalf("accepted %s/%s (%s %s, resourceVersion %q) as pool %q's %s record", got.Namespace, got.Name,
@@ -91,7 +91,7 @@ func FuzzParseConfigMap(f *testing.F) {
 			t.Fatalf("written election record does not decode: %v", err)
 		}
 		if rec.HolderIdentity != sender || rec.RenewTime.After(now) || rec.AcquireTime.After(now) ||
-			out.Name != want || out.Namespace != poolstore.LeaseNamespace {
+			out.Name != want || out.Namespace != poolstore.RecordNamespace {
 			t.Fatalf("a new record %s/%s from %q: %+v (now %v)", out.Namespace, out.Name, sender, rec, now)
 		}
 	})

@@ -2,9 +2,9 @@
 // elections on behalf of the edges, which may only read them.
 //
 // A pool's election record is the ConfigMap tether-system/pool-<pool>
-// (poolstore.LeaseName; client-go's leader record in its annotation), and
+// (poolstore.ElectionRecordName; client-go's leader record in its annotation), and
 // its leader's sync mark tether-system/pool-<pool>-sync
-// (poolstore.SyncLeaseName; holder and renewTime in its data). They are
+// (poolstore.SyncRecordName; holder and renewTime in its data). They are
 // ConfigMaps because NodeRestriction lets a node identity write no Lease
 // but its own. If nodes wrote them, any node could write any pool's: RBAC
 // cannot tell the pools' ConfigMaps apart (create cannot be limited by
@@ -135,7 +135,7 @@ func New(o Options) (*Handler, error) {
 	}
 	records := o.Records
 	if records == nil {
-		records = o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+		records = o.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
 	}
 	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: o.Nodes, Records: records},
@@ -244,7 +244,7 @@ func (h *Handler) elect(ctx context.Context, sender string, req tunnel.ElectionR
 }
 
 func (h *Handler) configMaps() typedcorev1.ConfigMapInterface {
-	return h.client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+	return h.client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
 }
 
 // parseConfigMap decodes the sent ConfigMap and checks that it is the
@@ -257,15 +257,15 @@ func parseConfigMap(req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
 	if (cm.APIVersion != "" && cm.APIVersion != "v1") || (cm.Kind != "" && cm.Kind != "ConfigMap") {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "a %s %s, not a ConfigMap", cm.APIVersion, cm.Kind)
 	}
-	want := poolstore.LeaseName(req.Pool)
+	want := poolstore.ElectionRecordName(req.Pool)
 	if req.Record == tunnel.RecordSync {
-		want = poolstore.SyncLeaseName(req.Pool)
+		want = poolstore.SyncRecordName(req.Pool)
 	}
-	if (cm.Namespace != "" && cm.Namespace != poolstore.LeaseNamespace) || cm.Name != want {
+	if (cm.Namespace != "" && cm.Namespace != poolstore.RecordNamespace) || cm.Name != want {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "ConfigMap %s/%s is not pool %s's %s record %s/%s", cm.Namespace, cm.Name,
-			req.Pool, req.Record, poolstore.LeaseNamespace, want)
+			req.Pool, req.Record, poolstore.RecordNamespace, want)
 	}
-	cm.Namespace = poolstore.LeaseNamespace
+	cm.Namespace = poolstore.RecordNamespace
 	if req.Op == tunnel.ElectionUpdate && cm.ResourceVersion == "" {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "an update of %s/%s names no resourceVersion", cm.Namespace, cm.Name)
 	}
@@ -345,7 +345,7 @@ func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur
 // create one, a ConfigMap with nothing but sent's name.
 func newObject(sent, cur *corev1.ConfigMap) *corev1.ConfigMap {
 	if cur == nil {
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: poolstore.LeaseNamespace}}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: poolstore.RecordNamespace}}
 	}
 	out := cur.DeepCopy()
 	out.ResourceVersion = sent.ResourceVersion

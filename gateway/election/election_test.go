@@ -58,7 +58,7 @@ func newCluster(t *testing.T) *cluster {
 // record is an election record ConfigMap for pool as the edge's elector
 // sends it.
 func record(pool, rv string, rec poolstore.ElectionRecord) *corev1.ConfigMap {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName(pool), Namespace: poolstore.LeaseNamespace, ResourceVersion: rv}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace, ResourceVersion: rv}}
 	if err := poolstore.SetElectionRecord(cm, rec); err != nil {
 		panic(err)
 	}
@@ -67,7 +67,7 @@ func record(pool, rv string, rec poolstore.ElectionRecord) *corev1.ConfigMap {
 
 // syncRecord is a sync record ConfigMap for pool as the edge sends it.
 func syncRecord(pool, rv string, rec poolstore.SyncRecord) *corev1.ConfigMap {
-	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncLeaseName(pool), Namespace: poolstore.LeaseNamespace,
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName(pool), Namespace: poolstore.RecordNamespace,
 		ResourceVersion: rv}, Data: rec.Data()}
 }
 
@@ -104,7 +104,7 @@ func (c *cluster) stored(rep tunnel.ElectionReply) *corev1.ConfigMap {
 // (nil if there is none).
 func (c *cluster) get(name string) *corev1.ConfigMap {
 	c.t.Helper()
-	cm, err := c.admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Get(c.ctx, name, metav1.GetOptions{})
+	cm, err := c.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(c.ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -116,7 +116,7 @@ func (c *cluster) get(name string) *corev1.ConfigMap {
 
 func (c *cluster) electionRecord(pool string) poolstore.ElectionRecord {
 	c.t.Helper()
-	cm := c.get(poolstore.LeaseName(pool))
+	cm := c.get(poolstore.ElectionRecordName(pool))
 	if cm == nil {
 		c.t.Fatalf("no election record for %s", pool)
 	}
@@ -172,7 +172,7 @@ func TestElect(t *testing.T) {
 	// the version the edge last got back; data the edge sends is not.
 	cm.Labels = map[string]string{"team": "ops"}
 	cm.Annotations["note"] = "kept"
-	cm, err := c.admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Update(c.ctx, cm, metav1.UpdateOptions{})
+	cm, err := c.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Update(c.ctx, cm, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestConflict(t *testing.T) {
 	if cm := c.get("pool-shop"); cm.ResourceVersion != rv {
 		t.Fatalf("record written by a conflicting write: %+v", cm)
 	}
-	if err := c.admin.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Delete(c.ctx, "pool-shop", metav1.DeleteOptions{}); err != nil {
+	if err := c.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Delete(c.ctx, "pool-shop", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if rep := c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", record("shop", rv, held("edge-1", t0))); rep.Code != tunnel.Conflict {

@@ -79,7 +79,7 @@ func TestRateLimited(t *testing.T) {
 	if rep := send("edge-2", "edge-2"); rep.Code != tunnel.OK {
 		t.Fatalf("after the window: %+v, want ok", rep)
 	}
-	cm, err := client.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Get(ctx, poolstore.LeaseName("shop"), metav1.GetOptions{})
+	cm, err := client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, poolstore.ElectionRecordName("shop"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

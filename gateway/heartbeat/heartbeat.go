@@ -183,7 +183,7 @@ func New(o Options) (*Handler, error) {
 	}
 	records := o.Records
 	if records == nil {
-		records = o.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace)
+		records = o.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
 	}
 	h := &Handler{client: o.Client, leases: o.Leases, requests: o.Requests, maxWait: o.MaxWait, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: nodes, Records: records},

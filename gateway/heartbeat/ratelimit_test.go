@@ -33,7 +33,7 @@ func TestRateLimited(t *testing.T) {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{poolstore.PoolLabel: "pool-a"}}}
 	}
 	record := func(holder string) *corev1.ConfigMap {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName("pool-a"), Namespace: poolstore.LeaseNamespace}}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("pool-a"), Namespace: poolstore.RecordNamespace}}
 		if err := poolstore.SetElectionRecord(cm, poolstore.ElectionRecord{HolderIdentity: holder, LeaseDurationSeconds: 3600,
 			AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0)}); err != nil {
 			t.Fatal(err)
@@ -66,7 +66,7 @@ func TestRateLimited(t *testing.T) {
 		}
 	}
 	// member may send now, but is not looked at.
-	if _, err := client.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Update(ctx, record("member"), metav1.UpdateOptions{}); err != nil {
+	if _, err := client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Update(ctx, record("member"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	actions := len(client.Actions())

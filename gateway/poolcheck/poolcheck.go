@@ -95,7 +95,7 @@ func AsRefusal(err error) *Refusal {
 type Checker struct {
 	// Nodes tells the nodes' pools.
 	Nodes NodePools
-	// Records reads the ConfigMaps of poolstore.LeaseNamespace, where the
+	// Records reads the ConfigMaps of poolstore.RecordNamespace, where the
 	// election records are.
 	Records poolstore.ConfigMapGetter
 }
@@ -134,7 +134,7 @@ func (c Checker) Member(ctx context.Context, node, pool string) error {
 // Leader refuses unless sender holds pool's election record, unexpired
 // at now, read from the caller's clock.
 func (c Checker) Leader(ctx context.Context, sender, pool string, now time.Time) error {
-	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName(pool)
+	ref := poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName(pool)
 	el, err := poolstore.ReadElection(ctx, c.Records, pool)
 	switch {
 	case apierrors.IsNotFound(err):

@@ -56,7 +56,7 @@ func (m memRecords) Get(_ context.Context, name string, _ metav1.GetOptions) (*c
 // renew, of 15 s.
 func electionRecord(t *testing.T, pool, holder string, renew time.Time) *corev1.ConfigMap {
 	t.Helper()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.LeaseName(pool), Namespace: poolstore.LeaseNamespace}}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace}}
 	rec := poolstore.ElectionRecord{HolderIdentity: holder, LeaseDurationSeconds: 15,
 		AcquireTime: metav1.NewTime(renew), RenewTime: metav1.NewTime(renew)}
 	if err := poolstore.SetElectionRecord(cm, rec); err != nil {
@@ -111,10 +111,10 @@ func TestLeader(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	records := memRecords{cms: map[string]*corev1.ConfigMap{
-		poolstore.LeaseName("shop"): electionRecord(t, "shop", "edge-1", t0),
-		poolstore.LeaseName("yard"): electionRecord(t, "yard", "", t0), // released
+		poolstore.ElectionRecordName("shop"): electionRecord(t, "shop", "edge-1", t0),
+		poolstore.ElectionRecordName("yard"): electionRecord(t, "yard", "", t0), // released
 	}}
-	ref := poolstore.LeaseNamespace + "/" + poolstore.LeaseName("shop")
+	ref := poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("shop")
 	for _, tc := range []struct {
 		name         string
 		records      memRecords
@@ -129,9 +129,9 @@ func TestLeader(t *testing.T) {
 		{"holder, at expiry", records, "edge-1", "shop", t0.Add(15 * time.Second), tunnel.LeaderExpired,
 			"election record " + ref + " expired at 2025-03-01T12:00:15Z (now 2025-03-01T12:00:15Z)"},
 		{"no record", records, "edge-1", "depot", t0, tunnel.NotLeader,
-			"pool depot has no leader (election record " + poolstore.LeaseNamespace + "/" + poolstore.LeaseName("depot") + ")"},
+			"pool depot has no leader (election record " + poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("depot") + ")"},
 		{"released record", records, "yard-1", "yard", t0, tunnel.NotLeader,
-			"pool yard has no leader (election record " + poolstore.LeaseNamespace + "/" + poolstore.LeaseName("yard") + ")"},
+			"pool yard has no leader (election record " + poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("yard") + ")"},
 		{"apiserver error", memRecords{err: errors.New("connection refused")}, "edge-1", "shop", t0, tunnel.Unavailable,
 			"read election record " + ref + ": connection refused"},
 	} {

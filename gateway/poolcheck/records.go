@@ -22,7 +22,7 @@ import (
 // synced: Checker.Leader turns it into tunnel.Unavailable.
 var ErrRecordsNotSynced = errors.New("election record informer not synced yet")
 
-// RecordCache serves the ConfigMaps of poolstore.LeaseNamespace, where the
+// RecordCache serves the ConfigMaps of poolstore.RecordNamespace, where the
 // election records are, from an informer: Checker.Leader costs no GET. It
 // is a poolstore.ConfigMapGetter; its objects are trimmed to what
 // poolstore.ReadElection reads (name, version, the election annotation),
@@ -60,7 +60,7 @@ func (c *RecordCache) Run(ctx context.Context) error {
 	if c.ran.Swap(true) {
 		return errors.New("poolcheck: RecordCache.Run called twice")
 	}
-	inf := coreinformers.NewConfigMapInformer(c.client, poolstore.LeaseNamespace, c.resync, cache.Indexers{})
+	inf := coreinformers.NewConfigMapInformer(c.client, poolstore.RecordNamespace, c.resync, cache.Indexers{})
 	if err := inf.SetTransform(trimRecord); err != nil {
 		return fmt.Errorf("set election record transform: %w", err)
 	}
@@ -71,7 +71,7 @@ func (c *RecordCache) Run(ctx context.Context) error {
 		defer close(ran)
 		inf.RunWithContext(ctx)
 	}()
-	c.log.Info("watching election records", "namespace", poolstore.LeaseNamespace)
+	c.log.Info("watching election records", "namespace", poolstore.RecordNamespace)
 	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		c.synced.Store(true)
 		close(c.done)
@@ -107,7 +107,7 @@ func (c *RecordCache) Get(_ context.Context, name string, _ metav1.GetOptions) (
 	if !c.synced.Load() {
 		return nil, ErrRecordsNotSynced
 	}
-	obj, ok, err := (*c.store.Load()).GetByKey(poolstore.LeaseNamespace + "/" + name)
+	obj, ok, err := (*c.store.Load()).GetByKey(poolstore.RecordNamespace + "/" + name)
 	if err != nil {
 		return nil, fmt.Errorf("election record cache: %w", err)
 	}

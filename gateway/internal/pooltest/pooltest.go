@@ -74,7 +74,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	// The gateway's RBAC is seen by the authorizer a moment after it is
 	// stored.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := gw.CoreV1().ConfigMaps(poolstore.LeaseNamespace).Get(ctx, "none", metav1.GetOptions{})
+		_, err := gw.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, "none", metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			break
 		}
@@ -132,7 +132,7 @@ func (c *Cluster) Elect(pool, node string) (stop func()) {
 	}
 	c.t.Cleanup(stop)
 	poll(c.t, node+" leads "+pool, func() bool {
-		el, err := poolstore.ReadElection(c.Ctx, c.Client.CoreV1().ConfigMaps(poolstore.LeaseNamespace), pool)
+		el, err := poolstore.ReadElection(c.Ctx, c.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace), pool)
 		return err == nil && el.Holder == node
 	})
 	return stop

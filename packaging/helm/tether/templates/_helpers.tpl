@@ -13,7 +13,7 @@ app.kubernetes.io/part-of: tether
 {{/*
 tether.namespace is the release's namespace, which must be tether-system:
 tether-gateway and tether-edge keep the pools' election records there
-(poolstore.LeaseNamespace), and the RBAC grants them access there.
+(poolstore.RecordNamespace), and the RBAC grants them access there.
 */}}
 {{- define "tether.namespace" -}}
 {{- if ne .Release.Namespace "tether-system" -}}
