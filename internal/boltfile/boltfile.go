@@ -3,7 +3,8 @@
 // cloud or the pool's leader has; a damaged one must never stop the node
 // (bbolt panics on some corrupt pages, so a plain bolt.Open crash-loops
 // the service on every restart). Open reads the whole file before it is
-// used, with memory faults turned into panics it recovers; a file that
+// used, with memory faults turned into panics it recovers, after a check
+// of its page graph that cannot loop (pages.go); a file that
 // fails is renamed <file>.corrupt-<UTC time> (only the newest such file is
 // kept) and a fresh one is created. Errors of the environment (the file
 // locked by another process, permissions, a read-only or full disk) leave
@@ -49,8 +50,9 @@ type Aside struct {
 }
 
 // Open opens the bbolt file at path, creating it and its directory as
-// needed. It walks every bucket, key and value, runs bbolt's consistency
-// check and o.Init. A file that fails is renamed (aside says where and
+// needed. It checks the page graph (every page reached once, inside the
+// file, of the right type, its elements inside it), walks every bucket,
+// key and value, runs bbolt's consistency check and o.Init. A file that fails is renamed (aside says where and
 // why; the caller logs it) and replaced by a fresh one; an error of the
 // environment is returned as is (errors.Is ErrLocked for a lock timeout)
 // and the file left alone.
@@ -115,9 +117,11 @@ func globEscape(p string) string {
 	return string(out)
 }
 
-// openChecked opens the file, walks every bucket and value in it, runs
-// bbolt's consistency check and o.Init, with panics (memory faults of
-// the map included) recovered as errors.
+// openChecked opens the file, checks its page graph before bbolt reads
+// it (under bbolt's lock, taken first on the same descriptor), walks
+// every bucket and value in it, runs bbolt's consistency check and
+// o.Init, with panics (memory faults of the map included) recovered as
+// errors.
 func openChecked(path string, o Options) (db *bolt.DB, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -129,6 +133,7 @@ func openChecked(path string, o Options) (db *bolt.DB, err error) {
 		}
 	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	o.Bolt.OpenFile = lockedOpener(o.Bolt.OpenFile, o.Bolt.ReadOnly, o.Bolt.Timeout, o.Bolt.PageSize)
 	db, err = bolt.Open(path, 0o600, &o.Bolt)
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w (is another tether-edge running with this data directory?): %w", ErrLocked, err)
