@@ -64,11 +64,26 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 	return servedCache
 }
 
+// cloudState is what the proxy knew of the cloud when it began to serve
+// a watch itself; it decides what ends the hold (see hold).
+type cloudState uint8
+
+const (
+	// cloudOffline: the health checks failed; the hold ends when they
+	// pass again.
+	cloudOffline cloudState = iota
+	// cloudSilent: the health checks still pass, but the cloud did not
+	// answer the watch or its watch broke; the hold also ends when a
+	// recheck finds the cloud healthy.
+	cloudSilent
+)
+
 // serveWatch serves a watch offline: with sendInitialEvents, the cached
 // objects as ADDED events and the bookmark that ends them; then nothing,
-// until hold lets it end. offline is false when the health checks still
-// pass but the cloud did not answer; why says why, as for serveRead.
-func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, comp string, start time.Time, offline bool, why string) string {
+// until hold lets it end. cloud is why the cloud is not asked (the
+// health checks failed, or it did not answer); why says so to a client
+// that is refused, as for serveRead.
+func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, comp string, start time.Time, cloud cloudState, why string) string {
 	scope, err := req.scope(r)
 	if err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
@@ -91,7 +106,7 @@ func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, 
 	w.WriteHeader(http.StatusOK)
 	w.Write(events)
 	http.NewResponseController(w).Flush()
-	p.hold(r, start, offline)
+	p.hold(r, start, cloud)
 	return servedCache
 }
 
@@ -101,7 +116,7 @@ func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, 
 // cloud healthy), its timeoutSeconds ends, or the client goes. It waits
 // on channels and timers only: no polling loop. The end is then jittered
 // so that clients do not all come back at once.
-func (p *Proxy) hold(r *http.Request, start time.Time, offline bool) {
+func (p *Proxy) hold(r *http.Request, start time.Time, cloud cloudState) {
 	held := p.m.watchesOpen.WithLabelValues("held")
 	held.Inc()
 	defer held.Dec()
@@ -114,7 +129,7 @@ func (p *Proxy) hold(r *http.Request, start time.Time, offline bool) {
 	}
 	recheck := p.clock.NewTicker(p.recheck)
 	defer recheck.Stop()
-	sawUnhealthy := offline
+	sawUnhealthy := cloud == cloudOffline
 wait:
 	for {
 		changed := p.up.Changed()

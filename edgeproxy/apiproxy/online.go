@@ -20,12 +20,20 @@ import (
 	"github.com/tether-edge/tether/internal/localapi"
 )
 
-// forwardRead relays a get or list to the cloud (or, viaPool, to the node
-// pool's replica) and caches the answer. When that does not answer at all
+// readVia says where a cacheable read is relayed from.
+type readVia uint8
+
+const (
+	viaCloud readVia = iota // the cloud's kube-apiserver
+	viaPool                 // the node pool's replica (poolstore), on the leader
+)
+
+// forwardRead relays a get or list from the cloud or the node pool's
+// replica (via) and caches the answer. When that does not answer at all
 // it is served from the cache.
-func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, comp string, viaPool bool) string {
+func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, comp string, via readVia) string {
 	scope, scopeErr := req.scope(r)
-	resp, err := p.readTrip(r, req, viaPool)
+	resp, err := p.readTrip(r, req, via)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return servedError
@@ -66,13 +74,13 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 
 var hashSeed = maphash.MakeSeed()
 
-// readTrip sends a cacheable read to the cloud, or viaPool to the node
-// pool's replica.
+// readTrip sends a cacheable read to the cloud or to the node pool's
+// replica (via).
 //
 // A body of the client's is not sent: kube-apiserver ignores the body of
 // a get, list or watch (and the read transport takes none).
-func (p *Proxy) readTrip(r *http.Request, req request, viaPool bool) (*http.Response, error) {
-	if viaPool {
+func (p *Proxy) readTrip(r *http.Request, req request, via readVia) (*http.Response, error) {
+	if via == viaPool {
 		return p.pool.Transport().RoundTrip(withoutBody(poolRequest(r)))
 	}
 	rt := p.rt
@@ -175,22 +183,22 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 // event. If the cloud goes away mid-watch, the client's watch is held
 // open without events (see hold) instead of being broken; if the cloud
 // does not answer at all, the watch is served offline.
-func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string, viaPool bool) string {
+func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string, via readVia) string {
 	start := p.clock.Now()
-	if viaPool {
+	if via == viaPool {
 		ctx, stop := p.whilePoolServes(r.Context(), req.GVR)
 		defer stop()
 		r = r.WithContext(ctx)
 	}
 	scope, scopeErr := req.scope(r)
-	resp, err := p.readTrip(r, req, viaPool)
+	resp, err := p.readTrip(r, req, via)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return servedError
 		}
 		p.up.Kick()
 		p.log.Debug("apiserver did not answer a watch; serving it offline", "component", comp, "path", r.URL.Path, "err", err)
-		return p.serveWatch(w, r, req, comp, start, false, noAnswer(err))
+		return p.serveWatch(w, r, req, comp, start, cloudSilent, noAnswer(err))
 	}
 	defer resp.Body.Close()
 	rc := http.NewResponseController(w)
@@ -247,7 +255,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 			p.up.Kick()
 			p.log.Debug("watch from the apiserver broke; holding the client's watch open", "component", comp, "path", r.URL.Path, "err", err)
 			open.Dec()
-			p.hold(r, start, false)
+			p.hold(r, start, cloudSilent)
 			open.Inc()
 			return servedUpstream
 		}

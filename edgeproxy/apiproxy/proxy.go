@@ -250,10 +250,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 	}
 	switch {
 	case pool && req.Verb == verbWatch:
-		p.forwardWatch(w, r, req, comp, true)
+		p.forwardWatch(w, r, req, comp, viaPool)
 		return servedPool
 	case pool:
-		p.forwardRead(w, r, req, comp, true)
+		p.forwardRead(w, r, req, comp, viaPool)
 		return servedPool
 	case isUpgrade(r):
 		if !healthy {
@@ -264,14 +264,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 		return servedUpstream
 	case cached && req.Verb == verbWatch:
 		if !healthy {
-			return p.serveWatch(w, r, req, comp, p.clock.Now(), true, unreachableMessage)
+			return p.serveWatch(w, r, req, comp, p.clock.Now(), cloudOffline, unreachableMessage)
 		}
-		return p.forwardWatch(w, r, req, comp, false)
+		return p.forwardWatch(w, r, req, comp, viaCloud)
 	case cached:
 		if !healthy {
 			return p.serveRead(w, r, req, comp, unreachableMessage)
 		}
-		return p.forwardRead(w, r, req, comp, false)
+		return p.forwardRead(w, r, req, comp, viaCloud)
 	case p.isNodeLease(req) || isStatusWrite(req):
 		return p.write(w, r, req, comp, healthy)
 	case !healthy:
