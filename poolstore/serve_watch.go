@@ -102,7 +102,7 @@ func (wt *apiWatcher) start(ctx context.Context) error {
 			return err
 		}
 		if opts.AllowWatchBookmarks {
-			return wt.bookmark(true)
+			return wt.bookmark(localapi.InitialEventsEnd)
 		}
 		return nil
 	case send == nil && rv == 0:
@@ -165,7 +165,7 @@ func (wt *apiWatcher) follow(ctx context.Context, deadline <-chan time.Time) err
 			return nil
 		case <-changed:
 		case <-bookmarks:
-			if err := wt.bookmark(false); err != nil {
+			if err := wt.bookmark(localapi.ProgressBookmark); err != nil {
 				return err
 			}
 		}
@@ -259,13 +259,12 @@ func (wt *apiWatcher) matchesContent(raw json.RawMessage) bool {
 		(&scopeObject{resource: wt.req.resource, namespace: o.Namespace, name: o.Name, raw: raw}).Field)
 }
 
-// bookmark sends a BOOKMARK at afterRV; initialEnd marks the end of the
-// initial events.
-func (wt *apiWatcher) bookmark(initialEnd bool) error {
+// bookmark sends a BOOKMARK of kind bk at afterRV.
+func (wt *apiWatcher) bookmark(bk localapi.BookmarkKind) error {
 	if wt.afterRV == 0 {
 		return nil
 	}
-	wt.buf = localapi.AppendBookmark(wt.buf, wt.h.kind(wt.req.resource), wt.req.gvr.GroupVersion().String(), wt.afterRV, initialEnd)
+	wt.buf = localapi.AppendBookmark(wt.buf, wt.h.kind(wt.req.resource), wt.req.gvr.GroupVersion().String(), wt.afterRV, bk)
 	return wt.flush()
 }
 

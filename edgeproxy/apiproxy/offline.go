@@ -99,7 +99,7 @@ func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, 
 			refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
 			return servedRefused
 		}
-		events = localapi.AppendBookmark(events, info.Kind, info.APIVersion, info.MaxRV, true)
+		events = localapi.AppendBookmark(events, info.Kind, info.APIVersion, info.MaxRV, localapi.InitialEventsEnd)
 	}
 	p.m.hits.WithLabelValues(comp).Inc()
 	w.Header().Set("Content-Type", "application/json")

@@ -71,10 +71,21 @@ func AppendEvent(b []byte, typ string, obj []byte) []byte {
 	return append(b, "}\n"...)
 }
 
-// AppendBookmark appends a BOOKMARK event at resourceVersion rv for
-// objects of kind and apiVersion; initialEnd marks it as the end of a
-// watch's initial events (metav1.InitialEventsAnnotationKey).
-func AppendBookmark(b []byte, kind, apiVersion string, rv uint64, initialEnd bool) []byte {
+// BookmarkKind says what a BOOKMARK event marks.
+type BookmarkKind uint8
+
+const (
+	// ProgressBookmark marks progress only: a resourceVersion to resume
+	// the watch from.
+	ProgressBookmark BookmarkKind = iota
+	// InitialEventsEnd also ends a watch's initial events (with
+	// sendInitialEvents): it carries metav1.InitialEventsAnnotationKey.
+	InitialEventsEnd
+)
+
+// AppendBookmark appends a BOOKMARK event of kind bk at resourceVersion rv
+// for objects of kind and apiVersion.
+func AppendBookmark(b []byte, kind, apiVersion string, rv uint64, bk BookmarkKind) []byte {
 	b = append(b, `{"type":"BOOKMARK","object":{"kind":`...)
 	b = strconv.AppendQuote(b, kind)
 	b = append(b, `,"apiVersion":`...)
@@ -82,7 +93,7 @@ func AppendBookmark(b []byte, kind, apiVersion string, rv uint64, initialEnd boo
 	b = append(b, `,"metadata":{"resourceVersion":"`...)
 	b = strconv.AppendUint(b, rv, 10)
 	b = append(b, '"')
-	if initialEnd {
+	if bk == InitialEventsEnd {
 		b = append(b, `,"annotations":{"`+metav1.InitialEventsAnnotationKey+`":"true"}`...)
 	}
 	return append(b, "}}}\n"...)

@@ -39,8 +39,8 @@ func TestWriteList(t *testing.T) {
 func TestWatchEvents(t *testing.T) {
 	var b []byte
 	b = AppendEvent(b, Added, []byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a"}}`))
-	b = AppendBookmark(b, "Pod", "v1", 9, true)
-	b = AppendBookmark(b, "Pod", "v1", 10, false)
+	b = AppendBookmark(b, "Pod", "v1", 9, InitialEventsEnd)
+	b = AppendBookmark(b, "Pod", "v1", 10, ProgressBookmark)
 	b = AppendErrorEvent(b, apierrors.NewResourceExpired("too old resource version: 1"))
 	dec := json.NewDecoder(bytes.NewReader(b))
 	var evs []metav1.WatchEvent
