@@ -179,7 +179,7 @@ func (e *Elector) acquire(ctx context.Context) bool {
 // the record is released.
 func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) {
 	e.o.Logger.Info("pool leader: this node leads")
-	e.set(e.o.Node, true)
+	e.setLeader(e.o.Node)
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -191,7 +191,7 @@ func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) {
 	cancel()
 	if _, leading := e.Leader(); leading {
 		e.o.Logger.Info("pool leader: this node no longer leads")
-		e.set("", false)
+		e.setLeader("")
 	}
 	<-done
 	e.release()
@@ -329,11 +329,14 @@ func (e *Elector) reportLeader() {
 	e.reported = holder
 	if holder != e.o.Node {
 		e.o.Logger.Info("pool leader", "leader", holder)
-		e.set(holder, false)
+		e.setLeader(holder)
 	}
 }
 
-func (e *Elector) set(leader string, leading bool) {
+// setLeader sets the leader Leader reports: this node (it leads), another
+// node, or none ("").
+func (e *Elector) setLeader(leader string) {
+	leading := leader == e.o.Node // Node is never "" (newElector)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.leader == leader && e.leading == leading {

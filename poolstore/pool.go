@@ -143,14 +143,14 @@ func (p *Pool) lead(ctx context.Context) {
 		p.log.Error("pool term not started", "err", err)
 		return
 	}
-	p.setTerm(true)
-	defer p.setTerm(false)
+	p.setTermOpen(true)
+	defer p.setTermOpen(false)
 	p.log.Info("pool term started", "epoch", epoch)
 	NewSource(SourceOptions{Client: p.o.Client, Records: p.o.Records, Dynamic: p.o.Dynamic, Resources: p.o.Resources,
 		Store: p.o.Store, Pool: p.o.Pool, Node: p.o.Self, Logger: p.log}).Run(ctx)
 }
 
-func (p *Pool) setTerm(open bool) {
+func (p *Pool) setTermOpen(open bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.termOpen = open
