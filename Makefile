@@ -21,7 +21,8 @@ FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./tunnel:FuzzReadE
               ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff ./poolstore:FuzzReplicationStream \
               ./internal/localapi:FuzzParseRequest ./edgeproxy/apiproxy:FuzzParseRequest \
               ./edgeproxy/cache:FuzzRecord ./edgeproxy/cache:FuzzResourceInfo ./edgeproxy/cache:FuzzQueuedWrite \
-              ./gateway/heartbeat:FuzzParseLease ./gateway/election:FuzzParseConfigMap ./edgeproxy/apiproxy:FuzzOfflineWrite
+              ./gateway/heartbeat:FuzzParseLease ./gateway/election:FuzzParseConfigMap ./edgeproxy/apiproxy:FuzzOfflineWrite \
+              ./internal/boltfile:FuzzOpen
 CACHE      ?= $(or $(TETHER_CACHE_DIR),$(HOME)/.cache/tether)
 STATICCHECK_VERSION := $(shell awk '$$1 == "require" && $$2 == "honnef.co/go/tools" {print $$3}' tools/lint/go.mod)
 STATICCHECK := $(CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
