@@ -14,7 +14,7 @@ import (
 // that is not older.
 func (s *Store) Put(component string, gvr schema.GroupVersionResource, obj *Object) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
-		b, err := objectsBucket(tx, component, gvr, true)
+		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
 			return err
 		}
@@ -31,7 +31,7 @@ func (s *Store) Put(component string, gvr schema.GroupVersionResource, obj *Obje
 // replaces it whatever its resourceVersion.
 func (s *Store) PutLocal(component string, gvr schema.GroupVersionResource, obj *Object) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
-		b, err := objectsBucket(tx, component, gvr, true)
+		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
 			return err
 		}
@@ -50,7 +50,7 @@ func (s *Store) PutLocal(component string, gvr schema.GroupVersionResource, obj 
 // object just goes.
 func (s *Store) Delete(component string, gvr schema.GroupVersionResource, obj *Object, tombstone bool) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
-		b, err := objectsBucket(tx, component, gvr, true)
+		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
 			return err
 		}
@@ -75,7 +75,7 @@ func (s *Store) Delete(component string, gvr schema.GroupVersionResource, obj *O
 // 404 to a get of it.
 func (s *Store) Forget(component string, gvr schema.GroupVersionResource, namespace, name string) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
-		b, _ := objectsBucket(tx, component, gvr, false)
+		b := objectsBucket(tx, component, gvr)
 		if b == nil || b.Get([]byte(namespace+"/"+name)) == nil {
 			return nil
 		}
@@ -110,7 +110,7 @@ type List struct {
 // served again.
 func (s *Store) ApplyList(component string, gvr schema.GroupVersionResource, l List) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
-		b, err := objectsBucket(tx, component, gvr, true)
+		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
 			return err
 		}
@@ -139,7 +139,7 @@ func (s *Store) ApplyList(component string, gvr schema.GroupVersionResource, l L
 // served again, as ApplyList does).
 func (s *Store) Prune(component string, gvr schema.GroupVersionResource, scope Scope, rv uint64, keep map[string]bool) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
-		b, err := objectsBucket(tx, component, gvr, true)
+		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
 			return err
 		}

@@ -218,7 +218,7 @@ func TestTombstonesExpire(t *testing.T) {
 	tombstones := func() int {
 		n := 0
 		s.db.View(func(tx *bolt.Tx) error {
-			b, _ := objectsBucket(tx, "kubelet", pods, false)
+			b := objectsBucket(tx, "kubelet", pods)
 			return b.ForEach(func(_, v []byte) error {
 				if v[0] == flagTombstone {
 					n++

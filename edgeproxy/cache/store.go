@@ -346,18 +346,20 @@ fill:
 	}
 }
 
-// objectsBucket returns the bucket of one component's resource, creating
-// it when create is set (in a read-write transaction).
-func objectsBucket(tx *bolt.Tx, component string, gvr schema.GroupVersionResource, create bool) (*bolt.Bucket, error) {
-	top := tx.Bucket(bucketObjects)
-	if !create {
-		c := top.Bucket([]byte(component))
-		if c == nil {
-			return nil, nil
-		}
-		return c.Bucket(resourceKey(gvr)), nil
+// objectsBucket returns the bucket of one component's resource, nil if
+// there is none.
+func objectsBucket(tx *bolt.Tx, component string, gvr schema.GroupVersionResource) *bolt.Bucket {
+	c := tx.Bucket(bucketObjects).Bucket([]byte(component))
+	if c == nil {
+		return nil
 	}
-	c, err := top.CreateBucketIfNotExists([]byte(component))
+	return c.Bucket(resourceKey(gvr))
+}
+
+// createObjectsBucket returns the bucket of one component's resource,
+// creating it if need be (in a read-write transaction).
+func createObjectsBucket(tx *bolt.Tx, component string, gvr schema.GroupVersionResource) (*bolt.Bucket, error) {
+	c, err := tx.Bucket(bucketObjects).CreateBucketIfNotExists([]byte(component))
 	if err != nil {
 		return nil, err
 	}
@@ -546,7 +548,7 @@ func (s *Store) noteResource(tx *bolt.Tx, component string, gvr schema.GroupVers
 func (s *Store) Get(component string, gvr schema.GroupVersionResource, namespace, name string) (*Object, error) {
 	var o *Object
 	err := s.db.View(func(tx *bolt.Tx) error {
-		b, _ := objectsBucket(tx, component, gvr, false)
+		b := objectsBucket(tx, component, gvr)
 		if b == nil {
 			return nil
 		}
@@ -591,7 +593,7 @@ func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Sc
 			found = false
 			return nil
 		}
-		b, _ := objectsBucket(tx, component, gvr, false)
+		b := objectsBucket(tx, component, gvr)
 		if b == nil {
 			return nil
 		}
