@@ -125,7 +125,7 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 		// an ECDSA key: exactly these two usages.
 		Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
 		SignerName: ClientSignerName,
-		Issued:     func(cert *tls.Certificate) { c.set(cert, true) },
+		Issued:     func(cert *tls.Certificate) { c.set(cert, certIssued) },
 		Failed:     func(error) { failures.Inc() },
 		Logger:     c.log,
 	})
@@ -133,7 +133,7 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 		return nil, fmt.Errorf("node client certificate: %w", err)
 	}
 	if cert := c.m.Current(); cert != nil {
-		c.set(cert, false)
+		c.set(cert, certFromDataDir)
 	} else {
 		c.log.Info("requesting this node's client certificate through the CSR API; an approver (kube-controller-manager's csrapproving, or an operator: kubectl certificate approve) must approve it",
 			"subject", "CN="+cn+",O=system:nodes", "signer", ClientSignerName)
@@ -191,14 +191,22 @@ func (c *nodeCert) onRenew(f func()) {
 	c.renewed = append(c.renewed, f)
 }
 
-// set makes cert the one new handshakes present.
-func (c *nodeCert) set(cert *tls.Certificate, issued bool) {
+// certOrigin is where a node client certificate came from.
+type certOrigin uint8
+
+const (
+	certFromDataDir certOrigin = iota // kept from an earlier issue
+	certIssued                        // just issued through the CSR API
+)
+
+// set makes cert, from origin, the one new handshakes present.
+func (c *nodeCert) set(cert *tls.Certificate, origin certOrigin) {
 	first := c.cur.Swap(cert) == nil
 	if first {
 		close(c.ready)
 	}
 	msg := "node client certificate from --data-dir"
-	if issued {
+	if origin == certIssued {
 		msg = "node client certificate issued; new connections present it"
 	}
 	l := cert.Leaf

@@ -214,11 +214,9 @@ func (c *Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
-	checkAddr := func(flag, addr string, optional bool) {
+	// checkAddr checks a listen address that is set.
+	checkAddr := func(flag, addr string) {
 		if addr == "" {
-			if !optional {
-				bad("--%s is required", flag)
-			}
 			return
 		}
 		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
@@ -231,9 +229,12 @@ func (c *Config) Validate() error {
 	if c.KubeAPIBurst < 1 {
 		bad("--kube-api-burst %d: want at least 1", c.KubeAPIBurst)
 	}
-	checkAddr("tunnel-listen", c.TunnelListen, false)
-	checkAddr("dns-listen", c.DNSListen, true)
-	checkAddr("admin-listen", c.AdminListen, true)
+	if c.TunnelListen == "" {
+		bad("--tunnel-listen is required")
+	}
+	checkAddr("tunnel-listen", c.TunnelListen)
+	checkAddr("dns-listen", c.DNSListen)
+	checkAddr("admin-listen", c.AdminListen)
 	if c.ProxyPort < 0 || c.ProxyPort > 65535 {
 		bad("--proxy-port %d: want a port from 1 to 65535 (0 picks a free one, for tests)", c.ProxyPort)
 	}
