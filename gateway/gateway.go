@@ -1,14 +1,19 @@
 // Package gateway is tether-gateway: it wires the node watcher, the edge
-// registry, the QUIC tunnel server (with the delegated-heartbeat handler),
-// the transparent proxy, the cloud-side controllers and the admin HTTP
-// server into one process. See README.md for the data flow.
+// registry, the QUIC tunnel server (with the delegated-heartbeat and
+// election handlers), the transparent proxy, DNAT, DNS, the cloud-side
+// controllers and the admin HTTP server into one process. See README.md
+// for the data flow.
 //
 // New binds every listener, so that a port in use or a bad certificate
-// fails before anything runs; Run runs the parts in an errgroup until its
-// context ends, then shuts them down in order: the proxy and the tunnel
-// listener stop accepting, open streams drain for --shutdown-grace, the
-// tunnels are closed with tunnel.CloseShutdown, and the admin server stops
-// last so that /metrics and /readyz answer during the drain.
+// fails before anything runs, and builds the gateway's parts (parts.go);
+// Run runs them in a component.Group until its context ends or one fails.
+// The shutdown order is the group's (see New): the shutdown is logged;
+// then every part but the admin server is told to stop at once, as the
+// proxy's connections end only when the tunnel server, after draining
+// streams for --shutdown-grace, closes the tunnels with
+// tunnel.CloseShutdown (DNAT removes its rules meanwhile with
+// --cleanup-on-exit); the admin server stops last, so that /metrics and
+// /readyz (503, shutting down) answer during the drain.
 package gateway
 
 import (
@@ -18,15 +23,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/errgroup"
+	"github.com/quic-go/quic-go"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -47,6 +50,7 @@ import (
 	"github.com/tether-edge/tether/gateway/topology"
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/admin"
+	"github.com/tether-edge/tether/internal/component"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/netrules/vip"
@@ -59,6 +63,7 @@ type Gateway struct {
 	log     *slog.Logger
 	replica string
 	started time.Time
+	parts   component.Group // see New for the order
 
 	metrics  *prometheus.Registry
 	certs    *tlsSource
@@ -74,17 +79,12 @@ type Gateway struct {
 	dns   *dns.Server      // nil when --dns-listen is empty
 	dnsPC net.PacketConn
 	dnsLn net.Listener
-	hosts *dns.HostsWriter // nil without --hosts-configmap
 
-	updateTrigger *topology.Controller // nil without --enable-update-trigger
-	heartbeats    *heartbeat.Handler
-	records       *poolcheck.RecordCache    // election records, for both handlers
-	nodeLeases    cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
-	poolTaint     *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
-
-	running  atomic.Bool // Run has started the parts
-	synced   atomic.Bool // the node informer has synced
-	stopping atomic.Bool // Run's context has ended
+	heartbeats *heartbeat.Handler
+	elections  *election.Handler
+	records    *poolcheck.RecordCache    // election records, for both handlers
+	nodeLeases cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
+	poolTaint  *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
 }
 
 // Run is New followed by Run.
@@ -99,6 +99,20 @@ func Run(ctx context.Context, cfg Config) error {
 // New checks cfg, loads the certificates, builds the Kubernetes client and
 // binds the tunnel, proxy and admin listeners. If it fails, nothing is left
 // open.
+//
+// The parts (parts.go) run in g.parts, which starts them in this order
+// and stops them in the reverse one, the shutdown order of the package
+// doc:
+//  1. the admin server, which stops last, so that /metrics and /readyz
+//     answer while the others stop;
+//  2. the rest, in one stage that stops together (AddTogether), listed in
+//     the order New makes them: the ACME challenge server, the certificate
+//     renewal, the informers and controllers, the tunnel server, the
+//     proxy, DNAT, DNS and the hosts ConfigMap. The proxy's connections
+//     end only when the tunnel server closes the tunnels after
+//     --shutdown-grace, so neither may stop before the other starts to;
+//     DNAT removes its rules (--cleanup-on-exit) as the drain begins;
+//  3. the shutdown log line, which stops first.
 func New(cfg Config) (_ *Gateway, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
@@ -111,17 +125,23 @@ func New(cfg Config) (_ *Gateway, err error) {
 		log.Debug("effective configuration", "config", string(b))
 	}
 	g := &Gateway{cfg: cfg, log: log, replica: cfg.Replica, started: time.Now(), metrics: admin.NewRegistry()}
+	g.parts.Logger = log
 	if g.replica == "" {
 		if g.replica, err = os.Hostname(); err != nil {
 			return nil, fmt.Errorf("replica name: %w", err)
 		}
 	}
-	var closers []func() error
+	// The parts that stop together, as they are made; what they opened is
+	// closed again if New fails.
+	var parts []component.Component
+	add := func(ps []component.Component, err error) error {
+		parts = append(parts, ps...)
+		return err
+	}
 	defer func() {
 		if err != nil {
-			for _, c := range closers {
-				c()
-			}
+			g.parts.AddTogether(parts...)
+			g.parts.Close()
 		}
 	}()
 
@@ -133,16 +153,69 @@ func New(cfg Config) (_ *Gateway, err error) {
 			return nil, err
 		}
 	}
-	if cfg.ACME() {
-		if g.acmeLn, err = net.Listen("tcp", cfg.ACMEHTTPListen); err != nil {
-			return nil, fmt.Errorf("ACME HTTP-01 challenge listener (--acme-http-listen): %w", err)
-		}
-		closers = append(closers, g.acmeLn.Close)
-		if g.acmeLn, err = g.retrying("acme_http", g.acmeLn); err != nil {
+	if err := add(g.listenACME()); err != nil {
+		return nil, err
+	}
+	resetKey, err := g.loadCerts(client)
+	if err != nil {
+		return nil, err
+	}
+	parts = append(parts, g.certParts()...)
+	if client == nil {
+		if client, err = kubeClient(cfg); err != nil {
 			return nil, err
 		}
 	}
-	if g.certs, err = loadTLS(cfg, log, client, g.acmeLn); err != nil {
+	if err := add(g.newWatcher(client)); err != nil {
+		return nil, err
+	}
+	if err := add(g.newPoolHandlers(client)); err != nil {
+		return nil, err
+	}
+	if err := add(g.newTunnels(resetKey)); err != nil {
+		return nil, err
+	}
+	if err := add(g.newProxy()); err != nil {
+		return nil, err
+	}
+	if err := add(g.newDNAT(client)); err != nil {
+		return nil, err
+	}
+	if err := add(g.newDNS(client)); err != nil {
+		return nil, err
+	}
+	if cfg.AdminListen != "" {
+		ln, err := g.listenRetrying("admin", cfg.AdminListen, "admin listener")
+		if err != nil {
+			return nil, err
+		}
+		g.adminLn = ln
+		g.parts.Add(g.adminPart())
+	}
+	g.parts.AddTogether(parts...)
+	g.parts.Add(g.shutdownLog())
+	return g, nil
+}
+
+// listenACME binds the ACME HTTP-01 challenge listener, in ACME mode.
+func (g *Gateway) listenACME() ([]component.Component, error) {
+	if !g.cfg.ACME() {
+		return nil, nil
+	}
+	ln, err := g.listenRetrying("acme_http", g.cfg.ACMEHTTPListen, "ACME HTTP-01 challenge listener (--acme-http-listen)")
+	if err != nil {
+		return nil, err
+	}
+	g.acmeLn = ln
+	return []component.Component{g.acmeHTTPPart()}, nil
+}
+
+// loadCerts loads the certificates (loadTLS; client is nil unless ACME
+// keeps its state in a Secret), registers their metrics and returns the
+// QUIC stateless reset key.
+func (g *Gateway) loadCerts(client kubernetes.Interface) (*quic.StatelessResetKey, error) {
+	var err error
+	if g.certs, err = loadTLS(g.cfg, g.log, client, g.acmeLn); err != nil {
 		return nil, err
 	}
 	if err := g.metrics.Register(g.certs); err != nil {
@@ -152,30 +225,36 @@ func New(cfg Config) (_ *Gateway, err error) {
 	// cannot reset the connections of this process (they end by the idle
 	// timeout instead); later restarts can again. In ACME mode the key is
 	// read from (or made once in) the ACME storage.
-	rctx, cancelReset := context.WithTimeout(context.Background(), 30*time.Second)
-	resetKey, err := g.certs.resetKey(rctx)
-	cancelReset()
-	if err != nil {
-		return nil, err
-	}
-	if client == nil {
-		if client, err = kubeClient(cfg); err != nil {
-			return nil, err
-		}
-	}
-	sel, err := labels.Parse(cfg.EdgeSelector)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return g.certs.resetKey(ctx)
+}
+
+// newWatcher makes the node watcher and, with --enable-update-trigger,
+// the topology update trigger.
+func (g *Gateway) newWatcher(client kubernetes.Interface) ([]component.Component, error) {
+	sel, err := labels.Parse(g.cfg.EdgeSelector)
 	if err != nil {
 		return nil, fmt.Errorf("--edge-selector: %w", err)
 	}
-	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: log, ResyncPeriod: 10 * time.Minute,
-		Policy: cfg.routePolicy(), GatewayHost: hostAddrs})
+	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: g.log, ResyncPeriod: 10 * time.Minute,
+		Policy: g.cfg.routePolicy(), GatewayHost: hostAddrs})
 	if err := g.metrics.Register(g.watcher); err != nil {
 		return nil, fmt.Errorf("register node watcher metrics: %w", err)
 	}
-	if cfg.EnableUpdateTrigger {
-		g.updateTrigger = topology.New(client, topology.Options{Logger: log.With("part", "update-trigger")})
+	ps := []component.Component{g.watcherPart()}
+	if g.cfg.EnableUpdateTrigger {
+		trigger := topology.New(client, topology.Options{Logger: g.log.With("part", "update-trigger")})
+		ps = append(ps, part{N: "update-trigger", RunF: trigger.Run})
 	}
+	return ps, nil
+}
 
+// newPoolHandlers makes the handlers of the node pools' delegated
+// heartbeats and election records, which the tunnel server serves, the
+// informers they read and the taint controller.
+func (g *Gateway) newPoolHandlers(client kubernetes.Interface) (_ []component.Component, err error) {
+	log := g.log
 	// The pools' election records, read from an informer by both
 	// handlers' leader checks.
 	g.records = poolcheck.NewRecordCache(client, 10*time.Minute, log.With("part", "election-records"))
@@ -184,20 +263,24 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if g.nodeLeases, err = pooltaint.NewLeaseInformer(client); err != nil {
 		return nil, err
 	}
+	ps := []component.Component{
+		part{N: "election-records", RunF: g.records.Run, ReadyF: g.records.Ready},
+		part{N: "node-leases", RunF: func(ctx context.Context) error { g.nodeLeases.RunWithContext(ctx); return nil }},
+	}
 	// Delegated heartbeats are always served: only a pool's leader may
 	// send them, and only for its pool's members. Their writes have a
 	// budget of their own (--kube-api-qps, --kube-api-burst), so that the
 	// taints their renewals cause, which come in a burst right after
 	// them, cannot starve them; a renewal that would wait past a second
 	// for a token fails at once.
-	hbClient, err := kubeClientWithLimiter(cfg, flowcontrol.NewFakeAlwaysRateLimiter())
+	hbClient, err := kubeClientWithLimiter(g.cfg, flowcontrol.NewFakeAlwaysRateLimiter())
 	if err != nil {
 		return nil, err
 	}
 	g.heartbeats, err = heartbeat.New(heartbeat.Options{
 		Client:     hbClient,
 		Leases:     g.nodeLeases,
-		Requests:   rate.NewLimiter(rate.Limit(cfg.KubeAPIQPS), cfg.KubeAPIBurst),
+		Requests:   rate.NewLimiter(rate.Limit(g.cfg.KubeAPIQPS), g.cfg.KubeAPIBurst),
 		Nodes:      watcherPools{g.watcher},
 		Records:    g.records,
 		Logger:     log.With("part", "delegated-heartbeats"),
@@ -209,7 +292,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 	// The pools' election records are written for the edges, which may
 	// only read them: a node's only if it is in the pool and the record
 	// names it.
-	elections, err := election.New(election.Options{
+	g.elections, err = election.New(election.Options{
 		Client:     client,
 		Nodes:      watcherPools{g.watcher},
 		Records:    g.records,
@@ -219,19 +302,25 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.DelegatedHeartbeatTaint {
+	if g.cfg.DelegatedHeartbeatTaint {
 		g.poolTaint, err = pooltaint.New(client, pooltaint.Options{
 			Leases:     g.nodeLeases,
-			Threshold:  cfg.DelegatedHeartbeatTaintRenewals,
+			Threshold:  g.cfg.DelegatedHeartbeatTaintRenewals,
 			Logger:     log.With("part", "delegated-heartbeat-taint"),
 			Registerer: g.metrics,
 		})
 		if err != nil {
 			return nil, err
 		}
+		ps = append(ps, part{N: "delegated-heartbeat-taint", RunF: g.poolTaint.Run})
 	}
+	return ps, nil
+}
 
-	g.registry = registry.New(registry.Options{MaxStreams: cfg.MaxStreamsPerEdge, Logger: log})
+// newTunnels makes the edge registry and binds the tunnel server.
+func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Component, err error) {
+	cfg := g.cfg
+	g.registry = registry.New(registry.Options{MaxStreams: cfg.MaxStreamsPerEdge, Logger: g.log})
 	if err := g.metrics.Register(g.registry); err != nil {
 		return nil, fmt.Errorf("register registry metrics: %w", err)
 	}
@@ -248,21 +337,24 @@ func New(cfg Config) (_ *Gateway, err error) {
 		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration, ReceiveBudget: cfg.receiveBudget()},
 		UDPBuffer:         int(cfg.UDPBuffer.Value()),
 		ShutdownGrace:     cfg.ShutdownGrace.Duration,
-		Logger:            log,
+		Logger:            g.log,
 		Registerer:        g.metrics,
 		Heartbeats:        g.heartbeats,
-		Elections:         elections,
+		Elections:         g.elections,
 	})
 	if err != nil {
 		return nil, err
 	}
-	closers = append(closers, g.tunnels.Close)
+	return []component.Component{g.tunnelPart()}, nil
+}
 
+// newProxy makes the transparent proxy and binds --proxy-port.
+func (g *Gateway) newProxy() (_ []component.Component, err error) {
 	g.proxy, err = proxy.New(g.registry, proxy.Options{
-		Mode:        nodewatch.Mode(cfg.Mode),
-		Zones:       cfg.DNSZones,
-		IdleTimeout: cfg.StreamIdleTimeout.Duration,
-		Logger:      log,
+		Mode:        nodewatch.Mode(g.cfg.Mode),
+		Zones:       g.cfg.DNSZones,
+		IdleTimeout: g.cfg.StreamIdleTimeout.Duration,
+		Logger:      g.log,
 		Registerer:  g.metrics,
 	})
 	if err != nil {
@@ -270,37 +362,11 @@ func New(cfg Config) (_ *Gateway, err error) {
 	}
 	// ":port" listens on every address, IPv6 and IPv4 (v4-mapped), which is
 	// what DNAT to the local machine needs.
-	g.proxyLn, err = net.Listen("tcp", ":"+strconv.Itoa(cfg.ProxyPort))
-	if err != nil {
+	if g.proxyLn, err = net.Listen("tcp", ":"+strconv.Itoa(g.cfg.ProxyPort)); err != nil {
 		return nil, fmt.Errorf("transparent listener: %w", err)
 	}
-	closers = append(closers, g.proxyLn.Close)
-
-	if err := g.newDNAT(cfg, client); err != nil {
-		return nil, err
-	}
-	if cfg.DNSListen != "" {
-		if err := g.newDNS(cfg); err != nil {
-			return nil, err
-		}
-		closers = append(closers, g.dnsPC.Close, g.dnsLn.Close)
-	}
-	if cfg.HostsConfigMap != "" {
-		ns, name, _ := dns.ParseConfigMapRef(cfg.HostsConfigMap) // checked by Validate
-		g.hosts = dns.NewHostsWriter(client, dns.HostsOptions{Namespace: ns, Name: name, Mode: nodewatch.Mode(cfg.Mode), CloudNodes: cfg.DNSCloudNodes, Logger: log})
-	}
-
-	if cfg.AdminListen != "" {
-		g.adminLn, err = net.Listen("tcp", cfg.AdminListen)
-		if err != nil {
-			return nil, fmt.Errorf("admin listener: %w", err)
-		}
-		closers = append(closers, g.adminLn.Close)
-		if g.adminLn, err = g.retrying("admin", g.adminLn); err != nil {
-			return nil, err
-		}
-	}
-	return g, nil
+	g.watcher.Subscribe(g.proxy.Update)
+	return []component.Component{g.proxyPart()}, nil
 }
 
 // TunnelAddr, ProxyAddr and AdminAddr are the bound listener addresses
@@ -330,92 +396,13 @@ func (g *Gateway) Metrics() *prometheus.Registry { return g.metrics }
 // Watcher is the node watcher; more consumers may Subscribe before Run.
 func (g *Gateway) Watcher() *nodewatch.Watcher { return g.watcher }
 
-// Run runs the gateway until ctx ends, then shuts down gracefully (see the
-// package doc). It returns the first error of any part, which also stops
-// the others. Run may be called once.
+// Run runs the gateway's parts until ctx ends, then shuts down gracefully
+// (see the package doc). It returns the first error of any part, which
+// also stops the others. Run may be called once.
 func (g *Gateway) Run(ctx context.Context) error {
-	if g.running.Swap(true) {
-		return errors.New("gateway: Run called twice")
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	g.log.Info("tether-gateway starting", "version", version.Version, "replica", g.replica,
 		"tunnel", g.tunnels.Addr().String(), "proxy", g.proxyLn.Addr().String(), "mode", g.cfg.Mode)
-
-	// The admin server outlives the others so that /metrics and /readyz
-	// answer while streams drain; it stops the whole gateway if it fails.
-	adminDone := make(chan error, 1)
-	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopAdmin()
-	if g.adminLn != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/", admin.New(admin.Options{Registry: g.metrics, Ready: g.Ready, Status: func() any { return g.Status() }, Profiling: g.cfg.Profiling, Logger: g.log}))
-		mux.HandleFunc("GET /ca.crt", g.certs.serveCA)
-		h := http.Handler(mux)
-		go func() {
-			err := admin.ServeListener(adminCtx, g.adminLn, h)
-			if adminCtx.Err() == nil {
-				err = fmt.Errorf("admin server stopped: %w", errors.Join(err, http.ErrServerClosed))
-				cancel(err)
-			}
-			adminDone <- err
-		}()
-	} else {
-		adminDone <- nil
-	}
-
-	// Consumers of node snapshots.
-	g.watcher.Subscribe(g.proxy.Update)
-	eg, ectx := errgroup.WithContext(ctx)
-	if g.dnat != nil {
-		g.watcher.Subscribe(g.dnat.Update)
-		eg.Go(func() error { return g.dnat.Run(ectx) })
-	}
-	if g.dns != nil {
-		g.watcher.Subscribe(g.dns.Update)
-		eg.Go(func() error { return g.dns.Serve(ectx, g.dnsPC, g.dnsLn) })
-	}
-	if g.hosts != nil {
-		g.watcher.Subscribe(g.hosts.Update)
-		eg.Go(func() error { return g.hosts.Run(ectx) })
-	}
-
-	if g.certs.ca != nil {
-		eg.Go(func() error { return g.certs.ca.Run(ectx) })
-	}
-	if g.certs.acme != nil {
-		eg.Go(func() error { return admin.ServeListener(ectx, g.acmeLn, g.certs.acme.HTTPHandler()) })
-		eg.Go(func() error { return g.certs.acme.Run(ectx) })
-	}
-	if g.updateTrigger != nil {
-		eg.Go(func() error { return g.updateTrigger.Run(ectx) })
-	}
-	if g.poolTaint != nil {
-		eg.Go(func() error { return g.poolTaint.Run(ectx) })
-	}
-	eg.Go(func() error { return g.watcher.Run(ectx) })
-	eg.Go(func() error { return g.records.Run(ectx) })
-	eg.Go(func() error { g.nodeLeases.RunWithContext(ectx); return nil })
-	eg.Go(func() error {
-		if err := g.watcher.WaitSynced(ectx); err == nil {
-			g.synced.Store(true)
-		}
-		return nil
-	})
-	eg.Go(func() error { return g.tunnels.Serve(ectx) })
-	eg.Go(func() error { return g.proxy.Serve(ectx, g.proxyLn) })
-	eg.Go(func() error {
-		<-ectx.Done()
-		g.stopping.Store(true)
-		g.log.Info("tether-gateway shutting down", "reason", context.Cause(ectx))
-		return nil
-	})
-	err := eg.Wait()
-	stopAdmin()
-	if aerr := <-adminDone; err == nil {
-		err = aerr
-	}
-	if err != nil {
+	if err := g.parts.Run(ctx); err != nil {
 		g.log.Error("tether-gateway stopped", "err", err)
 		return err
 	}
@@ -423,37 +410,24 @@ func (g *Gateway) Run(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports why the gateway cannot serve yet, or nil: its listeners
-// must be running, the node and election record informers synced, and
-// shutdown not begun.
-func (g *Gateway) Ready() error {
-	switch {
-	case g.stopping.Load():
-		return errors.New("shutting down")
-	case !g.running.Load():
-		return errors.New("listeners not running")
-	case !g.synced.Load():
-		return errors.New("node informer not synced")
-	case g.records.Ready() != nil:
-		return g.records.Ready()
-	case g.dnat != nil && !g.dnat.Ready():
-		return errors.New("DNAT rules not applied yet")
-	case g.certs.acme != nil:
-		return g.certs.acme.Ready()
-	}
-	return nil
-}
+// Ready reports why the gateway cannot serve yet, or nil: it must be
+// running and not shutting down, and every part that may not be ready
+// ready (parts.go: the node and election record informers synced, the
+// DNAT rules applied, an ACME certificate obtained). It names the parts
+// that are not.
+func (g *Gateway) Ready() error { return g.parts.Ready() }
 
 // newDNAT sets up the DNAT reconciler for --netrules (and, in vip mode,
 // the VIP assigner); none leaves g.dnat nil.
-func (g *Gateway) newDNAT(cfg Config, client kubernetes.Interface) error {
+func (g *Gateway) newDNAT(client kubernetes.Interface) (_ []component.Component, err error) {
+	cfg := g.cfg
 	if cfg.NetRules == netrules.KindNone {
 		g.log.Info("DNAT disabled (--netrules=none): traffic must reach --proxy-port some other way")
-		return nil
+		return nil, nil
 	}
 	rules, err := netrules.New(cfg.NetRules, netrules.Options{Logger: g.log})
 	if err != nil {
-		return fmt.Errorf("--netrules %s: %w", cfg.NetRules, err)
+		return nil, fmt.Errorf("--netrules %s: %w", cfg.NetRules, err)
 	}
 	o := dnat.Options{
 		Rules:         rules,
@@ -469,26 +443,42 @@ func (g *Gateway) newDNAT(cfg Config, client kubernetes.Interface) error {
 		cidr, _ := netip.ParsePrefix(cfg.VIPCIDR) // checked by Validate
 		o.VIPs = &dnat.VIPs{CIDR: cidr, Link: vip.Link{}, Patcher: dnat.APIPatcher{Client: client}, Logger: g.log}
 	}
-	g.dnat, err = dnat.New(o)
-	return err
+	if g.dnat, err = dnat.New(o); err != nil {
+		return nil, err
+	}
+	g.watcher.Subscribe(g.dnat.Update)
+	return []component.Component{g.dnatPart()}, nil
 }
 
-// newDNS binds the DNS server's sockets (UDP and TCP on one port).
-func (g *Gateway) newDNS(cfg Config) error {
-	opts := dns.Options{
-		Zones:      cfg.DNSZones,
-		TTL:        cfg.DNSTTL.Duration,
-		Mode:       nodewatch.Mode(cfg.Mode),
-		CloudNodes: cfg.DNSCloudNodes,
-		Logger:     g.log,
-		Registerer: g.metrics,
+// newDNS binds the DNS server's sockets (UDP and TCP on one port), with
+// --dns-listen, and makes the writer of the hosts ConfigMap, with
+// --hosts-configmap: both serve the node names.
+func (g *Gateway) newDNS(client kubernetes.Interface) ([]component.Component, error) {
+	cfg := g.cfg
+	var ps []component.Component
+	if cfg.DNSListen != "" {
+		pc, ln, err := dns.Listen(context.Background(), cfg.DNSListen)
+		if err != nil {
+			return nil, err
+		}
+		g.dns, g.dnsPC, g.dnsLn = dns.New(dns.Options{
+			Zones:      cfg.DNSZones,
+			TTL:        cfg.DNSTTL.Duration,
+			Mode:       nodewatch.Mode(cfg.Mode),
+			CloudNodes: cfg.DNSCloudNodes,
+			Logger:     g.log,
+			Registerer: g.metrics,
+		}), pc, ln
+		g.watcher.Subscribe(g.dns.Update)
+		ps = append(ps, g.dnsPart())
 	}
-	pc, ln, err := dns.Listen(context.Background(), cfg.DNSListen)
-	if err != nil {
-		return err
+	if cfg.HostsConfigMap != "" {
+		ns, name, _ := dns.ParseConfigMapRef(cfg.HostsConfigMap) // checked by Validate
+		hosts := dns.NewHostsWriter(client, dns.HostsOptions{Namespace: ns, Name: name, Mode: nodewatch.Mode(cfg.Mode), CloudNodes: cfg.DNSCloudNodes, Logger: g.log})
+		g.watcher.Subscribe(hosts.Update)
+		ps = append(ps, part{N: "hosts-configmap", RunF: hosts.Run})
 	}
-	g.dns, g.dnsPC, g.dnsLn = dns.New(opts), pc, ln
-	return nil
+	return ps, nil
 }
 
 // DNSAddr is the bound DNS address, nil when DNS is disabled.

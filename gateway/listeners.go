@@ -1,10 +1,27 @@
 package gateway
 
 import (
+	"fmt"
 	"net"
 
 	"github.com/tether-edge/tether/internal/accept"
 )
+
+// listenRetrying binds addr for one of the gateway's HTTP servers (admin,
+// ACME HTTP-01; what names it in an error) and wraps the listener
+// (retrying).
+func (g *Gateway) listenRetrying(name, addr, what string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	rln, err := g.retrying(name, ln)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return rln, nil
+}
 
 // retrying wraps ln, the listener of one of the gateway's HTTP servers
 // (admin, ACME HTTP-01), so that a failed accept (EMFILE and the like) is
