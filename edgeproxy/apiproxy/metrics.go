@@ -14,7 +14,7 @@ const (
 	servedQueued   = "queued"   // offline, kept for replay (status writes)
 	servedRefused  = "refused"  // offline, refused with 503
 	servedError    = "error"    // a bad request, or the cache failed
-	// servedPool (pool.go): from the node pool's replica.
+	// servedPool (viapool.go): from the node pool's replica.
 )
 
 type metrics struct {
