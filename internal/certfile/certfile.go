@@ -45,7 +45,10 @@ type Options struct {
 }
 
 // KeyPair is a certificate and its private key, read from PEM files.
-type KeyPair struct{ w watched[*tls.Certificate] }
+type KeyPair struct {
+	w      watched[*tls.Certificate]
+	loaded *tls.Certificate // the pair LoadKeyPair read, where Watch starts
+}
 
 // LoadKeyPair reads the certificate (with its chain) from certPath and the
 // key from keyPath; they must load now. Both may be the same file, as the
@@ -70,9 +73,11 @@ func LoadKeyPair(certPath, keyPath string, opts Options) (*KeyPair, error) {
 	}, func(c *tls.Certificate) []any {
 		return []any{"subject", c.Leaf.Subject.String(), "not_after", c.Leaf.NotAfter}
 	}, certPath, keyPath)
-	if _, err := k.w.get(); err != nil {
+	cert, err := k.w.get()
+	if err != nil {
 		return nil, err
 	}
+	k.loaded = cert
 	return k, nil
 }
 
@@ -95,9 +100,11 @@ func (k *KeyPair) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certif
 // with each new pair that loads. A client that keeps its connections open
 // (HTTP/2 to kube-apiserver) makes no handshake to notice a rotation by
 // itself; changed is where it moves to new connections before the old
-// certificate expires. changed runs on Watch's goroutine.
+// certificate expires. changed runs on Watch's goroutine. Watch compares
+// with the pair LoadKeyPair read, not with what the files hold when Watch
+// starts: a rotation in between is reported too.
 func (k *KeyPair) Watch(ctx context.Context, interval time.Duration, changed func(*tls.Certificate)) {
-	last, _ := k.w.get()
+	last := k.loaded
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -182,6 +182,40 @@ func TestKeyPairWatch(t *testing.T) {
 	expect("old")
 }
 
+// A rotation between LoadKeyPair and Watch's start is reported: Watch
+// compares with the pair that was loaded, not with what it finds when it
+// starts (the files rewritten before the watcher's goroutine ran went
+// unreported).
+func TestKeyPairWatchRotatedBeforeStart(t *testing.T) {
+	ca := testenv.MustCA(t, "certfile test")
+	path := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
+	old, next := issue(t, ca, "old"), issue(t, ca, "new")
+	write(t, path, append(old.CertPEM, old.KeyPEM...))
+	k, err := LoadKeyPair(path, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, path, append(next.CertPEM, next.KeyPEM...))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan string, 1)
+	go k.Watch(ctx, 10*time.Millisecond, func(c *tls.Certificate) {
+		select {
+		case got <- c.Leaf.Subject.CommonName:
+		default:
+		}
+		cancel()
+	})
+	select {
+	case cn := <-got:
+		if cn != "new" {
+			t.Errorf("changed to %q, want %q", cn, "new")
+		}
+	case <-ctx.Done():
+		t.Fatal("the rotation before Watch started was not reported")
+	}
+}
+
 // A rewrite that keeps the size and the inode is still seen.
 func TestKeyPairSameSizeRewrite(t *testing.T) {
 	ca := testenv.MustCA(t, "certfile test")
