@@ -242,11 +242,6 @@ func withStatusOf(base, from []byte) ([]byte, error) {
 	return json.Marshal(b)
 }
 
-// writeJSON writes a JSON answer.
-func writeJSON(w http.ResponseWriter, code int, body []byte) {
-	localapi.WriteJSON(w, code, body)
-}
-
 // writeStatus writes a metav1.Status failure, as kube-apiserver does.
 func writeStatus(w http.ResponseWriter, code int, reason metav1.StatusReason, details *metav1.StatusDetails, format string, args ...any) {
 	localapi.WriteStatus(w, &apierrors.StatusError{ErrStatus: metav1.Status{

@@ -17,7 +17,7 @@ import (
 // serveRead answers a get or list from the cache. why is why the cloud
 // does not answer it (unreachableMessage, or noAnswer); a refusal says it.
 func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, comp string, why string) string {
-	if req.Verb == verbGet {
+	if req.Verb == localapi.VerbGet {
 		o, err := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
 		if err != nil {
 			writeStatus(w, http.StatusInternalServerError, metav1.StatusReasonInternalError, nil, "tether-edge: read cache: %v", err)
@@ -35,7 +35,7 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 			return servedCache
 		}
 		p.m.hits.WithLabelValues(comp).Inc()
-		writeJSON(w, http.StatusOK, o.Raw)
+		localapi.WriteJSON(w, http.StatusOK, o.Raw)
 		return servedCache
 	}
 
@@ -252,7 +252,7 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 		p.store.Sync() // a get right after sees it
 		p.lastGet.Clear()
 	}
-	writeJSON(w, http.StatusOK, out)
+	localapi.WriteJSON(w, http.StatusOK, out)
 	return servedLocal
 }
 
@@ -271,7 +271,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 	var result, keep []byte
 	var err error
 	switch req.Verb {
-	case verbUpdate:
+	case localapi.VerbUpdate:
 		if keep, err = bodyJSON(ct, body); err != nil {
 			writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
 			return servedError
@@ -284,7 +284,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 				return servedError
 			}
 		}
-	case verbPatch:
+	case localapi.VerbPatch:
 		if cached == nil {
 			p.m.misses.WithLabelValues(comp).Inc()
 			return refused("%s is not cached, so a patch of its status cannot be kept", describe(req, r))
@@ -321,7 +321,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		Group: req.GVR.Group, Version: req.GVR.Version, Resource: req.GVR.Resource,
 		Namespace: req.Namespace, Name: req.Name, UID: uid, QueuedAt: p.clock.Now(),
 	}
-	if req.Verb == verbPatch && coalescible(ct) {
+	if req.Verb == localapi.VerbPatch && coalescible(ct) {
 		qw.Base = cached.Raw
 	}
 	if err := p.enqueue(qw, result); err != nil {
@@ -338,7 +338,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 	}
 	p.kickReplay()
 	p.log.Debug("status write queued", "component", comp, "object", describe(req, r), "seq", qw.Seq)
-	writeJSON(w, http.StatusOK, result)
+	localapi.WriteJSON(w, http.StatusOK, result)
 	return servedQueued
 }
 

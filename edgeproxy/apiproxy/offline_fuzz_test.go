@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // deadUpstream is a cloud that does not answer: unhealthy, or healthy
@@ -198,17 +199,17 @@ func FuzzOfflineWrite(f *testing.F) {
 			q.Namespace != req.Namespace || q.Resource != req.GVR.Resource || q.Component != "kubelet" {
 			t.Fatalf("%s %s queued as %+v", method, target, q)
 		}
-		if req.Verb == verbPatch && (!bytes.Equal(q.Body, body) || q.ContentType != ct) {
+		if req.Verb == localapi.VerbPatch && (!bytes.Equal(q.Body, body) || q.ContentType != ct) {
 			t.Fatalf("patch queued as %q (%s), sent %q (%s)", q.Body, q.ContentType, body, ct)
 		}
-		if req.Verb == verbUpdate && q.ContentType != "application/json" {
+		if req.Verb == localapi.VerbUpdate && q.ContentType != "application/json" {
 			t.Fatalf("update queued as %s", q.ContentType)
 		}
 		if before != nil && q.UID != before.UID {
 			t.Fatalf("queued with UID %q, the cache has %q", q.UID, before.UID)
 		}
 		var m map[string]json.RawMessage
-		if json.Unmarshal(q.Body, &m) != nil && req.Verb == verbUpdate {
+		if json.Unmarshal(q.Body, &m) != nil && req.Verb == localapi.VerbUpdate {
 			t.Fatalf("update queued with a body that is not JSON: %q", q.Body)
 		}
 	})

@@ -44,7 +44,7 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 	}
 	defer resp.Body.Close()
 	getKey := comp + " " + r.URL.Path
-	if resp.StatusCode == http.StatusNotFound && req.Verb == verbGet {
+	if resp.StatusCode == http.StatusNotFound && req.Verb == localapi.VerbGet {
 		p.store.Forget(comp, req.GVR, req.Namespace, req.Name)
 		p.lastGet.Delete(getKey)
 	}
@@ -59,7 +59,7 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 		body = p.relay(w, resp, cacheIt)
 	}
 	if body != nil {
-		if req.Verb == verbGet {
+		if req.Verb == localapi.VerbGet {
 			// The same answer as last time needs no decoding again.
 			h := maphash.Bytes(hashSeed, body)
 			if prev, ok := p.lastGet.Swap(getKey, h); ok && prev.(uint64) == h {
@@ -84,7 +84,7 @@ func (p *Proxy) readTrip(r *http.Request, req request, via readVia) (*http.Respo
 		return p.pool.Transport().RoundTrip(withoutBody(poolRequest(r)))
 	}
 	rt := p.rt
-	if req.Verb != verbWatch {
+	if req.Verb != localapi.VerbWatch {
 		rt = p.reads
 	}
 	return rt.RoundTrip(withoutBody(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion())))

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
+	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/statusapi"
 )
 
@@ -249,7 +250,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 		return servedRefused
 	}
 	switch {
-	case pool && req.Verb == verbWatch:
+	case pool && req.Verb == localapi.VerbWatch:
 		p.forwardWatch(w, r, req, comp, viaPool)
 		return servedPool
 	case pool:
@@ -262,7 +263,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp 
 		}
 		p.upgrade.ServeHTTP(w, r)
 		return servedUpstream
-	case cached && req.Verb == verbWatch:
+	case cached && req.Verb == localapi.VerbWatch:
 		if !healthy {
 			return p.serveWatch(w, r, req, comp, p.clock.Now(), cloudOffline, unreachableMessage)
 		}
@@ -293,13 +294,13 @@ func (p *Proxy) caches(r *http.Request, comp string) bool {
 
 // isNodeLease reports whether req renews this node's Lease.
 func (p *Proxy) isNodeLease(req request) bool {
-	return p.node != "" && req.Verb == verbUpdate && req.GVR == leasesGVR && req.Subresource == "" &&
+	return p.node != "" && req.Verb == localapi.VerbUpdate && req.GVR == leasesGVR && req.Subresource == "" &&
 		req.Namespace == "kube-node-lease" && req.Name == p.node
 }
 
 // isStatusWrite reports whether req writes the status of a Pod or a Node.
 func isStatusWrite(req request) bool {
-	return (req.Verb == verbUpdate || req.Verb == verbPatch) && req.Subresource == "status" &&
+	return (req.Verb == localapi.VerbUpdate || req.Verb == localapi.VerbPatch) && req.Subresource == "status" &&
 		(req.GVR == podsGVR || req.GVR == nodesGVR)
 }
 

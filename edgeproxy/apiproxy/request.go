@@ -11,19 +11,6 @@ import (
 	"github.com/tether-edge/tether/internal/localapi"
 )
 
-// Verbs, as kube-apiserver names them (localapi's).
-const (
-	verbGet              = localapi.VerbGet
-	verbList             = localapi.VerbList
-	verbWatch            = localapi.VerbWatch
-	verbCreate           = localapi.VerbCreate
-	verbUpdate           = localapi.VerbUpdate
-	verbPatch            = localapi.VerbPatch
-	verbDelete           = localapi.VerbDelete
-	verbDeleteCollection = localapi.VerbDeleteCollection
-	verbProxy            = localapi.VerbProxy
-)
-
 // request is what the proxy reads from a client's request: the API path
 // parsed into verb, resource and object (localapi.ParseRequest), with
 // what the proxy asks of it.
@@ -46,7 +33,7 @@ func (req request) cacheable(r *http.Request) bool {
 		return false
 	}
 	switch req.Verb {
-	case verbGet, verbList, verbWatch:
+	case localapi.VerbGet, localapi.VerbList, localapi.VerbWatch:
 	default:
 		return false
 	}

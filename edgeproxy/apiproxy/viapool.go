@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/openyurt"
 )
 
@@ -58,7 +59,7 @@ func (p *Proxy) fromPool(req request, r *http.Request, comp string, healthy bool
 	if in := internalOf(r); in != nil && in.NotFromPool {
 		return false
 	}
-	return p.pool != nil && (req.Verb == verbList || req.Verb == verbWatch) &&
+	return p.pool != nil && (req.Verb == localapi.VerbList || req.Verb == localapi.VerbWatch) &&
 		req.Subresource == "" && (p.caches(r, comp) || p.filtered(req, r, comp)) && p.pool.Serves(req.GVR, healthy)
 }
 
