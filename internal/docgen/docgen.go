@@ -506,3 +506,27 @@ func Uncommented(file []byte, flags []Flag) []byte {
 	}
 	return []byte(strings.Join(lines, "\n"))
 }
+
+// CheckConfigLoads has load read the program's config file twice, each
+// time written into dir: as it is, and Uncommented (every key set as
+// shown). It returns what load refused, naming the file and the variant.
+func (p Program) CheckConfigLoads(flags []Flag, dir string, load func(path string) error) error {
+	file, err := os.ReadFile(p.ConfigFile)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, filepath.Base(p.ConfigFile))
+	var errs []error
+	for _, v := range []struct {
+		name string
+		data []byte
+	}{{"as shipped", file}, {"every key uncommented", Uncommented(file, flags)}} {
+		if err := os.WriteFile(path, v.data, 0o600); err != nil {
+			return err
+		}
+		if err := load(path); err != nil {
+			errs = append(errs, fmt.Errorf("%s, %s: %w", p.ConfigFile, v.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
