@@ -135,16 +135,25 @@ func TestKeyPairRotation(t *testing.T) {
 	}
 }
 
-// Watch reports each rotation that loads, once, and nothing else.
-func TestKeyPairWatch(t *testing.T) {
+// kubeletPair loads a key pair from one file holding certificate and key,
+// as the kubelet keeps kubelet-client-current.pem, issued for "old"; next
+// is a pair for "new" to rotate to.
+func kubeletPair(t *testing.T) (path string, old, next *testenv.KeyPair, k *KeyPair) {
+	t.Helper()
 	ca := testenv.MustCA(t, "certfile test")
-	path := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
-	old, next := issue(t, ca, "old"), issue(t, ca, "new")
+	path = filepath.Join(t.TempDir(), "kubelet-client-current.pem")
+	old, next = issue(t, ca, "old"), issue(t, ca, "new")
 	write(t, path, append(old.CertPEM, old.KeyPEM...))
 	k, err := LoadKeyPair(path, path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return path, old, next, k
+}
+
+// Watch reports each rotation that loads, once, and nothing else.
+func TestKeyPairWatch(t *testing.T) {
+	path, old, next, k := kubeletPair(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	changes := make(chan string, 8)
 	done := make(chan struct{})
@@ -187,14 +196,7 @@ func TestKeyPairWatch(t *testing.T) {
 // starts (the files rewritten before the watcher's goroutine ran went
 // unreported).
 func TestKeyPairWatchRotatedBeforeStart(t *testing.T) {
-	ca := testenv.MustCA(t, "certfile test")
-	path := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
-	old, next := issue(t, ca, "old"), issue(t, ca, "new")
-	write(t, path, append(old.CertPEM, old.KeyPEM...))
-	k, err := LoadKeyPair(path, path, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	path, _, next, k := kubeletPair(t)
 	write(t, path, append(next.CertPEM, next.KeyPEM...))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
