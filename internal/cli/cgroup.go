@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -36,7 +37,7 @@ func cgroupMemoryMax(procCgroup, root string) (int64, bool, error) {
 		switch {
 		case parts[0] == "0" && parts[1] == "":
 			v2, haveV2 = parts[2], true
-		case hasController(parts[1], "memory"):
+		case slices.Contains(strings.Split(parts[1], ","), "memory"):
 			v1 = parts[2]
 		}
 	}
@@ -65,15 +66,6 @@ func cgroupMemoryMax(procCgroup, root string) (int64, bool, error) {
 			return limit, found, nil
 		}
 	}
-}
-
-func hasController(list, c string) bool {
-	for _, x := range strings.Split(list, ",") {
-		if x == c {
-			return true
-		}
-	}
-	return false
 }
 
 // readLimit reads a cgroup limit file: a number of bytes, or "max" (none).
