@@ -55,8 +55,15 @@ func TestLoopback(t *testing.T) {
 	if code := byUA(); code != http.StatusOK {
 		t.Errorf("online list by a local client: %d", code)
 	}
+	// The proxy counts a request once its handler returns, which may be
+	// just after the client has read the last byte of a response of known
+	// length: wait for the count.
 	for _, comp := range []string{PoolMembersClient.Name, PoolClient.Name, "other"} {
-		if n := e.metric("tether_edge_apiserver_requests_total", "component", comp, "verb", "list", "served", "upstream"); n != 1 {
+		n := e.metric("tether_edge_apiserver_requests_total", "component", comp, "verb", "list", "served", "upstream")
+		for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			n = e.metric("tether_edge_apiserver_requests_total", "component", comp, "verb", "list", "served", "upstream")
+		}
+		if n != 1 {
 			t.Errorf("%s: %v lists counted", comp, n)
 		}
 	}
