@@ -224,7 +224,13 @@ func TestReplayThroughFaults(t *testing.T) {
 	if _, err := patchPodStep(ctx, kubelet, "pod-stuck", "s3"); err != nil {
 		t.Fatalf("online patch of pod-stuck: %v", err)
 	}
-	if q := e.metric("tether_edge_apiserver_requests_total", "component", "kubelet", "verb", "patch", "served", "queued"); q != 4 {
+	// A request is counted once its handler returns, which may follow the
+	// client's reading the answer: wait for the fourth count.
+	q := e.metric("tether_edge_apiserver_requests_total", "component", "kubelet", "verb", "patch", "served", "queued")
+	for deadline := time.Now().Add(30 * time.Second); q < 4 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		q = e.metric("tether_edge_apiserver_requests_total", "component", "kubelet", "verb", "patch", "served", "queued")
+	}
+	if q != 4 {
 		t.Errorf("%v kubelet patches queued, want 4 (3 offline, pod-stuck's online one)", q)
 	}
 
