@@ -500,12 +500,22 @@ func (b *bench) profile(ctx context.Context, g *gwProc, label string, d time.Dur
 	if b.o.profileDir == "" {
 		return
 	}
+	end := time.Now().Add(d)
 	go func() {
 		// One CPU profile at a time: a phase's waits for the previous
-		// phase's to end.
+		// phase's to end, and then covers what is left of its own (the
+		// gateway may be gone after it).
 		b.profiling.Lock()
 		defer b.profiling.Unlock()
-		if err := b.fetchProfile(ctx, g, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())), label+"-cpu", d+30*time.Second); err != nil {
+		left := time.Until(end).Truncate(time.Second)
+		if left < 5*time.Second {
+			note("profile %s: skipped, the previous phase's profile took all but %v of it", label, left)
+			return
+		}
+		if left < d {
+			note("profile %s: covers its last %v (the previous phase's profile took the rest)", label, left)
+		}
+		if err := b.fetchProfile(ctx, g, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(left.Seconds())), label+"-cpu", left+30*time.Second); err != nil {
 			note("profile %s: %v", label, err)
 		}
 	}()
