@@ -67,7 +67,7 @@ func quicPair(t *testing.T) (gw, edge *quic.Conn) {
 }
 
 // tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (client, server *net.TCPConn) {
+func tcpPair(t testing.TB) (client, server *net.TCPConn) {
 	t.Helper()
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
