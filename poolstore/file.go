@@ -1,15 +1,16 @@
 package poolstore
 
 import (
+	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // The file (FileName in the data directory) is an API: change the bucket
@@ -66,14 +67,14 @@ func (s *Store) load(tx *bolt.Tx) error {
 		if len(v) != 8 {
 			return fmt.Errorf("resource %s: bad resourceVersion", k)
 		}
-		res := &resource{rv: binary.BigEndian.Uint64(v), objs: map[string]*Object{}}
+		res := &resource{rv: binary.BigEndian.Uint64(v), objs: map[string]*localapi.Object{}}
 		loaded[string(k)] = res
 		b := objects.Bucket(k)
 		if b == nil {
 			return nil
 		}
 		return b.ForEach(func(_, raw []byte) error {
-			o, err := decodeObject(json.RawMessage(append([]byte(nil), raw...)))
+			o, err := localapi.DecodeObject(bytes.Clone(raw), "", "")
 			if err != nil {
 				return fmt.Errorf("resource %s: %w", k, err)
 			}
@@ -188,42 +189,4 @@ func (s *Store) write() {
 		s.rewrite = true
 		s.mu.Unlock()
 	}
-}
-
-// objectMeta is the part of an object the store reads.
-type objectMeta struct {
-	Metadata struct {
-		Namespace       string            `json:"namespace"`
-		Name            string            `json:"name"`
-		ResourceVersion string            `json:"resourceVersion"`
-		Labels          map[string]string `json:"labels"`
-	} `json:"metadata"`
-}
-
-func decodeObject(raw json.RawMessage) (*Object, error) {
-	var m objectMeta
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, fmt.Errorf("decode object: %w", err)
-	}
-	rv, _ := strconv.ParseUint(m.Metadata.ResourceVersion, 10, 64)
-	return &Object{Namespace: m.Metadata.Namespace, Name: m.Metadata.Name, RV: rv,
-		Labels: m.Metadata.Labels, Raw: raw}, nil
-}
-
-// withResourceVersion returns raw with metadata.resourceVersion set to rv.
-func withResourceVersion(raw json.RawMessage, rv uint64) (json.RawMessage, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &obj); err != nil {
-		return nil, err
-	}
-	var meta map[string]json.RawMessage
-	if err := json.Unmarshal(obj["metadata"], &meta); err != nil {
-		return nil, err
-	}
-	meta["resourceVersion"], _ = json.Marshal(strconv.FormatUint(rv, 10))
-	var err error
-	if obj["metadata"], err = json.Marshal(meta); err != nil {
-		return nil, err
-	}
-	return json.Marshal(obj)
 }

@@ -76,6 +76,7 @@ type readRequest struct {
 	namespace string
 	name      string // a get, or a watch of one object
 	opts      metainternalversion.ListOptions
+	rv        uint64 // opts.ResourceVersion ("" and "0" are 0)
 	scope     localapi.Scope
 }
 
@@ -128,8 +129,11 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 	if req.opts.Continue != "" {
 		return nil, apierrors.NewBadRequest("continue key is not valid: the node pool's replica answers lists in one page")
 	}
-	if _, err := parseRV(req.opts.ResourceVersion); err != nil {
-		return nil, err
+	if v := req.opts.ResourceVersion; v != "" {
+		var err error
+		if req.rv, err = strconv.ParseUint(v, 10, 64); err != nil {
+			return nil, apierrors.NewBadRequest(fmt.Sprintf("invalid resource version %q", v))
+		}
 	}
 	var err error
 	if req.scope, err = newScope(req.resource, req.namespace, req.name, req.opts); err != nil {
@@ -138,27 +142,12 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 	return req, nil
 }
 
-// parseRV reads a resourceVersion parameter: "" and "0" are 0.
-func parseRV(s string) (uint64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0, apierrors.NewBadRequest(fmt.Sprintf("invalid resource version %q", s))
-	}
-	return n, nil
-}
-
 // contentFields are, by resource, the fields beyond metadata.name and
-// metadata.namespace that kube-apiserver supports in field selectors,
-// with their JSON path in the object. kube-proxy lists and watches
+// metadata.namespace that kube-apiserver supports in field selectors
+// (localapi.Object.Field reads them). kube-proxy lists and watches
 // Services with spec.clusterIP!=None.
-var contentFields = map[string]map[string][]string{
-	ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {
-		"spec.clusterIP": {"spec", "clusterIP"},
-		"spec.type":      {"spec", "type"},
-	},
+var contentFields = map[string][]string{
+	ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {"spec.clusterIP", "spec.type"},
 }
 
 // newScope returns the scope of a request for resource. Field selectors
@@ -169,7 +158,7 @@ func newScope(resource, namespace, name string, opts metainternalversion.ListOpt
 	sc := localapi.Scope{Namespace: namespace, Labels: opts.LabelSelector, Fields: opts.FieldSelector}.WithName(name)
 	if sc.Fields != nil {
 		for _, r := range sc.Fields.Requirements() {
-			if r.Field != "metadata.name" && r.Field != "metadata.namespace" && contentFields[resource][r.Field] == nil {
+			if r.Field != "metadata.name" && r.Field != "metadata.namespace" && !slices.Contains(contentFields[resource], r.Field) {
 				return sc, apierrors.NewBadRequest(fmt.Sprintf("field label not supported: %s", r.Field))
 			}
 		}
@@ -177,56 +166,10 @@ func newScope(resource, namespace, name string, opts metainternalversion.ListOpt
 	return sc, nil
 }
 
-// scopeObject is an object of resource as a localapi.Scope reads it: its
-// key, labels and content fields (the JSON decoded at the first).
-type scopeObject struct {
-	resource        string
-	namespace, name string
-	labels          map[string]string
-	raw             json.RawMessage
-	obj             map[string]any
-}
-
-func (o *scopeObject) GetLabels() map[string]string { return o.labels }
-
-// Field is the value of a field a scope of resource may select on: a
-// content field is the string at its path, or "" (absent fields select as
-// empty, as kube-apiserver's field sets have them).
-func (o *scopeObject) Field(field string) string {
-	switch field {
-	case "metadata.name":
-		return o.name
-	case "metadata.namespace":
-		return o.namespace
-	}
-	path := contentFields[o.resource][field]
-	if path == nil {
-		return ""
-	}
-	if o.obj == nil && json.Unmarshal(o.raw, &o.obj) != nil {
-		return ""
-	}
-	var v any = o.obj
-	for _, k := range path {
-		m, ok := v.(map[string]any)
-		if !ok {
-			return ""
-		}
-		v = m[k]
-	}
-	s, _ := v.(string)
-	return s
-}
-
-// matches reports whether a stored object of resource is in sc.
-func matches(sc localapi.Scope, resource string, o *Object) bool {
-	return sc.Matches(&scopeObject{resource: resource, namespace: o.Namespace, name: o.Name, labels: o.Labels, raw: o.Raw})
-}
-
 // serveGet answers a get of one object.
 func (h *Handler) serveGet(w http.ResponseWriter, req *readRequest) {
 	objs, _, _, _ := h.s.List(req.resource)
-	i, found := slices.BinarySearchFunc(objs, [2]string{req.namespace, req.name}, func(o Object, k [2]string) int {
+	i, found := slices.BinarySearchFunc(objs, [2]string{req.namespace, req.name}, func(o localapi.Object, k [2]string) int {
 		if c := strings.Compare(o.Namespace, k[0]); c != 0 {
 			return c
 		}
@@ -242,7 +185,7 @@ func (h *Handler) serveGet(w http.ResponseWriter, req *readRequest) {
 // serveList answers a list: the objects in the scope, in one page (limit
 // is ignored, as the watch cache does for resourceVersion "0").
 func (h *Handler) serveList(ctx context.Context, w http.ResponseWriter, req *readRequest) {
-	minRV, _ := parseRV(req.opts.ResourceVersion)
+	minRV := req.rv
 	if err := h.waitFresh(ctx, req.resource, minRV); err != nil {
 		localapi.WriteStatus(w, err)
 		return
@@ -252,7 +195,7 @@ func (h *Handler) serveList(ctx context.Context, w http.ResponseWriter, req *rea
 		localapi.WriteStatus(w, apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", minRV, rv)))
 		return
 	}
-	objs = slices.DeleteFunc(objs, func(o Object) bool { return !matches(req.scope, req.resource, &o) })
+	objs = slices.DeleteFunc(objs, func(o localapi.Object) bool { return !req.scope.Matches(&o) })
 	items := make([][]byte, len(objs))
 	for i, o := range objs {
 		items[i] = o.Raw

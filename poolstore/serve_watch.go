@@ -56,7 +56,7 @@ func (h *Handler) serveWatch(ctx context.Context, w http.ResponseWriter, req *re
 		wt.view = map[string]json.RawMessage{}
 	}
 	if send := req.opts.SendInitialEvents; send != nil && !*send {
-		if rv, _ := parseRV(req.opts.ResourceVersion); rv == 0 {
+		if req.rv == 0 {
 			// A watch from now starts at the resourceVersion current
 			// before the client has its answer, so that a change made
 			// once it has it is sent.
@@ -91,7 +91,7 @@ func (h *Handler) serveWatch(ctx context.Context, w http.ResponseWriter, req *re
 //   - resourceVersion X: nothing, the changes after X follow.
 func (wt *apiWatcher) start(ctx context.Context) error {
 	opts := wt.req.opts
-	rv, _ := parseRV(opts.ResourceVersion)
+	rv := wt.req.rv
 	send := opts.SendInitialEvents
 	switch {
 	case send != nil && *send:
@@ -120,7 +120,7 @@ func (wt *apiWatcher) sendInitial() error {
 	objs, rv, _, _ := wt.h.s.List(wt.req.resource)
 	for i := range objs {
 		o := &objs[i]
-		if !matches(wt.req.scope, wt.req.resource, o) {
+		if !wt.req.scope.Matches(o) {
 			continue
 		}
 		if wt.view != nil {
@@ -230,7 +230,7 @@ func (wt *apiWatcher) event(c Change) (typ string, obj json.RawMessage) {
 		return c.Type, c.Object
 	case held:
 		wt.forget(k)
-		last, err := withResourceVersion(prev, c.RV)
+		last, err := localapi.WithResourceVersion(prev, c.RV, "", "")
 		if err != nil {
 			last = c.Object
 		}
@@ -254,9 +254,8 @@ func (wt *apiWatcher) forget(k string) {
 }
 
 func (wt *apiWatcher) matchesContent(raw json.RawMessage) bool {
-	o, err := decodeObject(raw)
-	return err == nil && wt.req.scope.MatchesContent(o.Labels,
-		(&scopeObject{resource: wt.req.resource, namespace: o.Namespace, name: o.Name, raw: raw}).Field)
+	o, err := localapi.DecodeObject(raw, "", "")
+	return err == nil && wt.req.scope.MatchesContent(o.Labels, o.Field)
 }
 
 // bookmark sends a BOOKMARK of kind bk at afterRV.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 //lint:file-ignore SA1019 core/v1 Endpoints is deprecated but still served and read by older clients; the pool shares it.
@@ -254,8 +254,7 @@ func (s *Source) list(ctx context.Context, resource string, lw listWatcher) (str
 		return "", fmt.Errorf("list: %w", err)
 	}
 	rv := lm.GetResourceVersion()
-	n, _ := strconv.ParseUint(rv, 10, 64)
-	if err := s.o.Store.Replace(resource, raws, n); err != nil {
+	if err := s.o.Store.Replace(resource, raws, localapi.ParseRV(rv)); err != nil {
 		return "", err
 	}
 	s.setSynced(resource, true)

@@ -63,15 +63,6 @@ type Change struct {
 	Object json.RawMessage `json:"object,omitempty"`
 }
 
-// Object is a stored object. Raw must not be modified.
-type Object struct {
-	Namespace string
-	Name      string
-	RV        uint64
-	Labels    map[string]string
-	Raw       json.RawMessage
-}
-
 // Snapshot is the whole replica at one revision.
 type Snapshot struct {
 	Epoch string `json:"epoch"`
@@ -131,7 +122,7 @@ type Store struct {
 
 type resource struct {
 	rv   uint64
-	objs map[string]*Object // by namespace/name
+	objs map[string]*localapi.Object // by namespace/name
 }
 
 func objKey(namespace, name string) string { return namespace + "/" + name }
@@ -218,9 +209,9 @@ func (s *Store) StartEpoch(epoch string) error {
 // differs from the stored objects, then a Bookmark at listRV. items are
 // objects' JSON with kind and apiVersion set.
 func (s *Store) Replace(resource string, items []json.RawMessage, listRV uint64) error {
-	objs := make(map[string]*Object, len(items))
+	objs := make(map[string]*localapi.Object, len(items))
 	for _, raw := range items {
-		o, err := decodeObject(raw)
+		o, err := localapi.DecodeObject(raw, "", "")
 		if err != nil {
 			return fmt.Errorf("list of %s: %w", resource, err)
 		}
@@ -248,7 +239,7 @@ func (s *Store) Replace(resource string, items []json.RawMessage, listRV uint64)
 		}
 		old := res.objs[k]
 		// The deletion happened at or before listRV: that is its RV.
-		last, err := withResourceVersion(old.Raw, listRV)
+		last, err := localapi.WithResourceVersion(old.Raw, listRV, "", "")
 		if err != nil {
 			last = old.Raw
 		}
@@ -263,7 +254,7 @@ func (s *Store) Replace(resource string, items []json.RawMessage, listRV uint64)
 // Modified, Deleted or Bookmark; obj the event's object JSON with kind and
 // apiVersion set. An event not newer than the stored object is ignored.
 func (s *Store) Apply(resource, typ string, obj json.RawMessage) error {
-	o, err := decodeObject(obj)
+	o, err := decodeEvent(typ, obj)
 	if err != nil {
 		return fmt.Errorf("%s event of %s: %w", typ, resource, err)
 	}
@@ -303,6 +294,16 @@ func (s *Store) Apply(resource, typ string, obj json.RawMessage) error {
 	}
 	s.notify()
 	return nil
+}
+
+// decodeEvent reads a watch event's object; a BOOKMARK's has no name,
+// only its resourceVersion is read.
+func decodeEvent(typ string, obj json.RawMessage) (*localapi.Object, error) {
+	if typ != Bookmark {
+		return localapi.DecodeObject(obj, "", "")
+	}
+	b, err := localapi.ReadBookmark(obj)
+	return &localapi.Object{RV: b.RV}, err
 }
 
 // Load replaces the replica with a leader's snapshot (follower).
@@ -358,12 +359,12 @@ func (s *Store) ApplyChanges(epoch string, cs []Change) error {
 
 // decodeChanges checks replicated changes and decodes the objects of
 // Added and Modified ones; nothing of a bad batch is applied.
-func decodeChanges(cs []Change) ([]*Object, error) {
-	objs := make([]*Object, len(cs))
+func decodeChanges(cs []Change) ([]*localapi.Object, error) {
+	objs := make([]*localapi.Object, len(cs))
 	for i, c := range cs {
 		switch c.Type {
 		case Added, Modified:
-			o, err := decodeObject(c.Object)
+			o, err := localapi.DecodeObject(c.Object, "", "")
 			if err != nil {
 				return nil, fmt.Errorf("change %d: %w", c.Rev, err)
 			}
@@ -389,14 +390,14 @@ func decodeChanges(cs []Change) ([]*Object, error) {
 func decodeSnapshot(snap Snapshot) (map[string]*resource, error) {
 	resources := make(map[string]*resource, len(snap.Resources))
 	for r, rv := range snap.Resources {
-		resources[r] = &resource{rv: rv, objs: map[string]*Object{}}
+		resources[r] = &resource{rv: rv, objs: map[string]*localapi.Object{}}
 	}
 	for _, c := range snap.Objects {
 		res := resources[c.Resource]
 		if res == nil {
 			return nil, fmt.Errorf("snapshot: object %s/%s of resource %s it does not list", c.Namespace, c.Name, c.Resource)
 		}
-		o, err := decodeObject(c.Object)
+		o, err := localapi.DecodeObject(c.Object, "", "")
 		if err != nil {
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}
@@ -473,14 +474,14 @@ func (s *Store) Changed() <-chan struct{} {
 // List returns the objects of resource sorted by namespace and name, the
 // resource's resourceVersion and the revision the list is consistent
 // with; ok is false if the resource was never synced.
-func (s *Store) List(resource string) (objs []Object, rv, rev uint64, ok bool) {
+func (s *Store) List(resource string) (objs []localapi.Object, rv, rev uint64, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	res := s.resources[resource]
 	if res == nil {
 		return nil, 0, s.rev, false
 	}
-	objs = make([]Object, 0, len(res.objs))
+	objs = make([]localapi.Object, 0, len(res.objs))
 	for _, k := range sortedKeys(res.objs) {
 		objs = append(objs, *res.objs[k])
 	}
@@ -580,7 +581,7 @@ func (s *Store) Digest() string {
 func (s *Store) resource(name string) *resource {
 	res := s.resources[name]
 	if res == nil {
-		res = &resource{objs: map[string]*Object{}}
+		res = &resource{objs: map[string]*localapi.Object{}}
 		s.resources[name] = res
 		s.dirtyRes[name] = true
 	}
@@ -590,7 +591,7 @@ func (s *Store) resource(name string) *resource {
 // record applies c to res (o is the object for Added and Modified),
 // assigns it the next revision unless it has one (replicated changes),
 // logs it and marks it for the file. s.mu is held.
-func (s *Store) record(name string, res *resource, c Change, o *Object) {
+func (s *Store) record(name string, res *resource, c Change, o *localapi.Object) {
 	if c.Rev == 0 {
 		c.Rev = s.rev + 1
 	}

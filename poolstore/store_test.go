@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/tether-edge/tether/internal/boltfile"
 )
 
@@ -94,10 +96,10 @@ func TestLeaderChangesAndReplica(t *testing.T) {
 	if len(h) != 3 || h[0].Type != Modified || h[1].Type != Deleted || h[1].RV != 20 || h[2].Type != Bookmark {
 		t.Fatalf("history after 13: %+v", h)
 	}
-	var last objectMeta
+	var last metav1.PartialObjectMetadata
 	mustNil(t, json.Unmarshal(h[1].Object, &last))
-	if last.Metadata.ResourceVersion != "20" {
-		t.Fatalf("deleted object's resourceVersion = %q, want the list's 20", last.Metadata.ResourceVersion)
+	if last.ResourceVersion != "20" {
+		t.Fatalf("deleted object's resourceVersion = %q, want the list's 20", last.ResourceVersion)
 	}
 	// The follower's log starts at its snapshot: older RVs are compacted.
 	if _, _, err := follower.History(slices_, 5); !errors.Is(err, ErrCompacted) {

@@ -26,6 +26,7 @@ import (
 
 	edgecache "github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
+	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -116,15 +117,15 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 		for _, k := range []struct {
 			gvr       string
 			ns, name  string
-			getObject func() (*edgecache.Object, error)
+			getObject func() (*localapi.Object, error)
 		}{
-			{"pods", workNS, "pod-a", func() (*edgecache.Object, error) { return e.Store.Get("kubelet", podsGVR, workNS, "pod-a") }},
-			{"configmaps", workNS, "cm-1", func() (*edgecache.Object, error) {
+			{"pods", workNS, "pod-a", func() (*localapi.Object, error) { return e.Store.Get("kubelet", podsGVR, workNS, "pod-a") }},
+			{"configmaps", workNS, "cm-1", func() (*localapi.Object, error) {
 				return e.Store.Get("kubelet", gvr("", "configmaps"), workNS, "cm-1")
 			}},
-			{"secrets", workNS, "s-1", func() (*edgecache.Object, error) { return e.Store.Get("kubelet", gvr("", "secrets"), workNS, "s-1") }},
-			{"nodes", "", node, func() (*edgecache.Object, error) { return e.Store.Get("kubelet", nodesGVR, "", node) }},
-			{"leases", "kube-node-lease", node, func() (*edgecache.Object, error) {
+			{"secrets", workNS, "s-1", func() (*localapi.Object, error) { return e.Store.Get("kubelet", gvr("", "secrets"), workNS, "s-1") }},
+			{"nodes", "", node, func() (*localapi.Object, error) { return e.Store.Get("kubelet", nodesGVR, "", node) }},
+			{"leases", "kube-node-lease", node, func() (*localapi.Object, error) {
 				return e.Store.Get("kubelet", leasesGVR, "kube-node-lease", node)
 			}},
 		} {
@@ -180,7 +181,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 		for _, p := range list.Items {
 			// (Objects answered locally offline have made-up
 			// resourceVersions, above the list's: none yet the first time.)
-			if edgecache.ParseRV(p.ResourceVersion) > info.MaxRV && what == "offline" {
+			if localapi.ParseRV(p.ResourceVersion) > info.MaxRV && what == "offline" {
 				t.Errorf("%s: pod %s newer (%s) than the list", what, p.Name, p.ResourceVersion)
 			}
 		}
@@ -503,7 +504,7 @@ func (s *steps) record(obj, step string, rv string) {
 		return
 	}
 	s.seen[obj] = step
-	s.recs = append(s.recs, stepRec{obj + ":" + step, edgecache.ParseRV(rv)})
+	s.recs = append(s.recs, stepRec{obj + ":" + step, localapi.ParseRV(rv)})
 }
 
 func (s *steps) sequence() []string {
@@ -694,9 +695,9 @@ func testOfflineDetails(t *testing.T, cp *testenv.ControlPlane, edgeHost *testen
 	if err != nil {
 		t.Fatal(err)
 	}
-	listRV := edgecache.ParseRV(list.ResourceVersion)
+	listRV := localapi.ParseRV(list.ResourceVersion)
 	for _, p := range list.Items {
-		if edgecache.ParseRV(p.ResourceVersion) >= listRV {
+		if localapi.ParseRV(p.ResourceVersion) >= listRV {
 			t.Fatalf("pod %s at resourceVersion %s, not below the list's %s", p.Name, p.ResourceVersion, list.ResourceVersion)
 		}
 	}

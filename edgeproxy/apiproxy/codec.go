@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
@@ -202,26 +201,6 @@ func applyPatch(contentType string, original, patch []byte, resource string) (ou
 	default:
 		return nil, fmt.Errorf("unknown patch type %q", mt)
 	}
-}
-
-// withResourceVersion returns the JSON object raw with
-// metadata.resourceVersion set to rv, and kind and apiVersion set when it
-// lacks them.
-func withResourceVersion(raw []byte, rv uint64, kind, apiVersion string) ([]byte, error) {
-	var m map[string]any
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return nil, err
-	}
-	meta, _ := m["metadata"].(map[string]any)
-	if meta == nil {
-		meta = map[string]any{}
-		m["metadata"] = meta
-	}
-	meta["resourceVersion"] = strconv.FormatUint(rv, 10)
-	if m["kind"] == nil && kind != "" {
-		m["kind"], m["apiVersion"] = kind, apiVersion
-	}
-	return json.Marshal(m)
 }
 
 // withStatusOf returns the JSON object base with the status of from: what

@@ -47,7 +47,7 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 	// The items are copied out of the store inside the read transaction
 	// (a memory copy, no I/O).
 	var items [][]byte
-	info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *cache.Object) {
+	info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *localapi.Object) {
 		items = append(items, bytes.Clone(o.Raw))
 	})
 	if err != nil {
@@ -91,7 +91,7 @@ func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, 
 	}
 	var events []byte
 	if localapi.IsTrue(r.URL.Query().Get("sendInitialEvents")) {
-		info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *cache.Object) {
+		info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *localapi.Object) {
 			events = localapi.AppendEvent(events, localapi.Added, o.Raw)
 		})
 		if err != nil || !found {
@@ -230,7 +230,7 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
 		return servedError
 	}
-	sent, err := cache.DecodeObject(j, "Lease", leasesGVR.GroupVersion().String())
+	sent, err := localapi.DecodeObject(j, "Lease", leasesGVR.GroupVersion().String())
 	if err == nil {
 		err = notTheURLs(sent, req)
 	}
@@ -242,12 +242,12 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 	if old, _ := p.store.Get(comp, leasesGVR, req.Namespace, req.Name); old != nil {
 		rv = max(rv, old.RV)
 	}
-	out, err := withResourceVersion(sent.Raw, rv+1, "Lease", leasesGVR.GroupVersion().String())
+	out, err := localapi.WithResourceVersion(sent.Raw, rv+1, "Lease", leasesGVR.GroupVersion().String())
 	if err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
 		return servedError
 	}
-	if o, err := cache.DecodeObject(out, "", ""); err == nil {
+	if o, err := localapi.DecodeObject(out, "", ""); err == nil {
 		p.store.PutLocal(comp, leasesGVR, o)
 		p.store.Sync() // a get right after sees it
 		p.lastGet.Clear()
@@ -294,7 +294,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		}
 		keep = body
 	}
-	o, err := cache.DecodeObject(result, "", "")
+	o, err := localapi.DecodeObject(result, "", "")
 	if err == nil {
 		err = notTheURLs(o, req)
 	}
@@ -311,7 +311,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 	if kind == "" && cached != nil {
 		kind, apiVersion = cached.Kind, cached.APIVersion
 	}
-	if result, err = withResourceVersion(result, rv+1, kind, apiVersion); err != nil {
+	if result, err = localapi.WithResourceVersion(result, rv+1, kind, apiVersion); err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
 		return servedError
 	}
@@ -331,7 +331,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		}
 		return refused("the status write cannot be kept on disk: %v", err)
 	}
-	if o, err := cache.DecodeObject(result, "", ""); err == nil {
+	if o, err := localapi.DecodeObject(result, "", ""); err == nil {
 		p.store.PutLocal(comp, req.GVR, o)
 		p.store.Sync() // the next write of the object starts from this one
 		p.lastGet.Clear()
@@ -345,7 +345,7 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 // notTheURLs refuses a written object (as sent, or as a patch made it)
 // that is not the one the URL names, as kube-apiserver does: it would be
 // kept in the cache as another object.
-func notTheURLs(o *cache.Object, req request) error {
+func notTheURLs(o *localapi.Object, req request) error {
 	if o.Name != req.Name {
 		return fmt.Errorf("the name of the object (%s) does not match the name on the URL (%s)", o.Name, req.Name)
 	}

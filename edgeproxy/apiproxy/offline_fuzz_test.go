@@ -89,7 +89,7 @@ func FuzzOfflineWrite(f *testing.F) {
 			raw []byte
 			gvr schema.GroupVersionResource
 		}{{pod, podsGVR}, {node, nodesGVR}, {lease, leasesGVR}} {
-			o, err := cache.DecodeObject(s.raw, "", "")
+			o, err := localapi.DecodeObject(s.raw, "", "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,7 +172,7 @@ func FuzzOfflineWrite(f *testing.F) {
 			}
 			return
 		}
-		out, err := cache.DecodeObject(w.Body.Bytes(), "", "")
+		out, err := localapi.DecodeObject(w.Body.Bytes(), "", "")
 		if err != nil {
 			t.Fatalf("%s %s answered 200 with %s: %v", method, target, w.Body, err)
 		}
@@ -215,11 +215,11 @@ func FuzzOfflineWrite(f *testing.F) {
 	})
 }
 
-func sameCached(a, b *cache.Object) bool {
+func sameCached(a, b *localapi.Object) bool {
 	return (a == nil) == (b == nil) && (a == nil || bytes.Equal(a.Raw, b.Raw))
 }
 
-func raw(o *cache.Object) []byte {
+func raw(o *localapi.Object) []byte {
 	if o == nil {
 		return []byte("nothing")
 	}

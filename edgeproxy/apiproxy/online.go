@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"sync"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -154,7 +153,7 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 		if d.kind == "Status" {
 			return // a delete's answer
 		}
-		o, err := cache.DecodeObject(d.object, d.kind, d.apiVersion)
+		o, err := localapi.DecodeObject(d.object, d.kind, d.apiVersion)
 		if err == nil {
 			err = p.store.Put(comp, req.GVR, o)
 		}
@@ -163,10 +162,10 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 		}
 		return
 	}
-	list := cache.List{Kind: d.kind, APIVersion: d.apiVersion, RV: cache.ParseRV(d.rv),
-		Scope: scope, Complete: complete && d.cont == "", Items: make([]*cache.Object, 0, len(d.items))}
+	list := cache.List{Kind: d.kind, APIVersion: d.apiVersion, RV: localapi.ParseRV(d.rv),
+		Scope: scope, Complete: complete && d.cont == "", Items: make([]*localapi.Object, 0, len(d.items))}
 	for _, raw := range d.items {
-		o, err := cache.DecodeObject(raw, d.kind, d.apiVersion)
+		o, err := localapi.DecodeObject(raw, d.kind, d.apiVersion)
 		if err != nil {
 			p.m.cacheFailures.Inc()
 			list.Complete = false // do not prune what may be this one
@@ -236,7 +235,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 	var tw *topoWatch
 	if p.filtered(req, r, comp) {
 		tw = &topoWatch{p: p, gvr: req.GVR, scope: scope, codec: objCodec{proto: mt == runtime.ContentTypeProtobuf},
-			wc: wc, write: send, hwm: cache.ParseRV(r.URL.Query().Get("resourceVersion")), sent: map[string]uint64{}}
+			wc: wc, write: send, hwm: localapi.ParseRV(r.URL.Query().Get("resourceVersion")), sent: map[string]uint64{}}
 		ctx, cancel := context.WithCancel(r.Context())
 		done := make(chan struct{})
 		go func() {
@@ -330,16 +329,6 @@ type watchEvent struct {
 	Object json.RawMessage `json:"object"`
 }
 
-// bookmark is the object of a BOOKMARK event.
-type bookmark struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Metadata   struct {
-		ResourceVersion string            `json:"resourceVersion"`
-		Annotations     map[string]string `json:"annotations"`
-	} `json:"metadata"`
-}
-
 // watchCacher applies a watch's events to the cache.
 type watchCacher struct {
 	p     *Proxy
@@ -370,8 +359,8 @@ func (wc *watchCacher) apply(raw []byte) {
 	var err error
 	switch ev.Type {
 	case localapi.Added, localapi.Modified:
-		var o *cache.Object
-		if o, err = cache.DecodeObject(ev.Object, "", ""); err == nil {
+		var o *localapi.Object
+		if o, err = localapi.DecodeObject(ev.Object, "", ""); err == nil {
 			err = wc.p.store.Put(wc.comp, wc.gvr, o)
 			if wc.seen != nil {
 				wc.seen[o.Key()] = true
@@ -380,17 +369,16 @@ func (wc *watchCacher) apply(raw []byte) {
 	case localapi.Deleted:
 		// With selectors, DELETED also means "no longer selected": the
 		// object goes from the cache, but without a tombstone.
-		var o *cache.Object
-		if o, err = cache.DecodeObject(ev.Object, "", ""); err == nil {
+		var o *localapi.Object
+		if o, err = localapi.DecodeObject(ev.Object, "", ""); err == nil {
 			err = wc.p.store.Delete(wc.comp, wc.gvr, o, !wc.scope.Selective())
 		}
 	case localapi.Bookmark:
-		var b bookmark
-		if err = json.Unmarshal(ev.Object, &b); err == nil {
-			rv := cache.ParseRV(b.Metadata.ResourceVersion)
-			err = wc.p.store.Bookmark(wc.comp, wc.gvr, b.Kind, b.APIVersion, rv)
-			if wc.seen != nil && b.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true" {
-				err = errors.Join(err, wc.p.store.Prune(wc.comp, wc.gvr, wc.scope, rv, wc.seen))
+		var b localapi.BookmarkInfo
+		if b, err = localapi.ReadBookmark(ev.Object); err == nil {
+			err = wc.p.store.Bookmark(wc.comp, wc.gvr, b.Kind, b.APIVersion, b.RV)
+			if wc.seen != nil && b.Marks == localapi.InitialEventsEnd {
+				err = errors.Join(err, wc.p.store.Prune(wc.comp, wc.gvr, wc.scope, b.RV, wc.seen))
 				wc.seen = nil
 			}
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
 
+	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -133,7 +134,7 @@ func cacheList1000(b *testing.B) cache.List {
 			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.1.2.3",
 				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
 		raw, _ := json.Marshal(p)
-		o, err := cache.DecodeObject(raw, "", "")
+		o, err := localapi.DecodeObject(raw, "", "")
 		if err != nil {
 			b.Fatal(err)
 		}

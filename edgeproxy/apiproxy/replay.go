@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/statusapi"
 )
 
@@ -311,7 +312,7 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 		}
 		body := q.Body
 		if q.Method == http.MethodPut {
-			if body, err = withResourceVersion(body, cache.ParseRV(obj.Metadata.ResourceVersion), "", ""); err != nil {
+			if body, err = localapi.WithResourceVersion(body, localapi.ParseRV(obj.Metadata.ResourceVersion), "", ""); err != nil {
 				return replayRejected, "the queued body does not decode: " + err.Error(), nil
 			}
 		}
@@ -340,7 +341,7 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 			return "", "", err
 		case code < 300:
 			gvr := schema.GroupVersionResource{Group: q.Group, Version: q.Version, Resource: q.Resource}
-			if o, err := cache.DecodeObject(resp, "", ""); err == nil {
+			if o, err := localapi.DecodeObject(resp, "", ""); err == nil {
 				p.store.Put(q.Component, gvr, o)
 			}
 			return replayApplied, "", nil

@@ -25,6 +25,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/filter"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // Topology is what the proxy needs of the service topology filter
@@ -199,7 +200,7 @@ func (s *topoObjects) put(obj runtime.Object) {
 	if !ok || err != nil {
 		return
 	}
-	rv := cache.ParseRV(m.GetResourceVersion())
+	rv := localapi.ParseRV(m.GetResourceVersion())
 	key := m.GetNamespace() + "/" + m.GetName()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -310,7 +311,7 @@ func (tw *topoWatch) filterEvent(ev []byte) ([]byte, error) {
 		return nil, err
 	}
 	if m, err := meta.Accessor(obj); err == nil {
-		if rv := cache.ParseRV(m.GetResourceVersion()); rv > tw.hwm {
+		if rv := localapi.ParseRV(m.GetResourceVersion()); rv > tw.hwm {
 			tw.hwm = rv
 		}
 	}
@@ -369,7 +370,7 @@ func (tw *topoWatch) resend(c filter.Change) error {
 		if err != nil {
 			continue
 		}
-		if o, err := cache.DecodeObject(j, "", ""); err != nil || !tw.scope.Matches(o) {
+		if o, err := localapi.DecodeObject(j, "", ""); err != nil || !tw.scope.Matches(o) {
 			continue
 		}
 		ev, changed, err := tw.encodeEvent("MODIFIED", obj)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
+	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -57,7 +58,7 @@ func TestBodyJSONFromProtobuf(t *testing.T) {
 	if err := json.Unmarshal(j, &got); err != nil || got.Kind != "Lease" || got.ResourceVersion != "41" || *got.Spec.HolderIdentity != "n" {
 		t.Errorf("JSON %s: %v", j, err)
 	}
-	bumped, _ := withResourceVersion(j, 42, "", "")
+	bumped, _ := localapi.WithResourceVersion(j, 42, "", "")
 	if !bytes.Contains(bumped, []byte(`"resourceVersion":"42"`)) {
 		t.Errorf("not bumped: %s", bumped)
 	}

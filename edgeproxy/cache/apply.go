@@ -5,6 +5,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // The update methods below submit a write and return without waiting for
@@ -12,7 +14,7 @@ import (
 
 // Put caches obj, unless the cache holds a newer version or a tombstone
 // that is not older.
-func (s *Store) Put(component string, gvr schema.GroupVersionResource, obj *Object) error {
+func (s *Store) Put(component string, gvr schema.GroupVersionResource, obj *localapi.Object) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
 		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
@@ -29,7 +31,7 @@ func (s *Store) Put(component string, gvr schema.GroupVersionResource, obj *Obje
 // Lease renewal, a status write). Its resourceVersion is made up: it does
 // not raise the resource's MaxRV, and the next version from the cloud
 // replaces it whatever its resourceVersion.
-func (s *Store) PutLocal(component string, gvr schema.GroupVersionResource, obj *Object) error {
+func (s *Store) PutLocal(component string, gvr schema.GroupVersionResource, obj *localapi.Object) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
 		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
@@ -48,7 +50,7 @@ func (s *Store) PutLocal(component string, gvr schema.GroupVersionResource, obj 
 // set, a tombstone keeps older versions out; without, as for a watch with
 // selectors (whose DELETED events also mean "left the selection"), the
 // object just goes.
-func (s *Store) Delete(component string, gvr schema.GroupVersionResource, obj *Object, tombstone bool) error {
+func (s *Store) Delete(component string, gvr schema.GroupVersionResource, obj *localapi.Object, tombstone bool) error {
 	return s.submit(op{apply: func(tx *bolt.Tx) error {
 		b, err := createObjectsBucket(tx, component, gvr)
 		if err != nil {
@@ -97,7 +99,7 @@ type List struct {
 	Kind, APIVersion string
 	// RV is the list's resourceVersion.
 	RV    uint64
-	Items []*Object
+	Items []*localapi.Object
 	// Scope is what the request covered.
 	Scope Scope
 	// Complete is set for a whole list (not a page): objects it covers
@@ -156,7 +158,7 @@ func (s *Store) Prune(component string, gvr schema.GroupVersionResource, scope S
 // put writes o into b unless b holds a newer version or a tombstone that
 // is not older, or already holds this version (same resourceVersion,
 // same object).
-func (s *Store) put(b *bolt.Bucket, o *Object) error {
+func (s *Store) put(b *bolt.Bucket, o *localapi.Object) error {
 	key := []byte(o.Key())
 	if r, ok := decodeRecord(b.Get(key)); ok && o.RV != 0 && r.flag != flagLocal {
 		if o.RV < r.rv || (r.flag == flagTombstone && o.RV == r.rv) {

@@ -15,6 +15,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 var (
@@ -81,7 +83,7 @@ func bigList(t testing.TB, ns, prefix string, n, size int, rv uint64) List {
 	l := List{Kind: "Pod", APIVersion: "v1", RV: rv + uint64(n), Complete: true, Scope: Scope{Namespace: ns}}
 	for i := range n {
 		raw := fmt.Appendf(nil, `{"metadata":{"name":"%s%d","namespace":%q,"resourceVersion":"%d"},"pad":%q}`, prefix, i, ns, rv+uint64(i), pad)
-		o, err := DecodeObject(raw, "Pod", "v1")
+		o, err := localapi.DecodeObject(raw, "Pod", "v1")
 		must(t, err)
 		l.Items = append(l.Items, o)
 	}
@@ -213,7 +215,7 @@ func TestTombstonesExpire(t *testing.T) {
 	must(t, s.Delete("kubelet", pods, pod(t, "ns", "a", 20, "n", nil), true))
 	// A tombstone of an older version, without a time: it counts from
 	// the open.
-	putRaw(t, s, []string{"objects", "kubelet", string(resourceKey(pods))}, []byte("ns/old"), encodeRecord(flagTombstone, &Object{RV: 15}))
+	putRaw(t, s, []string{"objects", "kubelet", string(resourceKey(pods))}, []byte("ns/old"), encodeRecord(flagTombstone, &localapi.Object{RV: 15}))
 	settle(t, s)
 	tombstones := func() int {
 		n := 0

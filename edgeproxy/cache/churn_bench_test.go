@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // churnDays is how long BenchmarkWeekChurn simulates (a week; less for a
@@ -105,34 +107,36 @@ var pad = strings.Repeat("abcdefghij", 1500)
 func (c *churn) next() uint64 { c.rv++; return c.rv }
 
 // object builds an object of about size bytes.
-func (c *churn) object(kind, apiVersion, ns, name string, rv uint64, size int) *Object {
+func (c *churn) object(kind, apiVersion, ns, name string, rv uint64, size int) *localapi.Object {
 	raw := make([]byte, 0, size+300)
 	raw = fmt.Appendf(raw, `{"kind":%q,"apiVersion":%q,"metadata":{"name":%q,"namespace":%q,"uid":"uid-%s","resourceVersion":"%d","labels":{"app":%q}},"spec":{"nodeName":"edge-1"},"status":{"phase":"Running","pad":"`,
 		kind, apiVersion, name, ns, name, rv, name)
 	raw = append(raw, pad[:size]...) // letters: nothing to quote
 	raw = append(raw, `"}}`...)
-	return &Object{Kind: kind, APIVersion: apiVersion, Namespace: ns, Name: name, UID: "uid-" + name, RV: rv,
+	return &localapi.Object{Kind: kind, APIVersion: apiVersion, Namespace: ns, Name: name, UID: "uid-" + name, RV: rv,
 		Labels: map[string]string{"app": name}, Raw: raw}
 }
 
-func (c *churn) pod(name string, rv uint64) *Object {
+func (c *churn) pod(name string, rv uint64) *localapi.Object {
 	return c.object("Pod", "v1", "apps", name, rv, 4000)
 }
-func (c *churn) node(rv uint64) *Object { return c.object("Node", "v1", "", "edge-1", rv, 12000) }
-func (c *churn) slice(name string, rv uint64) *Object {
+func (c *churn) node(rv uint64) *localapi.Object {
+	return c.object("Node", "v1", "", "edge-1", rv, 12000)
+}
+func (c *churn) slice(name string, rv uint64) *localapi.Object {
 	return c.object("EndpointSlice", "discovery.k8s.io/v1", "apps", name, rv, 1200)
 }
-func (c *churn) service(name string, rv uint64) *Object {
+func (c *churn) service(name string, rv uint64) *localapi.Object {
 	return c.object("Service", "v1", "apps", name, rv, 1000)
 }
 
-func (c *churn) put(comp string, gvr schema.GroupVersionResource, o *Object) {
+func (c *churn) put(comp string, gvr schema.GroupVersionResource, o *localapi.Object) {
 	must(c.tb, c.s.Put(comp, gvr, o))
 	c.writes++
 }
 
 // list is a complete list of the model's objects.
-func (c *churn) list(kind, apiVersion string, m map[string]uint64, mk func(string, uint64) *Object, scope Scope) List {
+func (c *churn) list(kind, apiVersion string, m map[string]uint64, mk func(string, uint64) *localapi.Object, scope Scope) List {
 	l := List{Kind: kind, APIVersion: apiVersion, RV: c.next(), Complete: true, Scope: scope}
 	for name, rv := range m {
 		l.Items = append(l.Items, mk(name, rv))

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // fuzzStore is a store for a fuzz target's inputs, one per fuzzing
@@ -45,7 +47,7 @@ func putRaw(t *testing.T, s *Store, path []string, key, v []byte) {
 }
 
 // sameObject compares what a record holds of an object.
-func sameObject(a, b *Object) bool {
+func sameObject(a, b *localapi.Object) bool {
 	return a.Kind == b.Kind && a.APIVersion == b.APIVersion && a.Namespace == b.Namespace && a.Name == b.Name &&
 		a.UID == b.UID && a.RV == b.RV && maps.Equal(a.Labels, b.Labels) && bytes.Equal(a.Raw, b.Raw)
 }
@@ -57,7 +59,7 @@ func sameObject(a, b *Object) bool {
 func FuzzRecord(f *testing.F) {
 	withPhase := podJSON("ns", "b", 9, "edge-2", nil, true)
 	withPhase = append(withPhase[:len(withPhase)-1], `,"status":{"phase":"Running"}}`...)
-	for _, o := range []*Object{
+	for _, o := range []*localapi.Object{
 		pod(f, "ns", "a", 7, "edge-1", map[string]string{"app": "web", "tier": "x"}),
 		mustDecode(f, withPhase, "", ""),
 		mustDecode(f, []byte(`{"metadata":{"name":"edge-1","uid":"u","resourceVersion":"12","labels":{"kubernetes.io/hostname":"edge-1"}},"spec":{"unschedulable":true}}`), "Node", "v1"),
@@ -72,7 +74,7 @@ func FuzzRecord(f *testing.F) {
 	s := fuzzStore(f)
 	f.Fuzz(func(t *testing.T, v []byte) {
 		r, ok := decodeRecord(v)
-		var o *Object
+		var o *localapi.Object
 		if ok {
 			var err error
 			if o, err = r.object(); err != nil {
@@ -114,9 +116,9 @@ func FuzzRecord(f *testing.F) {
 	})
 }
 
-func mustDecode(t testing.TB, raw []byte, kind, apiVersion string) *Object {
+func mustDecode(t testing.TB, raw []byte, kind, apiVersion string) *localapi.Object {
 	t.Helper()
-	o, err := DecodeObject(raw, kind, apiVersion)
+	o, err := localapi.DecodeObject(raw, kind, apiVersion)
 	must(t, err)
 	return o
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/boltfile"
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // FileName is the store's file in the data directory.
@@ -391,7 +392,7 @@ func appendMap(b []byte, m map[string]string) []byte {
 	return b
 }
 
-func encodeRecord(flag byte, o *Object) []byte {
+func encodeRecord(flag byte, o *localapi.Object) []byte {
 	b := make([]byte, recordHeaderLen, recordHeaderLen+256+len(o.Raw))
 	b[0] = flag
 	binary.BigEndian.PutUint64(b[1:], o.RV)
@@ -402,7 +403,7 @@ func encodeRecord(flag byte, o *Object) []byte {
 		b = appendString(b, s)
 	}
 	b = appendMap(b, o.Labels)
-	b = appendMap(b, o.indexFields())
+	b = appendMap(b, indexFields(o))
 	binary.BigEndian.PutUint32(b[headerLen:], uint32(len(b)-recordHeaderLen))
 	return append(b, o.Raw...)
 }
@@ -486,11 +487,11 @@ func (m *metaReader) stringMap() map[string]string {
 
 // object returns the record's object from its meta section. Its Raw
 // points into the record: clone it before the transaction ends.
-func (r record) object() (*Object, error) {
+func (r record) object() (*localapi.Object, error) {
 	m := metaReader{b: r.meta}
-	o := &Object{Kind: m.string(), APIVersion: m.string(), Namespace: m.string(), Name: m.string(), UID: m.string(), RV: r.rv, Raw: r.raw}
+	o := &localapi.Object{Kind: m.string(), APIVersion: m.string(), Namespace: m.string(), Name: m.string(), UID: m.string(), RV: r.rv, Raw: r.raw}
 	o.Labels = m.stringMap()
-	o.fields = m.stringMap()
+	o.Indexed = m.stringMap()
 	if m.err != nil {
 		return nil, m.err
 	}
@@ -545,8 +546,8 @@ func (s *Store) noteResource(tx *bolt.Tx, component string, gvr schema.GroupVers
 }
 
 // Get returns a copy of the cached object, or nil if there is none.
-func (s *Store) Get(component string, gvr schema.GroupVersionResource, namespace, name string) (*Object, error) {
-	var o *Object
+func (s *Store) Get(component string, gvr schema.GroupVersionResource, namespace, name string) (*localapi.Object, error) {
+	var o *localapi.Object
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := objectsBucket(tx, component, gvr)
 		if b == nil {
@@ -573,8 +574,8 @@ func (s *Store) Get(component string, gvr schema.GroupVersionResource, namespace
 // what the cache knows of the resource; found is false when the
 // component never cached this resource, or when it was evicted and no
 // complete list has filled it again since (see Info).
-func (s *Store) List(component string, gvr schema.GroupVersionResource, scope Scope) (items []*Object, info ResourceInfo, found bool, err error) {
-	info, found, err = s.Scan(component, gvr, scope, func(o *Object) {
+func (s *Store) List(component string, gvr schema.GroupVersionResource, scope Scope) (items []*localapi.Object, info ResourceInfo, found bool, err error) {
+	info, found, err = s.Scan(component, gvr, scope, func(o *localapi.Object) {
 		o.Raw = bytes.Clone(o.Raw)
 		items = append(items, o)
 	})
@@ -586,7 +587,7 @@ func (s *Store) List(component string, gvr schema.GroupVersionResource, scope Sc
 // during the call (copy what you keep), and f must not block. Selectors
 // are matched on the records' meta sections; only a field that is not
 // indexed makes it decode an object.
-func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Scope, f func(o *Object)) (info ResourceInfo, found bool, err error) {
+func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Scope, f func(o *localapi.Object)) (info ResourceInfo, found bool, err error) {
 	bad := 0
 	err = s.db.View(func(tx *bolt.Tx) error {
 		if info, found = resourceInfo(tx, component, gvr); !found || evicted(tx, component, gvr) {
@@ -616,7 +617,6 @@ func (s *Store) Scan(component string, gvr schema.GroupVersionResource, scope Sc
 				continue
 			}
 			if scope.Matches(o) {
-				o.top = nil
 				f(o)
 			}
 		}

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 var pods = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
@@ -34,9 +36,9 @@ func podJSON(ns, name string, rv uint64, node string, lbls map[string]string, ty
 		tm, name, ns, name, rv, strings.Join(l, ","), node)
 }
 
-func pod(t testing.TB, ns, name string, rv uint64, node string, lbls map[string]string) *Object {
+func pod(t testing.TB, ns, name string, rv uint64, node string, lbls map[string]string) *localapi.Object {
 	t.Helper()
-	o, err := DecodeObject(podJSON(ns, name, rv, node, lbls, false), "Pod", "v1")
+	o, err := localapi.DecodeObject(podJSON(ns, name, rv, node, lbls, false), "Pod", "v1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,41 +62,13 @@ func must(t testing.TB, err error) {
 	}
 }
 
-func names(items []*Object) []string {
+func names(items []*localapi.Object) []string {
 	var out []string
 	for _, o := range items {
 		out = append(out, o.Key())
 	}
 	slices.Sort(out)
 	return out
-}
-
-func TestDecodeObject(t *testing.T) {
-	o := pod(t, "ns", "a", 42, "edge-1", map[string]string{"app": "web"})
-	if o.Kind != "Pod" || o.RV != 42 || o.UID != "uid-a" || o.Labels["app"] != "web" {
-		t.Errorf("decoded %+v", o)
-	}
-	if !bytes.HasPrefix(o.Raw, []byte(`{"kind":"Pod","apiVersion":"v1","metadata":`)) {
-		t.Errorf("kind not spliced in: %s", o.Raw)
-	}
-	again, err := DecodeObject(o.Raw, "", "")
-	if err != nil || again.Kind != "Pod" || again.Name != "a" {
-		t.Errorf("spliced JSON does not decode: %v %+v", err, again)
-	}
-	for path, want := range map[string]string{
-		"metadata.name": "a", "metadata.namespace": "ns", "spec.nodeName": "edge-1",
-		"spec.hostNetwork": "true", "spec.priority": "7", "status.phase": "", "spec.nodeName.x": "",
-	} {
-		if got := o.Field(path); got != want {
-			t.Errorf("Field(%s) = %q, want %q", path, got, want)
-		}
-	}
-	if _, err := DecodeObject([]byte(`{"metadata":{}}`), "", ""); err == nil {
-		t.Error("object without a name decoded")
-	}
-	if _, err := DecodeObject([]byte(`[1]`), "", ""); err == nil {
-		t.Error("non-object decoded")
-	}
 }
 
 func TestResourceVersionNeverGoesBackwards(t *testing.T) {
@@ -146,7 +120,7 @@ func TestLocalObjects(t *testing.T) {
 	must(t, s.Put("kubelet", pods, pod(t, "ns", "a", 41, "cloud", nil)))
 	// A complete list at 100 without b: b goes, though "newer".
 	must(t, s.ApplyList("kubelet", pods, List{Kind: "Pod", APIVersion: "v1", RV: 100, Complete: true,
-		Items: []*Object{pod(t, "ns", "a", 41, "cloud", nil)}, Scope: Scope{Fields: fields.OneTermEqualSelector("spec.nodeName", "local")}}))
+		Items: []*localapi.Object{pod(t, "ns", "a", 41, "cloud", nil)}, Scope: Scope{Fields: fields.OneTermEqualSelector("spec.nodeName", "local")}}))
 	must(t, s.Sync())
 	if got, _ := s.Get("kubelet", pods, "ns", "a"); got == nil || got.Field("spec.nodeName") != "cloud" {
 		t.Errorf("the cloud's version did not replace the local one: %+v", got)
@@ -160,7 +134,7 @@ func TestListReplacesOnlyWhatItCovers(t *testing.T) {
 	s := openT(t, filepath.Join(t.TempDir(), FileName))
 	web := map[string]string{"app": "web"}
 	db := map[string]string{"app": "db"}
-	must(t, s.ApplyList("kubelet", pods, List{Kind: "Pod", APIVersion: "v1", RV: 100, Complete: true, Items: []*Object{
+	must(t, s.ApplyList("kubelet", pods, List{Kind: "Pod", APIVersion: "v1", RV: 100, Complete: true, Items: []*localapi.Object{
 		pod(t, "a", "web-1", 50, "n1", web), pod(t, "a", "db-1", 51, "n1", db),
 		pod(t, "b", "web-2", 52, "n1", web), pod(t, "b", "web-3", 53, "n2", web),
 	}}))
@@ -331,7 +305,7 @@ func TestRecordDecoding(t *testing.T) {
 	}
 	got, err := r.object()
 	if err != nil || got.Name != "a" || got.Namespace != "ns" || got.UID != "uid-a" || got.RV != 7 || got.Kind != "Pod" ||
-		got.Labels["tier"] != "x" || got.fields["spec.nodeName"] != "edge-1" || got.fields["status.phase"] != "" || string(got.Raw) != string(o.Raw) {
+		got.Labels["tier"] != "x" || got.Indexed["spec.nodeName"] != "edge-1" || got.Indexed["status.phase"] != "" || string(got.Raw) != string(o.Raw) {
 		t.Errorf("round trip: %+v, %v", got, err)
 	}
 	for n := range len(rec) {

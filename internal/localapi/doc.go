@@ -1,7 +1,8 @@
 // Package localapi is what tether-edge needs to answer a node
 // component's read as kube-apiserver would, from a store of its own:
 // the request path parsed into verb, resource and object (ParseRequest),
-// the scope of a list or watch and its matching (Scope), and the bytes of
+// the objects a store holds (Object, DecodeObject, ParseRV), the scope of
+// a list or watch and its matching (Scope), and the bytes of
 // the answers: list envelopes (WriteList), watch events and bookmarks
 // (AppendEvent, AppendBookmark), and metav1.Status failures (WriteStatus,
 // AppendErrorEvent for the ERROR event of a 410 Gone).

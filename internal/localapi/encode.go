@@ -3,6 +3,7 @@ package localapi
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -97,6 +98,38 @@ func AppendBookmark(b []byte, kind, apiVersion string, rv uint64, bk BookmarkKin
 		b = append(b, `,"annotations":{"`+metav1.InitialEventsAnnotationKey+`":"true"}`...)
 	}
 	return append(b, "}}}\n"...)
+}
+
+// BookmarkInfo is what the object of a BOOKMARK event says.
+type BookmarkInfo struct {
+	// Kind and APIVersion of the watched objects.
+	Kind, APIVersion string
+	// RV is the resourceVersion reached (0 if it is not a number).
+	RV uint64
+	// Marks is what the bookmark marks.
+	Marks BookmarkKind
+}
+
+// ReadBookmark reads the object of a BOOKMARK event, as AppendBookmark
+// writes it. The object has no name; only JSON that does not decode is
+// an error.
+func ReadBookmark(obj []byte) (BookmarkInfo, error) {
+	var b struct {
+		Kind       string `json:"kind"`
+		APIVersion string `json:"apiVersion"`
+		Metadata   struct {
+			ResourceVersion string            `json:"resourceVersion"`
+			Annotations     map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(obj, &b); err != nil {
+		return BookmarkInfo{}, fmt.Errorf("decode bookmark: %w", err)
+	}
+	info := BookmarkInfo{Kind: b.Kind, APIVersion: b.APIVersion, RV: ParseRV(b.Metadata.ResourceVersion)}
+	if b.Metadata.Annotations[metav1.InitialEventsAnnotationKey] == "true" {
+		info.Marks = InitialEventsEnd
+	}
+	return info, nil
 }
 
 // AppendErrorEvent appends the ERROR event that ends a watch, with err as

@@ -69,6 +69,23 @@ func TestWatchEvents(t *testing.T) {
 	}
 }
 
+// ReadBookmark reads back what AppendBookmark writes.
+func TestReadBookmark(t *testing.T) {
+	for _, bk := range []BookmarkKind{ProgressBookmark, InitialEventsEnd} {
+		var ev metav1.WatchEvent
+		if err := json.Unmarshal(AppendBookmark(nil, "EndpointSlice", "discovery.k8s.io/v1", 12, bk), &ev); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadBookmark(ev.Object.Raw)
+		if want := (BookmarkInfo{"EndpointSlice", "discovery.k8s.io/v1", 12, bk}); err != nil || got != want {
+			t.Errorf("ReadBookmark(%s) = %+v, %v; want %+v", ev.Object.Raw, got, err, want)
+		}
+	}
+	if _, err := ReadBookmark([]byte(`{"metadata":`)); err == nil {
+		t.Error("a bookmark that does not decode was read")
+	}
+}
+
 func TestWriteStatus(t *testing.T) {
 	w := httptest.NewRecorder()
 	WriteStatus(w, apierrors.NewNotFound(schemaGR, "p"))

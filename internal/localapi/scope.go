@@ -75,19 +75,11 @@ func (s Scope) FiltersContent() bool {
 	return false
 }
 
-// Object is what a Scope reads of an object.
-type Object interface {
-	// Field returns the value of a field selector's field ("" if the
-	// object lacks it): metadata.name, metadata.namespace, and the other
-	// fields its store supports.
-	Field(path string) string
-	// GetLabels returns the object's labels.
-	GetLabels() map[string]string
-}
-
-// Matches reports whether o is in the scope.
-func (s Scope) Matches(o Object) bool {
-	return s.MatchesKey(o.Field("metadata.namespace"), o.Field("metadata.name")) && s.MatchesContent(o.GetLabels(), o.Field)
+// Matches reports whether o is in the scope. Its fields are read as
+// Object.Field reads them, its JSON decoded at most once.
+func (s Scope) Matches(o *Object) bool {
+	r := fieldReader{o: o}
+	return s.MatchesKey(o.Namespace, o.Name) && s.MatchesContent(o.Labels, r.field)
 }
 
 // MatchesKey reports whether an object's namespace and name are in the

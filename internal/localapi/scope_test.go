@@ -5,43 +5,29 @@ import (
 	"testing"
 )
 
-// object is a Scope's view of a test object.
-type object struct {
-	namespace, name string
-	labels          map[string]string
-	fields          map[string]string
-}
-
-func (o object) GetLabels() map[string]string { return o.labels }
-
-func (o object) Field(path string) string {
-	switch path {
-	case "metadata.name":
-		return o.name
-	case "metadata.namespace":
-		return o.namespace
-	}
-	return o.fields[path]
+// object is a test object whose fields are indexed (Raw is not read).
+func object(namespace, name string, labels, fields map[string]string) *Object {
+	return &Object{Namespace: namespace, Name: name, Labels: labels, Indexed: fields}
 }
 
 func TestScope(t *testing.T) {
-	web := object{"a", "web-1", map[string]string{"app": "web"}, map[string]string{"spec.nodeName": "n1"}}
-	db := object{"a", "db-1", map[string]string{"app": "db"}, map[string]string{"spec.nodeName": "n1"}}
-	other := object{"b", "web-2", map[string]string{"app": "web"}, map[string]string{"spec.nodeName": "n2"}}
+	web := object("a", "web-1", map[string]string{"app": "web"}, map[string]string{"spec.nodeName": "n1"})
+	db := object("a", "db-1", map[string]string{"app": "db"}, map[string]string{"spec.nodeName": "n1"})
+	other := object("b", "web-2", map[string]string{"app": "web"}, map[string]string{"spec.nodeName": "n2"})
 	for _, tc := range []struct {
 		namespace, name, query string
-		want                   []object
+		want                   []*Object
 		selective, content     bool
 	}{
-		{"", "", "", []object{web, db, other}, false, false},
-		{"a", "", "", []object{web, db}, false, false},
-		{"", "", "labelSelector=app%3Dweb", []object{web, other}, true, true},
-		{"", "", "labelSelector=app+in+(db)", []object{db}, true, true},
-		{"a", "", "fieldSelector=spec.nodeName%3Dn1", []object{web, db}, true, true},
-		{"", "", "fieldSelector=spec.nodeName!%3Dn1", []object{other}, true, true},
-		{"", "", "fieldSelector=metadata.name!%3Dweb-1", []object{db, other}, true, false},
-		{"", "", "fieldSelector=metadata.namespace%3D%3Db", []object{other}, true, false},
-		{"a", "web-1", "", []object{web}, true, false},
+		{"", "", "", []*Object{web, db, other}, false, false},
+		{"a", "", "", []*Object{web, db}, false, false},
+		{"", "", "labelSelector=app%3Dweb", []*Object{web, other}, true, true},
+		{"", "", "labelSelector=app+in+(db)", []*Object{db}, true, true},
+		{"a", "", "fieldSelector=spec.nodeName%3Dn1", []*Object{web, db}, true, true},
+		{"", "", "fieldSelector=spec.nodeName!%3Dn1", []*Object{other}, true, true},
+		{"", "", "fieldSelector=metadata.name!%3Dweb-1", []*Object{db, other}, true, false},
+		{"", "", "fieldSelector=metadata.namespace%3D%3Db", []*Object{other}, true, false},
+		{"a", "web-1", "", []*Object{web}, true, false},
 		{"a", "web-1", "labelSelector=app%3Ddb", nil, true, true},
 		{"c", "", "", nil, false, false},
 	} {
@@ -50,20 +36,20 @@ func TestScope(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%+v: %v", tc, err)
 		}
-		var got []object
-		for _, o := range []object{web, db, other} {
+		var got []*Object
+		for _, o := range []*Object{web, db, other} {
 			if s.Matches(o) {
 				got = append(got, o)
 			}
-			if key, content := s.MatchesKey(o.namespace, o.name), s.MatchesContent(o.labels, o.Field); (key && content) != s.Matches(o) {
-				t.Errorf("%+v: %s: key %v, content %v, matches %v", tc, o.name, key, content, s.Matches(o))
+			if key, content := s.MatchesKey(o.Namespace, o.Name), s.MatchesContent(o.Labels, o.Field); (key && content) != s.Matches(o) {
+				t.Errorf("%+v: %s: key %v, content %v, matches %v", tc, o.Name, key, content, s.Matches(o))
 			}
 		}
 		if len(got) != len(tc.want) {
 			t.Errorf("%+v: matched %v", tc, got)
 		} else {
 			for i := range got {
-				if got[i].name != tc.want[i].name {
+				if got[i].Name != tc.want[i].Name {
 					t.Errorf("%+v: matched %v", tc, got)
 				}
 			}
