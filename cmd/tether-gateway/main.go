@@ -12,6 +12,7 @@ import (
 	"github.com/tether-edge/tether/gateway"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/internal/memtrim"
 )
 
 // README.md's tether-gateway flag table and packaging/config/gateway.yaml are
@@ -39,6 +40,10 @@ func run(args []string) int {
 			if err := cli.ApplyMemoryLimit(cfg.MemoryLimit, log); err != nil {
 				return err
 			}
+			// A cold start or a restart storm (thousands of handshakes)
+			// leaves garbage and pooled buffers that keepalives alone
+			// take many minutes to collect: give them back once quiet.
+			go memtrim.Run(ctx, memtrim.Options{}, log)
 			return gateway.Run(ctx, cfg)
 		},
 	}, args)

@@ -8,7 +8,11 @@
 // spends most of its life idle, so that heap is what it costs the node.
 // Run collects garbage and returns the free pages when the allocation
 // rate is low and doing so gives back enough memory to be worth a
-// collection, at most once per MinInterval.
+// collection, at most once per MinInterval. Both bars rise with the live
+// heap, because a collection's cost does: tether-gateway at 10,000 edges
+// holds 500 MiB of live heap, allocates a few MiB every few seconds for
+// keepalives, and would otherwise never count as quiet, or collect every
+// MinInterval for a few MiB.
 package memtrim
 
 import (
@@ -24,11 +28,13 @@ type Options struct {
 	// Every is how often the runtime's figures are read (default 5 s).
 	Every time.Duration
 	// Quiet is the most bytes allocated in one Every for the process to
-	// count as quiet (default 512 KiB).
+	// count as quiet (default 512 KiB), or 1/128 of the live heap if
+	// that is more.
 	Quiet uint64
 	// Min is the least memory a trim must be expected to give back: free
 	// heap pages not returned to the kernel, and what was allocated since
-	// the last collection (default 2 MiB).
+	// the last collection (default 2 MiB), or an eighth of the live heap
+	// if that is more.
 	Min uint64
 	// MinInterval is the least time between two trims (default 30 s).
 	MinInterval time.Duration
@@ -47,6 +53,13 @@ type Stats struct {
 	// allocated since the last collection (objects that died since are
 	// not known until the next one).
 	Reclaimable uint64
+	// Live is the heap the last collection found live.
+	Live uint64
+}
+
+// bars returns the quiet and worth-it bars for a live heap of live bytes.
+func (o Options) bars(live uint64) (quiet, min uint64) {
+	return max(o.Quiet, live/128), max(o.Min, live/8)
 }
 
 func (o Options) withDefaults() Options {
@@ -86,13 +99,14 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) {
 		case <-t.C:
 		}
 		st := o.read()
-		quiet := st.Allocated-prev < o.Quiet
+		quietBar, minGain := o.bars(st.Live)
+		quiet := st.Allocated-prev < quietBar
 		prev = st.Allocated
 		// floor is what the last trim left: the estimate counts some
 		// memory a trim does not give back (about 2 MiB in tether-edge),
 		// and without it an idle process would collect every MinInterval
 		// for nothing.
-		if !quiet || st.Reclaimable < floor+o.Min || time.Since(last) < o.MinInterval {
+		if !quiet || st.Reclaimable < floor+minGain || time.Since(last) < o.MinInterval {
 			continue
 		}
 		start := time.Now()
@@ -126,7 +140,7 @@ func ReadStats() Stats {
 			v[i] = s[i].Value.Uint64()
 		}
 	}
-	st := Stats{Allocated: v[0], Reclaimable: v[1]}
+	st := Stats{Allocated: v[0], Reclaimable: v[1], Live: v[3]}
 	if objects, live := v[2], v[3]; objects > live {
 		st.Reclaimable += objects - live
 	}
