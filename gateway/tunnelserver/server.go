@@ -18,8 +18,10 @@
 //
 // A certificate is good for the handshake only, but tunnels live for
 // weeks: every Options.RecheckInterval the chains of the live tunnels are
-// verified again, against the client CAs and the time of the moment, and a
-// tunnel whose certificate expired or whose CA left --client-ca is closed
+// verified again, against the client CAs and the time of the moment (a
+// chain is verified again only once the client CAs changed or a NotAfter
+// along it passed), and a tunnel whose certificate expired or whose CA
+// left --client-ca is closed
 // with tunnel.CloseNotAllowed (counted by
 // tether_gateway_tunnel_evictions_total). The edge reconnects with the
 // certificate it holds now, if that one verifies.
@@ -153,6 +155,7 @@ type Server struct {
 	clientCAs func() *x509.CertPool
 	recheck   time.Duration
 	evictions *prometheus.CounterVec
+	verified  verifiedLeaves // chains verified, and until when
 
 	heartbeats  Heartbeats
 	elections   Elections

@@ -44,8 +44,9 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 // verifyClient checks a client's certificate chain as crypto/tls's
 // RequireAndVerifyClientCert would, and logs and counts a refusal.
 func (s *Server) verifyClient(certs []*x509.Certificate, roots *x509.CertPool, remote string) error {
-	err := verifyChain(certs, roots, s.now())
+	until, err := verifyChain(certs, roots, s.now())
 	if err == nil {
+		s.verified.note(certs[0], roots, until)
 		return nil
 	}
 	reason := refusalReason(err)
@@ -61,10 +62,12 @@ func (s *Server) verifyClient(certs []*x509.Certificate, roots *x509.CertPool, r
 var errNoCertificate = errors.New("no client certificate")
 
 // verifyChain verifies the leaf certificate against roots, with the rest
-// of certs as intermediates, for client authentication at time now.
-func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, now time.Time) error {
+// of certs as intermediates, for client authentication at time now. It
+// returns when the verified chain stops verifying against these roots: the
+// first NotAfter along it.
+func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, now time.Time) (until time.Time, err error) {
 	if len(certs) == 0 {
-		return errNoCertificate
+		return time.Time{}, errNoCertificate
 	}
 	opts := x509.VerifyOptions{
 		Roots:         roots,
@@ -75,10 +78,65 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, now time.Time)
 	for _, c := range certs[1:] {
 		opts.Intermediates.AddCert(c)
 	}
-	if _, err := certs[0].Verify(opts); err != nil {
-		return fmt.Errorf("verify client certificate: %w", err)
+	chains, err := certs[0].Verify(opts)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("verify client certificate: %w", err)
 	}
-	return nil
+	// Any chain will do; the one that lasts longest.
+	for _, chain := range chains {
+		first := chain[0].NotAfter
+		for _, c := range chain[1:] {
+			if c.NotAfter.Before(first) {
+				first = c.NotAfter
+			}
+		}
+		if first.After(until) {
+			until = first
+		}
+	}
+	return until, nil
+}
+
+// verifiedLeaves remembers, for the leaf certificate of each verified
+// chain, the client CAs it was verified against and when it stops
+// verifying, so that a recheck verifies only the chains whose CAs changed
+// or whose time came: at 10,000 edges, verifying every chain every
+// minute cost 8 % of an idle gateway's CPU. Keys are the parsed leaves
+// crypto/tls hands to VerifyConnection and keeps in the connection's
+// state, so a tunnel's entry is found by pointer.
+type verifiedLeaves struct {
+	mu sync.Mutex
+	m  map[*x509.Certificate]verifiedLeaf
+}
+
+type verifiedLeaf struct {
+	roots *x509.CertPool
+	until time.Time
+}
+
+func (v *verifiedLeaves) note(leaf *x509.Certificate, roots *x509.CertPool, until time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.m == nil {
+		v.m = map[*x509.Certificate]verifiedLeaf{}
+	}
+	v.m[leaf] = verifiedLeaf{roots, until}
+}
+
+// stillGood reports whether leaf was verified against roots and now is
+// before its chain's first NotAfter.
+func (v *verifiedLeaves) stillGood(leaf *x509.Certificate, roots *x509.CertPool, now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	e, ok := v.m[leaf]
+	return ok && e.roots == roots && now.Before(e.until)
+}
+
+// keep forgets every leaf but those of leaves.
+func (v *verifiedLeaves) keep(leaves map[*x509.Certificate]bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	maps.DeleteFunc(v.m, func(l *x509.Certificate, _ verifiedLeaf) bool { return !leaves[l] })
 }
 
 // refusalReason is the metric label of a verifyChain error.
@@ -162,10 +220,18 @@ func (s *Server) recheckLive() {
 	live := slices.Collect(maps.Keys(s.live))
 	s.mu.Unlock()
 	pool, now := s.clientCAs(), s.now()
+	leaves := make(map[*x509.Certificate]bool, len(live))
 	for _, c := range live {
 		certs := c.ConnectionState().TLS.PeerCertificates
-		err := verifyChain(certs, pool, now)
+		if len(certs) > 0 {
+			leaves[certs[0]] = true
+			if s.verified.stillGood(certs[0], pool, now) {
+				continue
+			}
+		}
+		until, err := verifyChain(certs, pool, now)
 		if err == nil {
+			s.verified.note(certs[0], pool, until)
 			continue
 		}
 		reason := refusalReason(err)
@@ -177,4 +243,5 @@ func (s *Server) recheckLive() {
 		s.log.Warn("tunnel closed: its client certificate no longer verifies", attrs...)
 		c.CloseWithError(tunnel.CloseNotAllowed, "client certificate no longer valid: "+reason)
 	}
+	s.verified.keep(leaves)
 }

@@ -260,3 +260,68 @@ func TestLogLimit(t *testing.T) {
 		t.Fatalf("next window: ok %v, dropped %d; want true, 5", ok, dropped)
 	}
 }
+
+// A chain is verified again only when the client CAs changed or a
+// NotAfter along it passed; what a recheck does not keep is forgotten.
+func TestVerifiedLeaves(t *testing.T) {
+	var v verifiedLeaves
+	leaf, other := &x509.Certificate{}, &x509.Certificate{}
+	poolA, poolB := x509.NewCertPool(), x509.NewCertPool()
+	now := time.Now()
+	v.note(leaf, poolA, now.Add(time.Hour))
+	for _, c := range []struct {
+		leaf *x509.Certificate
+		pool *x509.CertPool
+		at   time.Time
+		want bool
+	}{
+		{leaf, poolA, now, true},
+		{leaf, poolA, now.Add(time.Hour), false}, // its chain's first NotAfter
+		{leaf, poolB, now, false},                // other client CAs
+		{other, poolA, now, false},               // never verified
+	} {
+		if got := v.stillGood(c.leaf, c.pool, c.at); got != c.want {
+			t.Errorf("stillGood(leaf %v, same pool %v, +%v) = %v, want %v", c.leaf == leaf, c.pool == poolA, c.at.Sub(now), got, c.want)
+		}
+	}
+	v.note(other, poolA, now.Add(time.Hour))
+	v.keep(map[*x509.Certificate]bool{other: true})
+	if v.stillGood(leaf, poolA, now) || !v.stillGood(other, poolA, now) {
+		t.Error("keep did not forget exactly the leaves it was not given")
+	}
+}
+
+// verifyChain's until is the first NotAfter along the chain: a CA that
+// expires before its leaf ends the chain's life.
+func TestVerifyChainUntil(t *testing.T) {
+	ca := testenv.MustCA(t, "CA")
+	for _, c := range []struct {
+		name     string
+		notAfter time.Time
+	}{
+		{"leaf ends first", time.Now().Add(time.Hour)},
+		{"CA ends first", ca.Cert.NotAfter.Add(24 * time.Hour)},
+	} {
+		leaf, err := ca.Issue(testenv.Template{
+			CommonName: "system:node:edge-1", Organizations: []string{"system:nodes"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, NotAfter: c.notAfter,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		until, err := verifyChain([]*x509.Certificate{leaf.Cert}, ca.Pool(), time.Now())
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		want := leaf.Cert.NotAfter
+		if ca.Cert.NotAfter.Before(want) {
+			want = ca.Cert.NotAfter
+		}
+		if !until.Equal(want) {
+			t.Errorf("%s: until %v, want %v (leaf %v, CA %v)", c.name, until, want, leaf.Cert.NotAfter, ca.Cert.NotAfter)
+		}
+	}
+	if ca.Cert.NotAfter.Before(time.Now().Add(time.Hour)) {
+		t.Fatal("the test CA ends within the hour: the leaf-first case tests nothing")
+	}
+}
