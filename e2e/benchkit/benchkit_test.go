@@ -210,16 +210,16 @@ func TestProgressAndSleep(t *testing.T) {
 	}
 }
 
-func TestNotefAndTail(t *testing.T) {
+func TestNoteAndTail(t *testing.T) {
 	var b bytes.Buffer
-	Notef(&b, "somebench", false)("%d edges %s", 3, "up")
+	Note(&b, "somebench", false, "%d edges %s", 3, "up")
 	if got := b.String(); got != "somebench: 3 edges up\n" {
-		t.Errorf("Notef = %q", got)
+		t.Errorf("Note = %q", got)
 	}
 	b.Reset()
-	Notef(&b, "somebench", true)("x")
+	Note(&b, "somebench", true, "x")
 	if !regexp.MustCompile(`^\d\d:\d\d:\d\d somebench: x\n$`).MatchString(b.String()) {
-		t.Errorf("stamped Notef = %q", b.String())
+		t.Errorf("stamped Note = %q", b.String())
 	}
 	if got := Tail("abcdef", 10); got != "abcdef" {
 		t.Errorf("Tail short = %q", got)

@@ -10,7 +10,7 @@
 //     connection and TLS handshake per request; Get, a GET that must
 //     answer 200 with a body; SaveURL, a GET written to a file (profiles);
 //     Pct, the nearest-rank percentile of sorted latencies;
-//   - running a bench (run.go): Notef, the progress lines on stderr;
+//   - running a bench (run.go): Note, a progress line;
 //     Sleep, a sleep that ends with its context; Parallel, a bounded pool
 //     of workers; Progress, a callback every interval; Tail, the end of a
 //     long log for an error message.

@@ -4,20 +4,23 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 )
 
-// Notef returns a bench's progress logger: each line to w, prefixed with
-// "name: " and, when stamp is set, the time of day.
-func Notef(w io.Writer, name string, stamp bool) func(format string, args ...any) {
-	return func(format string, args ...any) {
-		line := fmt.Sprintf(name+": "+format+"\n", args...)
-		if stamp {
-			line = time.Now().Format("15:04:05") + " " + line
-		}
-		io.WriteString(w, line)
+// Note writes a bench's progress line to w (stderr, or stdout for soak):
+// "name: " and the formatted text, after the time of day when stamp is
+// set, in one write (notes may come from several goroutines).
+func Note(w io.Writer, name string, stamp bool, format string, args ...any) {
+	var b strings.Builder
+	if stamp {
+		b.WriteString(time.Now().Format("15:04:05 "))
 	}
+	b.WriteString(name + ": ")
+	fmt.Fprintf(&b, format, args...)
+	b.WriteString("\n")
+	io.WriteString(w, b.String())
 }
 
 // Sleep waits d, or until ctx ends (its error).

@@ -13,6 +13,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 )
 
@@ -114,7 +115,7 @@ func (a *agent) heartbeats(ctx context.Context, req hbRequest) (hbResult, error)
 	}
 	wg.Wait()
 	slices.Sort(lat)
-	res.ReplyP50, res.ReplyP99 = pct(lat, 50), pct(lat, 99)
+	res.ReplyP50, res.ReplyP99 = benchkit.Pct(lat, 50), benchkit.Pct(lat, 99)
 	return res, nil
 }
 
@@ -133,12 +134,3 @@ func leaseJSON(node string, t time.Time) ([]byte, error) {
 }
 
 const leaseNamespace = "kube-node-lease"
-
-// pct is the p-th percentile of sorted d (nearest rank).
-func pct(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	i := int(float64(len(d))*p/100+0.5) - 1
-	return d[min(max(i, 0), len(d)-1)]
-}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -141,7 +142,7 @@ func (b *bench) startGateway(ctx context.Context, i int) (*gwProc, error) {
 	started := time.Now()
 	cmd := h.Start(b.s, b.bins.Gateway, b.gwArgs[i]...)
 	b.logs = append(b.logs, procLog{h.Label, h, cmd})
-	pid, err := realPID(ctx, cmd.Process.Pid, b.bins.Gateway)
+	pid, err := benchkit.RealPID(ctx, cmd.Process.Pid, b.bins.Gateway)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +218,7 @@ func (r regResult) all() bool { return r.reached >= r.want }
 // written as <label>.
 func (b *bench) waitRegistered(ctx context.Context, g *gwProc, want int, label string) regResult {
 	r := regResult{want: want}
-	agentCPU0 := procCPU(b.agent.pid)
+	agentCPU0 := benchkit.CPU(b.agent.pid)
 	deadline := g.started.Add(b.o.registerWait)
 	lastN, lastT := 0, time.Now()
 	lastNote := time.Now()
@@ -236,19 +237,19 @@ func (b *bench) waitRegistered(ctx context.Context, g *gwProc, want int, label s
 			lastN, lastT = n, now
 			r.reached = n
 		}
-		m := readMem(g.pid)
-		r.peakRSS = max(r.peakRSS, m.hwm)
+		m, _ := benchkit.ReadMem(g.pid)
+		r.peakRSS = max(r.peakRSS, m.HWM)
 		r.took = now.Sub(g.started)
-		r.cpu = procCPU(g.pid) // all of it: g started for this wait
+		r.cpu = benchkit.CPU(g.pid) // all of it: g started for this wait
 		if r.all() || now.After(deadline) || ctx.Err() != nil {
-			r.agentCPU = procCPU(b.agent.pid) - agentCPU0
+			r.agentCPU = benchkit.CPU(b.agent.pid) - agentCPU0
 			return r
 		}
 		if now.Sub(lastNote) >= 5*time.Second {
 			lastNote = now
 			note("%s: %v: %d/%d registered on %s, RSS %s MiB, CPU %.0f%% of a core (load generator %.0f%%)", label, r.took.Round(time.Second),
-				r.reached, want, g.host.Label, mib(m.rss), 100*r.cpu.Seconds()/r.took.Seconds(),
-				100*(procCPU(b.agent.pid)-agentCPU0).Seconds()/time.Since(g.started).Seconds())
+				r.reached, want, g.host.Label, mib(m.RSS), 100*r.cpu.Seconds()/r.took.Seconds(),
+				100*(benchkit.CPU(b.agent.pid)-agentCPU0).Seconds()/time.Since(g.started).Seconds())
 		}
 		select {
 		case <-ctx.Done():
@@ -275,14 +276,14 @@ func (b *bench) createFleet(ctx context.Context) error {
 	start := time.Now()
 	var done int64
 	var mu sync.Mutex
-	stop := progress(ctx, 5*time.Second, func() {
+	stop := benchkit.Progress(ctx, 5*time.Second, func() {
 		mu.Lock()
 		n := done
 		mu.Unlock()
 		note("nodes: %d/%d created (%.0f/s)", n, b.o.edges, float64(n)/time.Since(start).Seconds())
 	})
 	defer stop()
-	err := parallel(ctx, b.o.createParallel, b.o.edges, func(k int) error {
+	err := benchkit.Parallel(ctx, b.o.createParallel, b.o.edges, func(k int) error {
 		i := k + 1
 		if err := createNode(ctx, b.admin, edgeName(i), edgeAddr(i), poolOf(i)); err != nil {
 			return err
@@ -325,65 +326,6 @@ func createNode(ctx context.Context, c kubernetes.Interface, name string, addr n
 		}
 	}
 	return nil
-}
-
-// parallel runs f(0..n-1) on workers goroutines; the first error stops it.
-func parallel(ctx context.Context, workers, n int, f func(int) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := range next {
-				if err := f(k); err != nil {
-					cancel(err)
-				}
-			}
-		}()
-	}
-	for k := 0; k < n && ctx.Err() == nil; k++ {
-		select {
-		case next <- k:
-		case <-ctx.Done():
-		}
-	}
-	close(next)
-	wg.Wait()
-	return context.Cause(ctx)
-}
-
-// progress calls f every interval until the returned stop is called.
-func progress(ctx context.Context, interval time.Duration, f func()) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				f()
-			}
-		}
-	}()
-	return func() { cancel(); <-done }
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // agentClient drives the load generator over its unix socket.
@@ -429,7 +371,7 @@ func startAgent(ctx context.Context, s *testenv.Session, w *world.World, h *test
 			return d.DialContext(ctx, "unix", cfg.Socket)
 		},
 	}}}
-	if a.pid, err = realPID(ctx, cmd.Process.Pid, exe); err != nil {
+	if a.pid, err = benchkit.RealPID(ctx, cmd.Process.Pid, exe); err != nil {
 		return nil, nil, err
 	}
 	deadline := time.Now().Add(5 * time.Minute)
@@ -437,19 +379,12 @@ func startAgent(ctx context.Context, s *testenv.Session, w *world.World, h *test
 		if _, err := a.stats(ctx); err == nil {
 			return a, cmd, nil
 		} else if time.Now().After(deadline) || h.Exited(cmd) {
-			return nil, nil, fmt.Errorf("load generator not answering: %v; its log: %s", err, tail(h.Log(cmd)))
+			return nil, nil, fmt.Errorf("load generator not answering: %v; its log: %s", err, benchkit.Tail(h.Log(cmd), 2000))
 		}
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+		if err := benchkit.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return nil, nil, err
 		}
 	}
-}
-
-func tail(s string) string {
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
-	}
-	return s
 }
 
 func (a *agentClient) call(ctx context.Context, method, path string, in, out any) error {
@@ -522,33 +457,10 @@ func (b *bench) profile(ctx context.Context, g *gwProc, label string, d time.Dur
 }
 
 // fetchProfile saves g's admin endpoint path into --profile's directory as
-// <name>.pprof.
+// gateway-<name>.pprof.
 func (b *bench) fetchProfile(ctx context.Context, g *gwProc, path, name string, timeout time.Duration) error {
 	if err := os.MkdirAll(b.o.profileDir, 0o755); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	c := &http.Client{Transport: &http.Transport{DialContext: g.host.DialContext}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, world.GatewayAdmin(g.host, path), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
-	}
-	f, err := os.Create(filepath.Join(b.o.profileDir, "gateway-"+name+".pprof"))
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return benchkit.SaveURL(ctx, g.host.DialContext, world.GatewayAdmin(g.host, path), filepath.Join(b.o.profileDir, "gateway-"+name+".pprof"), timeout)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 )
 
@@ -113,13 +114,13 @@ func (b *bench) churn(ctx context.Context, res *results) error {
 		}()
 	}
 
-	cpu0, start := procCPU(g.pid), time.Now()
-	stop := progress(ctx, 10*time.Second, func() {
+	cpu0, start := benchkit.CPU(g.pid), time.Now()
+	stop := benchkit.Progress(ctx, 10*time.Second, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		el := time.Since(start)
 		note("churn: %v: %d added, %d removed, gateway CPU %.0f%% of a core", el.Round(time.Second), r.added, r.removed,
-			100*(procCPU(g.pid)-cpu0).Seconds()/el.Seconds())
+			100*(benchkit.CPU(g.pid)-cpu0).Seconds()/el.Seconds())
 	})
 	tick := time.NewTicker(10 * time.Millisecond)
 	for sent := 0; sent < total && ctx.Err() == nil; {
@@ -135,7 +136,7 @@ func (b *bench) churn(ctx context.Context, res *results) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	r.took = time.Since(start)
-	r.cpuPct = 100 * (procCPU(g.pid) - cpu0).Seconds() / r.took.Seconds()
+	r.cpuPct = 100 * (benchkit.CPU(g.pid) - cpu0).Seconds() / r.took.Seconds()
 	stop()
 	probes.Wait()
 	deletes.Wait()
@@ -144,7 +145,7 @@ func (b *bench) churn(ctx context.Context, res *results) error {
 	slices.Sort(r.dns)
 	slices.Sort(r.dnat)
 	note("churn: %d added, %d removed in %v (%d failed), DNS p99 %s ms, DNAT p99 %s ms, %d/%d probes not fresh within %v, gateway CPU %.0f%%",
-		r.added, r.removed, r.took.Round(100*time.Millisecond), r.failed, ms(pct(r.dns, 99)), ms(pct(r.dnat, 99)), r.dnsMiss+r.dnatMiss, 2*r.probes, churnProbeLimit, r.cpuPct)
+		r.added, r.removed, r.took.Round(100*time.Millisecond), r.failed, ms(benchkit.Pct(r.dns, 99)), ms(benchkit.Pct(r.dnat, 99)), r.dnsMiss+r.dnatMiss, 2*r.probes, churnProbeLimit, r.cpuPct)
 	return ctx.Err()
 }
 

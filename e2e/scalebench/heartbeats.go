@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/poolstore"
 )
 
@@ -109,14 +110,14 @@ func (b *bench) heartbeats(ctx context.Context, res *results) error {
 	b.profile(ctx, g, "heartbeats", b.o.hbDuration)
 	start := time.Now()
 	last := 0
-	stop := progress(ctx, 10*time.Second, func() {
+	stop := benchkit.Progress(ctx, 10*time.Second, func() {
 		mu.Lock()
 		n := h.written
 		lat := slices.Clone(h.lat)
 		mu.Unlock()
 		slices.Sort(lat)
 		note("heartbeats: %v: %d written (%.0f/s over the last 10 s), p99 send → Lease update %s ms", time.Since(start).Round(time.Second), n,
-			float64(n-last)/10, ms(pct(lat, 99)))
+			float64(n-last)/10, ms(benchkit.Pct(lat, 99)))
 		last = n
 	})
 	err = b.agent.call(ctx, "POST", "/heartbeats", hbRequest{Pools: pools, Interval: b.o.hbInterval, Duration: b.o.hbDuration}, &h.agent)
@@ -134,7 +135,7 @@ func (b *bench) heartbeats(ctx context.Context, res *results) error {
 			break
 		}
 		prev = n
-		if err := sleep(ctx, 2*time.Second); err != nil {
+		if err := benchkit.Sleep(ctx, 2*time.Second); err != nil {
 			return err
 		}
 	}
@@ -146,7 +147,7 @@ func (b *bench) heartbeats(ctx context.Context, res *results) error {
 	slices.Sort(h.lat)
 	mu.Unlock()
 	note("heartbeats: %d sent, %d answered ok, %d written (%.1f/s), p99 %s ms, %d lost; errors %v", h.agent.Sent, h.agent.OK, h.written,
-		h.rate(), ms(pct(h.lat, 99)), h.lost(), h.agent.Errors)
+		h.rate(), ms(benchkit.Pct(h.lat, 99)), h.lost(), h.agent.Errors)
 
 	note("heartbeats: the offline edges come back")
 	if err := b.agent.start(ctx, members, b.gatewayAddr(0)); err != nil {
@@ -165,7 +166,7 @@ func (b *bench) hbObjects(ctx context.Context, pools []hbPool) error {
 		return err
 	}
 	now := metav1.Now()
-	err := parallel(ctx, b.o.createParallel, len(pools), func(k int) error {
+	err := benchkit.Parallel(ctx, b.o.createParallel, len(pools), func(k int) error {
 		p := pools[k]
 		pool := poolOf(p.Leader)
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace}}
@@ -187,7 +188,7 @@ func (b *bench) hbObjects(ctx context.Context, pools []hbPool) error {
 	}
 	leases := b.admin.CoordinationV1().Leases(leaseNamespace)
 	old := metav1.NewMicroTime(time.Now().Add(-time.Minute))
-	return parallel(ctx, b.o.createParallel, len(members), func(k int) error {
+	return benchkit.Parallel(ctx, b.o.createParallel, len(members), func(k int) error {
 		name := edgeName(members[k])
 		secs := int32(40)
 		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: leaseNamespace},
@@ -239,7 +240,7 @@ func (b *bench) waitCount(ctx context.Context, g *gwProc, want int, timeout time
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s has %d edges registered, not %d, after %v (%v)", g.host.Label, n, want, timeout, err)
 		}
-		if err := sleep(ctx, time.Second); err != nil {
+		if err := benchkit.Sleep(ctx, time.Second); err != nil {
 			return err
 		}
 	}

@@ -62,6 +62,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -169,7 +170,7 @@ func (l *stringList) String() string     { return strings.Join(*l, " ") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func note(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s scalebench: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	benchkit.Note(os.Stderr, "scalebench", true, format, args...)
 }
 
 func run(ctx context.Context, s *testenv.Session, o options) error {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tether-edge/tether/e2e/benchkit"
 )
 
 // results are the figures of the phases that ran.
@@ -105,7 +107,7 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 		r.settled = false
 	}
 	note("steady: settling 5 s, then %v of keepalives only", b.o.steady)
-	if err := sleep(ctx, 5*time.Second); err != nil {
+	if err := benchkit.Sleep(ctx, 5*time.Second); err != nil {
 		return err
 	}
 	n, err := registered(ctx, g.host)
@@ -118,23 +120,23 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 		return err
 	}
 	b.profile(ctx, g, "steady", b.o.steady)
-	cpu0, t0 := procCPU(g.pid), time.Now()
-	stop := progress(ctx, 10*time.Second, func() {
+	cpu0, t0 := benchkit.CPU(g.pid), time.Now()
+	stop := benchkit.Progress(ctx, 10*time.Second, func() {
 		el := time.Since(t0)
-		note("steady: %v/%v, RSS %s MiB, CPU %.1f%% of a core", el.Round(time.Second), b.o.steady, mib(readMem(g.pid).rss),
-			100*(procCPU(g.pid)-cpu0).Seconds()/el.Seconds())
+		note("steady: %v/%v, RSS %s MiB, CPU %.1f%% of a core", el.Round(time.Second), b.o.steady, mib(gatewayRSS(g)),
+			100*(benchkit.CPU(g.pid)-cpu0).Seconds()/el.Seconds())
 	})
-	err = sleep(ctx, b.o.steady)
+	err = benchkit.Sleep(ctx, b.o.steady)
 	stop()
 	if err != nil {
 		return err
 	}
-	cpu1, took := procCPU(g.pid), time.Since(t0)
+	cpu1, took := benchkit.CPU(g.pid), time.Since(t0)
 	udp1, err := udpDatagrams(ctx, g.host)
 	if err != nil {
 		return err
 	}
-	r.took, r.rss = took, readMem(g.pid).rss
+	r.took, r.rss = took, gatewayRSS(g)
 	r.cpuPct = 100 * (cpu1 - cpu0).Seconds() / took.Seconds()
 	r.udpIn, r.udpOut = float64(udp1.in-udp0.in)/took.Seconds(), float64(udp1.out-udp0.out)/took.Seconds()
 	if r.connected, err = registered(ctx, g.host); err != nil {

@@ -7,96 +7,20 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
-// procCPU is the CPU time process pid has used (utime + stime from
-// /proc/<pid>/stat, in 10 ms ticks), or 0.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name, in parentheses, may hold spaces: count fields
-	// after its closing parenthesis (utime and stime are fields 14 and 15).
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
-
-// procMem is a process's resident set now and at its peak (VmRSS and
-// VmHWM of /proc/<pid>/status), in bytes; zero when unknown.
-type procMem struct{ rss, hwm int64 }
-
-func readMem(pid int) procMem {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return procMem{}
-	}
-	var m procMem
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			m.rss = kb << 10
-		case "VmHWM:":
-			m.hwm = kb << 10
-		}
-	}
-	return m
-}
-
-// realPID is the pid running binary: pid itself, or a child of it (a
-// process started through `ip netns exec` may be either).
-func realPID(ctx context.Context, pid int, binary string) (int, error) {
-	want := filepath.Base(binary)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		for _, p := range append([]int{pid}, children(pid)...) {
-			exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", p))
-			if err == nil && filepath.Base(exe) == want {
-				return p, nil
-			}
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return 0, fmt.Errorf("pid %d is not %s and has no child running it", pid, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func children(pid int) []int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			out = append(out, n)
-		}
-	}
-	return out
+// gatewayRSS is g's resident set now, or 0 when unknown.
+func gatewayRSS(g *gwProc) int64 {
+	m, _ := benchkit.ReadMem(g.pid)
+	return m.RSS
 }
 
 // udpCounters are the UDP counters of a network namespace (Udp: of

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/tether-edge/tether/e2e/benchkit"
 )
 
 // replicaResult is the replicas phase.
@@ -51,7 +53,7 @@ func (b *bench) replicas(ctx context.Context, res *results) error {
 	stop := make(chan struct{})
 	done := make(chan routeResult, 1)
 	go func() { done <- b.route.load(ctx, targets, b.o.routeConc, 0, stop) }()
-	if err := sleep(ctx, 5*time.Second); err != nil {
+	if err := benchkit.Sleep(ctx, 5*time.Second); err != nil {
 		close(stop)
 		return err
 	}
@@ -66,7 +68,7 @@ func (b *bench) replicas(ctx context.Context, res *results) error {
 		return err
 	}
 	r.back = b.waitRegistered(ctx, g, m, "replicas")
-	err = sleep(ctx, 5*time.Second)
+	err = benchkit.Sleep(ctx, 5*time.Second)
 	close(stop)
 	r.routing = <-done
 	note("replicas: gw1 had %d/%d edges again after %v; routing through gw2 meanwhile: %d requests, %d failed, p99 %s ms",

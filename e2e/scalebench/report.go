@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 )
 
@@ -122,7 +123,7 @@ func printLaterPhases(o options, r *results) {
 		fmt.Printf("delegated heartbeats (%d offline edges in %d pools, every %v for %v):\n", h.offline, h.pools, o.hbInterval, o.hbDuration)
 		row("renewals sent / answered ok", fmt.Sprintf("%d / %d", h.agent.Sent, h.agent.OK))
 		row("renewals written (Lease updates seen)", fmt.Sprintf("%d, %.1f/s (wanted %.1f/s; target ≥ 100/s at 1,000 offline)", h.written, h.rate(), float64(h.offline)/o.hbInterval.Seconds()))
-		row("leader send → Lease update seen", fmt.Sprintf("p50 %s ms, p99 %s ms", ms(pct(h.lat, 50)), ms(pct(h.lat, 99))))
+		row("leader send → Lease update seen", fmt.Sprintf("p50 %s ms, p99 %s ms", ms(benchkit.Pct(h.lat, 50)), ms(benchkit.Pct(h.lat, 99))))
 		row("leader send → gateway's reply", fmt.Sprintf("p50 %s ms, p99 %s ms", ms(h.agent.ReplyP50), ms(h.agent.ReplyP99)))
 		row("lost (sent, not written)", fmt.Sprint(h.lost()))
 		if len(h.agent.Errors) > 0 {
@@ -132,8 +133,8 @@ func printLaterPhases(o options, r *results) {
 	if c := r.churn; c != nil {
 		fmt.Printf("Node churn (%d added and removed per second for %v, each living %v):\n", o.churnRate, o.churnDuration, churnLifetime)
 		row("added / removed / failed", fmt.Sprintf("%d / %d / %d in %s s", c.added, c.removed, c.failed, secs(c.took)))
-		row("created → answered by the gateway's DNS", fmt.Sprintf("p50 %s ms, p99 %s ms, %d of %d not within %v", ms(pct(c.dns, 50)), ms(pct(c.dns, 99)), c.dnsMiss, c.probes, churnProbeLimit))
-		row("created → DNATed to the transparent listener", fmt.Sprintf("p50 %s ms, p99 %s ms, %d of %d not within %v", ms(pct(c.dnat, 50)), ms(pct(c.dnat, 99)), c.dnatMiss, c.probes, churnProbeLimit))
+		row("created → answered by the gateway's DNS", fmt.Sprintf("p50 %s ms, p99 %s ms, %d of %d not within %v", ms(benchkit.Pct(c.dns, 50)), ms(benchkit.Pct(c.dns, 99)), c.dnsMiss, c.probes, churnProbeLimit))
+		row("created → DNATed to the transparent listener", fmt.Sprintf("p50 %s ms, p99 %s ms, %d of %d not within %v", ms(benchkit.Pct(c.dnat, 50)), ms(benchkit.Pct(c.dnat, 99)), c.dnatMiss, c.probes, churnProbeLimit))
 		row("gateway CPU", fmt.Sprintf("%.1f%% of a core", c.cpuPct))
 		if c.firstErr != nil {
 			row("first failure", c.firstErr.Error())

@@ -2,17 +2,15 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 )
 
@@ -23,37 +21,14 @@ import (
 // request went end to end to the right edge.
 type routeClient struct{ c *http.Client }
 
-func newRouteClient(dial func(context.Context, string, string) (net.Conn, error), roots *x509.CertPool) *routeClient {
-	return &routeClient{c: &http.Client{
-		Transport: &http.Transport{
-			DialContext:       dial,
-			TLSClientConfig:   &tls.Config{RootCAs: roots},
-			DisableKeepAlives: true,
-		},
-		Timeout: 10 * time.Second,
-	}}
+func newRouteClient(dial benchkit.DialFunc, roots *x509.CertPool) *routeClient {
+	return &routeClient{c: benchkit.NewConnClient(dial, roots, 10*time.Second)}
 }
 
 // get fetches /healthz of edge i.
 func (c *routeClient) get(ctx context.Context, i int) error {
-	url := fmt.Sprintf("https://%s:%d/healthz", edgeAddr(i), world.KubeletPort)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK || len(body) == 0 {
-		return fmt.Errorf("GET %s: %s %q", url, resp.Status, body)
-	}
-	return nil
+	_, err := benchkit.Get(ctx, c.c, fmt.Sprintf("https://%s:%d/healthz", edgeAddr(i), world.KubeletPort))
+	return err
 }
 
 // routeResult is one routing measurement.
@@ -73,7 +48,7 @@ func (r routeResult) rate() float64 {
 	return float64(r.reqs) / r.elapsed.Seconds()
 }
 
-func (r routeResult) p(q float64) time.Duration { return pct(r.lat, q) }
+func (r routeResult) p(q float64) time.Duration { return benchkit.Pct(r.lat, q) }
 
 // load sends GETs to random edges among targets from conc clients until
 // stop is closed or d passes (d 0: only stop), and reports.
@@ -140,7 +115,7 @@ func (c *routeClient) warmUp(ctx context.Context, i int) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("edge %s not reachable through the gateway within a minute: %w", edgeName(i), err)
 		}
-		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+		if err := benchkit.Sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
 	}
