@@ -116,14 +116,71 @@ type relay struct {
 	firstErr error
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+// Buffers of a relay direction. A direction starts on a small buffer, and
+// idles on one (an idle relayed connection holds two per process). When a
+// read fills it, more data was waiting: the direction takes a large
+// buffer, if fewer than maxLarge are in use in the process, and keeps it
+// until a read returns less than smallBuf/16 (a trickle, or the end of a
+// burst). Large reads make fewer and larger writes on the other side:
+// fewer Writes into the QUIC stream, each of which wakes quic-go's send
+// loop, on the edge; fewer and larger TCP writes on the gateway. See
+// tunnel/README.md, "The relay's cost per byte", for what it bought.
+const (
+	smallBuf = 64 << 10
+	largeBuf = 1 << 20
+	// maxLarge bounds the memory of large buffers: 32 MiB per process.
+	maxLarge = 32
+)
+
+var (
+	smallPool  = sync.Pool{New: func() any { b := make([]byte, smallBuf); return &b }}
+	largePool  = sync.Pool{New: func() any { b := make([]byte, largeBuf); return &b }}
+	largeInUse atomic.Int32
+)
+
+// relayBuf is the buffer a relay direction reads into.
+type relayBuf struct {
+	p     *[]byte
+	large bool
+}
+
+func newRelayBuf() relayBuf { return relayBuf{p: smallPool.Get().(*[]byte)} }
+
+// adapt switches to a large buffer after a read of n bytes filled the
+// small one, and back after a short read.
+func (b *relayBuf) adapt(n int) {
+	switch {
+	case !b.large && n == smallBuf:
+		if largeInUse.Add(1) > maxLarge {
+			largeInUse.Add(-1)
+			return
+		}
+		smallPool.Put(b.p)
+		b.p, b.large = largePool.Get().(*[]byte), true
+	case b.large && n < smallBuf/16:
+		b.release()
+		b.p = smallPool.Get().(*[]byte)
+	}
+}
+
+// release gives the buffer back.
+func (b *relayBuf) release() {
+	if b.large {
+		largePool.Put(b.p)
+		largeInUse.Add(-1)
+		b.large = false
+	} else {
+		smallPool.Put(b.p)
+	}
+	b.p = nil
+}
 
 // copy moves bytes from src to dst until EOF (nil) or an error.
 func (r *relay) copy(dst io.Writer, src io.Reader, counter *atomic.Int64) error {
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
+	b := newRelayBuf()
+	defer b.release()
 	for {
+		buf := *b.p
 		n, rerr := src.Read(buf)
 		if n > 0 {
 			r.touch()
@@ -140,6 +197,7 @@ func (r *relay) copy(dst io.Writer, src io.Reader, counter *atomic.Int64) error 
 		if rerr != nil {
 			return rerr
 		}
+		b.adapt(n)
 	}
 }
 

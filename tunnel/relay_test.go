@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
@@ -334,5 +335,112 @@ func TestRelayPeerStopsReading(t *testing.T) {
 	}
 	if err := waitErr(t, done, "gateway relay"); err != nil {
 		t.Errorf("relay: %v", err)
+	}
+}
+
+// TestRelayLargeBuffers checks the relay's buffers: a burst makes both
+// relays take large buffers, the bytes arrive intact, a trickle gives
+// the large buffers back while the connection stays open, and nothing is
+// held once it ends.
+func TestRelayLargeBuffers(t *testing.T) {
+	if n := largeInUse.Load(); n != 0 {
+		t.Fatalf("%d large buffers in use before the test", n)
+	}
+	client, server, gwDone, edgeDone := relayed(t, RelayOptions{}, RelayOptions{})
+
+	// A download of 16 MiB that the client does not read at first: the
+	// path fills up, so that the relays' reads fill their buffers.
+	data := make([]byte, 16<<20)
+	for i := range data {
+		data[i] = byte(i * 7 / 3)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := server.Write(data)
+		sent <- err
+	}()
+	waitFor(t, "a large buffer in use", func() bool { return largeInUse.Load() > 0 })
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(client, got); err != nil {
+		t.Fatalf("client read: %v", err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("server write: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the client got other bytes than the server sent")
+	}
+
+	// Small exchanges: the relays go back to small buffers.
+	for i := range 3 {
+		msg := []byte(fmt.Sprintf("ping %d", i))
+		if _, err := client.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(server, make([]byte, len(msg))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := server.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(client, make([]byte, len(msg))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "no large buffer in use on the idle connection", func() bool { return largeInUse.Load() == 0 })
+
+	client.CloseWrite()
+	server.CloseWrite()
+	io.Copy(io.Discard, client)
+	io.Copy(io.Discard, server)
+	if err := waitErr(t, gwDone, "gateway relay"); err != nil {
+		t.Errorf("gateway relay: %v", err)
+	}
+	if err := waitErr(t, edgeDone, "edge relay"); err != nil {
+		t.Errorf("edge relay: %v", err)
+	}
+	if n := largeInUse.Load(); n != 0 {
+		t.Errorf("%d large buffers in use after the relays ended", n)
+	}
+}
+
+// TestRelayLargeBufferBound checks that no more than maxLarge large
+// buffers are in use at once, and that a buffer refused one stays usable.
+func TestRelayLargeBufferBound(t *testing.T) {
+	bufs := make([]relayBuf, maxLarge+1)
+	for i := range bufs {
+		bufs[i] = newRelayBuf()
+		bufs[i].adapt(smallBuf) // a read filled it
+	}
+	for i, b := range bufs {
+		want := i < maxLarge
+		if b.large != want || (len(*b.p) == largeBuf) != want {
+			t.Errorf("buffer %d: large %v, %d bytes; want large %v", i, b.large, len(*b.p), want)
+		}
+	}
+	if n := largeInUse.Load(); n != maxLarge {
+		t.Errorf("%d large buffers in use, want %d", n, maxLarge)
+	}
+	bufs[0].adapt(smallBuf / 32) // a short read
+	if bufs[0].large || len(*bufs[0].p) != smallBuf {
+		t.Errorf("after a short read: large %v, %d bytes", bufs[0].large, len(*bufs[0].p))
+	}
+	for i := range bufs {
+		bufs[i].release()
+	}
+	if n := largeInUse.Load(); n != 0 {
+		t.Errorf("%d large buffers in use after all were released", n)
+	}
+}
+
+// waitFor polls cond for up to 30 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
