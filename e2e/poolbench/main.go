@@ -68,6 +68,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -150,10 +151,8 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	if err != nil {
 		return err
 	}
-	logf := func(string, ...any) {}
-	if o.verbose {
-		logf = func(format string, args ...any) { s.Log.Info(fmt.Sprintf(format, args...)) }
-	}
+	// world.RunBench's logger drops Info lines unless verbose.
+	logf := s.Logf
 	hosts := make([]string, o.edges)
 	for i := range hosts {
 		hosts[i] = fmt.Sprintf("edge-%d", i+1)
@@ -230,5 +229,5 @@ const (
 )
 
 func note(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "poolbench: "+format+"\n", args...)
+	benchkit.Note(os.Stderr, "poolbench", false, format, args...)
 }

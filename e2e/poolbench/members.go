@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
@@ -112,7 +111,7 @@ func pctOf(cpu, wall time.Duration) float64 {
 // exist. The leader learns its pool's members from the Nodes.
 func (b *bench) ensureSimNodes(ctx context.Context, n int) error {
 	nodes := b.w.CP.Client.CoreV1().Nodes()
-	return parallel(ctx, 8, n, func(i int) error {
+	return benchkit.Parallel(ctx, 8, n, func(i int) error {
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: simName(i + 1),
 			Labels: map[string]string{world.EdgeLabel: "true", world.PoolLabel: siteName, corev1.LabelHostname: simName(i + 1)}}}
 		if _, err := nodes.Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -165,7 +164,7 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 	}
 	cmds := []*exec.Cmd{leader.Host.Start(b.s, b.bins.Edge, args...)}
 	defer b.stopEdges([]*world.Edge{leader}, cmds)
-	pid, err := edgePID(ctx, cmds[0].Process.Pid, b.bins.Edge)
+	pid, err := benchkit.RealPID(ctx, cmds[0].Process.Pid, b.bins.Edge)
 	if err != nil {
 		return res, err
 	}
@@ -194,7 +193,7 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 	}
 	b.logf("run %d members: changing %d EndpointSlices, the leader alone", run, b.o.changes)
 	w.expect(alone)
-	cpu0, start := mustCPU(pid), time.Now()
+	cpu0, start := benchkit.CPU(pid), time.Now()
 	if _, err := changeAll(ctx, b.w.CP.Client, b.o.changes, alone, b.o.workers); err != nil {
 		return res, err
 	}
@@ -203,7 +202,7 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 	if _, err := w.wait(actx); err != nil {
 		return res, fmt.Errorf("the leader alone: %w", err)
 	}
-	res.aloneCPU, res.aloneTook = mustCPU(pid)-cpu0, time.Since(start)
+	res.aloneCPU, res.aloneTook = benchkit.CPU(pid)-cpu0, time.Since(start)
 	if st, err = leader.Status(ctx); err != nil {
 		return res, err
 	}
@@ -228,7 +227,7 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 		fcancel()
 		wg.Wait()
 	}()
-	cpu0, own0 := mustCPU(pid), mustCPU(os.Getpid())
+	cpu0, own0 := benchkit.CPU(pid), benchkit.CPU(os.Getpid())
 	start = time.Now()
 	sims := make([]*simFollower, 0, nf)
 	for k := range nf {
@@ -247,24 +246,24 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 		return res, err
 	}
 	res.firstSync = time.Since(start)
-	cpu1, _ := procCPU(pid)
-	res.firstSyncCPU, res.firstSyncOwn = cpu1-cpu0, mustCPU(os.Getpid())-own0
+	cpu1 := benchkit.CPU(pid)
+	res.firstSyncCPU, res.firstSyncOwn = cpu1-cpu0, benchkit.CPU(os.Getpid())-own0
 	if m, err := readMem(pid); err == nil {
-		res.syncHWM = m.hwm
+		res.syncHWM = m.HWM
 	}
 	note("run %d members: %d followers synced in %v", run, nf, res.firstSync.Round(10*time.Millisecond))
 
-	if err := sleep(ctx, b.o.settle); err != nil {
+	if err := benchkit.Sleep(ctx, b.o.settle); err != nil {
 		return res, err
 	}
 
 	b.logf("run %d members: %v with no change", run, b.o.idle)
-	b0, cpu0 := fwdBytes(sims), mustCPU(pid)
+	b0, cpu0 := fwdBytes(sims), benchkit.CPU(pid)
 	t0 := time.Now()
-	if err := sleep(ctx, b.o.idle); err != nil {
+	if err := benchkit.Sleep(ctx, b.o.idle); err != nil {
 		return res, err
 	}
-	res.idle, res.idleCPU = time.Since(t0), mustCPU(pid)-cpu0
+	res.idle, res.idleCPU = time.Since(t0), benchkit.CPU(pid)-cpu0
 	res.idleBytes = subAll(fwdBytes(sims), b0)
 
 	b.logf("run %d members: changing %d EndpointSlices", run, b.o.changes)
@@ -273,8 +272,8 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 		sf.track.expect(round)
 	}
 	b0, f0 := fwdBytes(sims), frameBytes(sims)
-	cpu0, self0 := mustCPU(pid), mustCPU(os.Getpid())
-	disk0, fdisk0 := procWritten(pid), procWritten(os.Getpid())
+	cpu0, self0 := benchkit.CPU(pid), benchkit.CPU(os.Getpid())
+	disk0, fdisk0 := benchkit.Written(pid), benchkit.Written(os.Getpid())
 	start = time.Now()
 	var profErr chan error
 	if b.o.cpuProfile != "" {
@@ -299,8 +298,8 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 	if err := errors.Join(errs...); err != nil {
 		return res, fmt.Errorf("waiting for the replicas: %w", err)
 	}
-	res.changeCPU, res.selfCPU = mustCPU(pid)-cpu0, mustCPU(os.Getpid())-self0
-	res.leaderDisk, res.followerDisk = procWritten(pid)-disk0, procWritten(os.Getpid())-fdisk0
+	res.changeCPU, res.selfCPU = benchkit.CPU(pid)-cpu0, benchkit.CPU(os.Getpid())-self0
+	res.leaderDisk, res.followerDisk = benchkit.Written(pid)-disk0, benchkit.Written(os.Getpid())-fdisk0
 	res.bytes = subAll(fwdBytes(sims), b0)
 	f1 := frameBytes(sims)
 	for k := range f1 {
@@ -352,7 +351,7 @@ func waitReplicas(ctx context.Context, sims []*simFollower, epoch string, rev ui
 		if len(pending) == 0 {
 			return nil
 		}
-		if err := sleep(ctx, pollEvery); err != nil {
+		if err := benchkit.Sleep(ctx, pollEvery); err != nil {
 			st := sims[slices.IndexFunc(sims, func(sf *simFollower) bool { return sf.name == pending[0] })].f.Status()
 			return fmt.Errorf("%d followers not synced within %v (%s...; %s: rev %d, last error %q)",
 				len(pending), syncTimeout, strings.Join(pending[:min(5, len(pending))], ", "), pending[0], st.Rev, st.LastError)
@@ -376,7 +375,7 @@ func compareReplicas(ctx context.Context, leader *world.Edge, sims []*simFollowe
 				equal++
 			}
 		}
-		if equal == len(sims) || sleep(ctx, pollEvery) != nil {
+		if equal == len(sims) || benchkit.Sleep(ctx, pollEvery) != nil {
 			return fmt.Sprintf("%d of %d", equal, len(sims))
 		}
 	}
@@ -433,36 +432,8 @@ func subAll(after, before []traffic) []traffic {
 	return out
 }
 
-// mustCPU is procCPU, 0 if the process is gone.
-func mustCPU(pid int) time.Duration {
-	d, _ := procCPU(pid)
-	return d
-}
-
 // cpuProfile saves a CPU profile of e's tether-edge (started with
 // --profiling) over secs seconds to path.
 func cpuProfile(ctx context.Context, e *world.Edge, secs int, path string) error {
-	c := &http.Client{Timeout: time.Duration(secs+30) * time.Second, Transport: &http.Transport{DialContext: e.Host.DialContext}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, world.EdgeAdmin(fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs)), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s", resp.Status, body)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return benchkit.SaveURL(ctx, e.Host.DialContext, world.EdgeAdmin(fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs)), path, time.Duration(secs+30)*time.Second)
 }

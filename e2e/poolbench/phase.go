@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -91,7 +92,7 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 			args = append(args, "--pool-listen", "")
 		}
 		cmds[i] = e.Host.Start(b.s, b.bins.Edge, args...)
-		pid, err := edgePID(ctx, cmds[i].Process.Pid, b.bins.Edge)
+		pid, err := benchkit.RealPID(ctx, cmds[i].Process.Pid, b.bins.Edge)
 		if err != nil {
 			return res, err
 		}
@@ -123,7 +124,7 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 		return res, err
 	}
 	res.peaks = append(res.peaks, peak("informers synced", pids))
-	if err := sleep(ctx, b.o.settle); err != nil {
+	if err := benchkit.Sleep(ctx, b.o.settle); err != nil {
 		return res, err
 	}
 
@@ -132,7 +133,7 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 	if err != nil {
 		return res, err
 	}
-	if err := sleep(ctx, b.o.idle); err != nil {
+	if err := benchkit.Sleep(ctx, b.o.idle); err != nil {
 		return res, err
 	}
 	s1, err := b.snapshot(ctx, edges)
@@ -152,7 +153,7 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 	li := slices.IndexFunc(edges, func(e *world.Edge) bool { return e.Name == res.leader })
 	var cpu0 time.Duration
 	if li >= 0 {
-		cpu0 = mustCPU(pids[li])
+		cpu0 = benchkit.CPU(pids[li])
 	}
 	start := time.Now()
 	returned, err := changeAll(ctx, b.w.CP.Client, b.o.changes, round, b.o.workers)
@@ -172,7 +173,7 @@ func (b *bench) phase(ctx context.Context, run, round int, pool bool) (phaseResu
 		return res, fmt.Errorf("waiting for the informers: %w", err)
 	}
 	if li >= 0 {
-		res.leaderCPU = mustCPU(pids[li]) - cpu0
+		res.leaderCPU = benchkit.CPU(pids[li]) - cpu0
 	}
 	s1, err = b.snapshot(ctx, edges)
 	if err != nil {
@@ -224,7 +225,7 @@ func peak(stage string, pids []int) stagePeak {
 	p := stagePeak{stage: stage}
 	for _, pid := range pids {
 		if m, err := readMem(pid); err == nil {
-			p.hwm = max(p.hwm, m.hwm)
+			p.hwm = max(p.hwm, m.HWM)
 		}
 	}
 	return p
@@ -265,7 +266,7 @@ func (b *bench) waitReady(ctx context.Context, edges []*world.Edge, cmds []*exec
 	for {
 		for k, e := range edges {
 			if e.Host.Exited(cmds[k]) {
-				return fmt.Errorf("tether-edge on %s exited:\n%s", e.Name, tail(e.Host.Log(cmds[k]), 2000))
+				return fmt.Errorf("tether-edge on %s exited:\n%s", e.Name, benchkit.Tail(e.Host.Log(cmds[k]), 2000))
 			}
 		}
 		ok, state := b.ready(ctx, edges, pool, res)
@@ -274,7 +275,7 @@ func (b *bench) waitReady(ctx context.Context, edges []*world.Edge, cmds []*exec
 			return nil
 		}
 		last = state
-		if err := sleep(ctx, pollEvery); err != nil {
+		if err := benchkit.Sleep(ctx, pollEvery); err != nil {
 			return fmt.Errorf("edges not ready within %v: %s", readyTimeout, last)
 		}
 	}
@@ -326,7 +327,7 @@ func (b *bench) waitSynced(ctx context.Context, ws []*watcher) error {
 		if len(pending) == 0 {
 			return nil
 		}
-		if err := sleep(ctx, pollEvery); err != nil {
+		if err := benchkit.Sleep(ctx, pollEvery); err != nil {
 			return fmt.Errorf("informers not synced within %v: %s", syncTimeout, strings.Join(pending, ", "))
 		}
 	}
@@ -383,7 +384,7 @@ func (b *bench) servedTo(ctx context.Context, edges []*world.Edge) (map[string]f
 			}
 			all = all && n > 0
 		}
-		if all || sleep(ctx, pollEvery) != nil {
+		if all || benchkit.Sleep(ctx, pollEvery) != nil {
 			return sum, nil
 		}
 	}
@@ -418,22 +419,4 @@ func (b *bench) stopEdges(edges []*world.Edge, cmds []*exec.Cmd) {
 		}()
 	}
 	wg.Wait()
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "..." + s[len(s)-n:]
 }

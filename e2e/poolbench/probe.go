@@ -4,12 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -124,78 +122,17 @@ func (c *edgeCounters) read(ctx context.Context) (map[string]traffic, error) {
 	return res, nil
 }
 
-// procMem is a process's resident memory now and at its peak, in bytes,
-// and what is resident now split into anonymous memory (the Go heap and
-// stacks) and file pages (the binary, bbolt's memory-mapped files).
-type procMem struct{ rss, hwm, anon, file, heap, goSys int64 }
+// procMem is a tether-edge's memory: what /proc says (benchkit.Mem) and,
+// from its /metrics, the Go heap in use and all the memory the Go runtime
+// obtained from the OS.
+type procMem struct {
+	benchkit.Mem
+	heap, goSys int64
+}
 
-// readMem reads VmRSS, VmHWM, RssAnon and RssFile from /proc/<pid>/status.
 func readMem(pid int) (procMem, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return procMem{}, err
-	}
-	var m procMem
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) != 2 || f[1] != "kB" {
-			continue
-		}
-		n, _ := strconv.ParseInt(f[0], 10, 64)
-		switch k {
-		case "VmRSS":
-			m.rss = n << 10
-		case "VmHWM":
-			m.hwm = n << 10
-		case "RssAnon":
-			m.anon = n << 10
-		case "RssFile":
-			m.file = n << 10
-		}
-	}
-	if m.rss == 0 {
-		return m, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
-	}
-	return m, nil
-}
-
-// edgePID returns the PID of the tether-edge process that Host.Start
-// started as pid: pid itself once `ip netns exec` has exec'd the program
-// in place (it does, outside batch mode), else a child running the
-// binary. It waits up to 5 s for the exec.
-func edgePID(ctx context.Context, pid int, binary string) (int, error) {
-	want := filepath.Base(binary)
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for {
-		for _, p := range append([]int{pid}, children(pid)...) {
-			exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", p))
-			if err == nil && filepath.Base(exe) == want {
-				return p, nil
-			}
-		}
-		if err := sleep(ctx, 20*time.Millisecond); err != nil {
-			return 0, fmt.Errorf("pid %d is not %s and has no child running it", pid, want)
-		}
-	}
-}
-
-func children(pid int) []int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			out = append(out, n)
-		}
-	}
-	return out
+	m, err := benchkit.ReadMem(pid)
+	return procMem{Mem: m}, err
 }
 
 // edgeMetrics is what the bench reads from an edge's /metrics.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 )
 
@@ -36,15 +37,6 @@ func printHeader(o options) {
 	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
 }
 
-// pct is the p-th percentile of sorted d (nearest rank).
-func pct(d []time.Duration, p float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	i := int(float64(len(d))*p/100+0.5) - 1
-	return d[min(max(i, 0), len(d)-1)]
-}
-
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }
 
 func kB(n float64) string { return fmt.Sprintf("%.1f", n/1e3) }
@@ -64,9 +56,9 @@ func ratio(res []phaseResult, r phaseResult) float64 {
 
 func (r phaseResult) memStats() (maxRSS, meanRSS, maxHWM int64) {
 	for _, m := range r.mem {
-		maxRSS = max(maxRSS, m.rss)
-		maxHWM = max(maxHWM, m.hwm)
-		meanRSS += m.rss
+		maxRSS = max(maxRSS, m.RSS)
+		maxHWM = max(maxHWM, m.HWM)
+		meanRSS += m.RSS
 	}
 	if len(r.mem) > 0 {
 		meanRSS /= int64(len(r.mem))
@@ -86,7 +78,7 @@ func printTable(o options, res []phaseResult) {
 			if v := ratio(res, r); v >= 0 {
 				rt = fmt.Sprintf("%.3f", v)
 			}
-			lag50, lag99 = ms(pct(r.lag, 50)), ms(pct(r.lag, 99))
+			lag50, lag99 = ms(benchkit.Pct(r.lag, 50)), ms(benchkit.Pct(r.lag, 99))
 		}
 		maxRSS, meanRSS, _ := r.memStats()
 		fmt.Printf("%-8s %3d %12s %10s %7s %10s %10s %10s %10s %9.1f %9.1f %9s %9s\n",
@@ -106,12 +98,12 @@ func printTable(o options, res []phaseResult) {
 	for _, r := range res {
 		lagMax, l50, l99 := "-", "-", "-"
 		if r.pool {
-			lagMax = ms(pct(r.lag, 100))
-			l50, l99 = ms(pct(r.toLeader, 50)), ms(pct(r.toLeader, 99))
+			lagMax = ms(benchkit.Pct(r.lag, 100))
+			l50, l99 = ms(benchkit.Pct(r.toLeader, 50)), ms(benchkit.Pct(r.toLeader, 99))
 		}
 		_, _, hwm := r.memStats()
 		fmt.Printf("%-8s %3d %9s %9s %9s %9s %9s %9s %9s %12s %12s %10s\n",
-			r.phase, r.run, lagMax, l50, l99, ms(pct(r.toAll, 50)), ms(pct(r.toAll, 99)), ms(pct(r.toAll, 100)),
+			r.phase, r.run, lagMax, l50, l99, ms(benchkit.Pct(r.toAll, 50)), ms(benchkit.Pct(r.toAll, 99)), ms(benchkit.Pct(r.toAll, 100)),
 			mB(hwm), kB(r.proxyDown), kB(r.replicated), served(r.served))
 	}
 	fmt.Printf("\nupd→ldr: the update call returning in this process to the leader's informer receiving the change; upd→all: to\n" +
@@ -153,10 +145,10 @@ func printTargets(res []phaseResult) {
 			without = append(without, r.change.down)
 		}
 		for name, m := range r.mem {
-			if m.hwm > peak {
-				peak, peakAt = m.hwm, fmt.Sprintf("%s, %s run %d", name, r.phase, r.run)
+			if m.HWM > peak {
+				peak, peakAt = m.HWM, fmt.Sprintf("%s, %s run %d", name, r.phase, r.run)
 			}
-			rss = max(rss, m.rss)
+			rss = max(rss, m.RSS)
 		}
 	}
 	slices.Sort(lag)
@@ -173,9 +165,9 @@ func printTargets(res []phaseResult) {
 			met(v <= targetRatio), targetRatio, v, len(ratios), kB(medianI(with)), kB(medianI(without)))
 	}
 	if len(lag) > 0 {
-		p99 := pct(lag, 99)
+		p99 := benchkit.Pct(lag, 99)
 		fmt.Printf("  %s replication lag p99 at most %v: p99 %s ms, p50 %s ms, max %s ms (%d follower receipts)\n",
-			met(p99 <= targetLag), targetLag, ms(p99), ms(pct(lag, 50)), ms(pct(lag, 100)), len(lag))
+			met(p99 <= targetLag), targetLag, ms(p99), ms(benchkit.Pct(lag, 50)), ms(benchkit.Pct(lag, 100)), len(lag))
 	}
 	fmt.Printf("  %s RSS at most %d MiB per node: peak (VmHWM) %s MiB (%s); largest VmRSS after the changes %s MiB\n",
 		met(peak <= targetRSS), targetRSS>>20, mB(peak), peakAt, mB(rss))
@@ -189,7 +181,7 @@ func printNotes(res []phaseResult) {
 		fmt.Printf("  %-8s run %d: %s | %s\n", r.phase, r.run, byNode(r, r.perEdge), byNode(r, r.idlePerEdge))
 		var anon, file, heap, goSys []int64
 		for _, m := range r.mem {
-			anon, file = append(anon, m.anon), append(file, m.file)
+			anon, file = append(anon, m.Anon), append(file, m.File)
 			heap, goSys = append(heap, m.heap), append(goSys, m.goSys)
 		}
 		fmt.Printf("  %-8s run %d: RSS median: anonymous %s MiB, files %s MiB; Go heap in use %s MiB, Go runtime total %s MiB\n", "", r.run,
@@ -205,12 +197,12 @@ func printNotes(res []phaseResult) {
 		var f []int64
 		for name, m := range r.mem {
 			if name != r.leader {
-				f = append(f, m.rss)
+				f = append(f, m.RSS)
 			}
 		}
 		lm := r.mem[r.leader]
 		fmt.Printf("  %-8s run %d: RSS leader %s MiB (anonymous %s, files %s, Go heap in use %s; peak %s; pid %d), followers median %s MiB\n", "", r.run,
-			mB(lm.rss), mB(lm.anon), mB(lm.file), mB(lm.heap), mB(lm.hwm), r.leaderPID, mB(int64(medianI(f))))
+			mB(lm.RSS), mB(lm.Anon), mB(lm.File), mB(lm.heap), mB(lm.HWM), r.leaderPID, mB(int64(medianI(f))))
 		fmt.Printf("  %-8s run %d: CPU of the leader while the slices changed: %.2f s over %.1f s, %.1f %% of one core\n", "", r.run,
 			r.leaderCPU.Seconds(), r.took.Seconds(), pctOf(r.leaderCPU, r.took))
 		if r.leaderAfter != r.leader {
@@ -278,8 +270,8 @@ func printMembers(o options, res []membersResult) {
 		"", "ms", "ms", "ms", "p99 ms", "s", "%", "CPU %", "MiB", "MiB", "kB", "kB", "B/s", "s")
 	for _, r := range res {
 		fmt.Printf("%3d %8s %8s %8s %9s %7.1f %8.1f %8.1f %8s %8s %10s %10s %10.0f %8.1f\n",
-			r.run, ms(pct(r.lag, 50)), ms(pct(r.lag, 99)), ms(pct(r.lag, 100)), ms(pct(r.toFollowers, 99)), r.took.Seconds(),
-			r.changeCPUPct(), pctOf(r.idleCPU, r.idle), mB(r.memAfter.rss), mB(r.memAfter.hwm),
+			r.run, ms(benchkit.Pct(r.lag, 50)), ms(benchkit.Pct(r.lag, 99)), ms(benchkit.Pct(r.lag, 100)), ms(benchkit.Pct(r.toFollowers, 99)), r.took.Seconds(),
+			r.changeCPUPct(), pctOf(r.idleCPU, r.idle), mB(r.memAfter.RSS), mB(r.memAfter.HWM),
 			kB(r.lanPerFollower()), kB(meanF(r.frames)), meanTraffic(r.idleBytes)/r.idle.Seconds(), r.firstSync.Seconds())
 	}
 	fmt.Printf("\nlag: a follower's replica holding a change minus the leader node's kube-proxy-like informer receiving it (both\n" +
@@ -299,12 +291,12 @@ func printMembers(o options, res []membersResult) {
 			r.run, r.leader, r.leaderPID, r.changeCPU.Seconds(), r.took.Seconds(), len(r.bytes), r.firstSync.Seconds(), r.firstSyncCPU.Seconds(),
 			r.firstSyncOwn.Seconds(), mB(r.syncHWM))
 		fmt.Printf("  run %d: leader before the followers → after the changes: RSS %s → %s MiB (anonymous %s → %s), Go heap in use %s → %s MiB, goroutines %.0f → %.0f; %.0f streams served\n",
-			r.run, mB(r.memBefore.rss), mB(r.memAfter.rss), mB(r.memBefore.anon), mB(r.memAfter.anon),
+			r.run, mB(r.memBefore.RSS), mB(r.memAfter.RSS), mB(r.memBefore.Anon), mB(r.memAfter.Anon),
 			mB(int64(r.before.heapInuse)), mB(int64(r.after.heapInuse)), r.before.goroutines, r.after.goroutines, r.streams)
 		fmt.Printf("  run %d: the leader alone (its own informer, no follower): CPU %.2f s over %.1f s of the same changes (%.1f %% of one core)\n",
 			r.run, r.aloneCPU.Seconds(), r.aloneTook.Seconds(), pctOf(r.aloneCPU, r.aloneTook))
 		fmt.Printf("  run %d: per follower on the leader: RSS %.0f KiB, Go heap %.0f KiB, %.1f goroutines; CPU %.1f µs per change per follower (CPU with followers minus alone)\n",
-			r.run, float64(r.memAfter.rss-r.memBefore.rss)/n/1024, (r.after.heapInuse-r.before.heapInuse)/n/1024,
+			r.run, float64(r.memAfter.RSS-r.memBefore.RSS)/n/1024, (r.after.heapInuse-r.before.heapInuse)/n/1024,
 			(r.after.goroutines-r.before.goroutines)/n, float64(r.perFollowerCPU(o.changes))/1e3)
 		var down []int64
 		var up int64
@@ -344,11 +336,11 @@ func printMembers(o options, res []membersResult) {
 	}
 	slices.Sort(lag)
 	met := "MISSED"
-	if pct(lag, 99) <= targetLag {
+	if benchkit.Pct(lag, 99) <= targetLag {
 		met = "met   "
 	}
 	fmt.Printf("\nTarget, %d members:\n  %s replication lag p99 at most %v: p99 %s ms, p50 %s ms, max %s ms (%d follower receipts)\n",
-		o.members, met, targetLag, ms(pct(lag, 99)), ms(pct(lag, 50)), ms(pct(lag, 100)), len(lag))
+		o.members, met, targetLag, ms(benchkit.Pct(lag, 99)), ms(benchkit.Pct(lag, 50)), ms(benchkit.Pct(lag, 100)), len(lag))
 	fmt.Printf("  (figures from this machine are indicative: the leader, %d followers, the writers and the control plane share its %d CPUs)\n",
 		nf, runtime.NumCPU())
 }
@@ -379,7 +371,7 @@ func printSummary(res []phaseResult, mres []membersResult) {
 		members = r.members
 		lag = append(lag, r.lag...)
 		cpu = max(cpu, r.changeCPUPct())
-		rss = max(rss, r.memAfter.rss)
+		rss = max(rss, r.memAfter.RSS)
 		lan += r.lanPerFollower()
 		n++
 	}
@@ -391,7 +383,7 @@ func printSummary(res []phaseResult, mres []membersResult) {
 			members = len(r.mem)
 			lag = append(lag, r.lag...)
 			cpu = max(cpu, pctOf(r.leaderCPU, r.took))
-			rss = max(rss, r.mem[r.leader].rss)
+			rss = max(rss, r.mem[r.leader].RSS)
 			lan += r.replicated / float64(max(members-1, 1))
 			n++
 		}
@@ -401,5 +393,5 @@ func printSummary(res []phaseResult, mres []membersResult) {
 	}
 	slices.Sort(lag)
 	fmt.Printf("pool: members=%d lag_p99_ms=%s leader_cpu_pct=%.1f leader_rss_mib=%s lan_bytes_per_follower=%.0f\n",
-		members, ms(pct(lag, 99)), cpu, mB(rss), lan/float64(n))
+		members, ms(benchkit.Pct(lag, 99)), cpu, mB(rss), lan/float64(n))
 }

@@ -5,12 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -313,45 +311,4 @@ func (t *tracker) wait(ctx context.Context, name string) ([]time.Time, error) {
 		err = fmt.Errorf("%s: %d of %d changes not replicated: %w", name, t.missing, len(t.got), err)
 	}
 	return append([]time.Time(nil), t.got...), err
-}
-
-// procCPU is the CPU time (user and system) a process used so far.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The fields after the command name, which is in parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("malformed /proc/pid/stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, errors.New("malformed /proc/pid/stat")
-	}
-	// utime and stime, fields 14 and 15 of stat, in clock ticks
-	// (USER_HZ, 100 on Linux).
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("malformed /proc/pid/stat")
-	}
-	return time.Duration(ut+st) * (time.Second / 100), nil
-}
-
-// procWritten is write_bytes of /proc/<pid>/io: bytes the process had
-// written to storage (bbolt's writes, before the page cache merges them).
-func procWritten(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "write_bytes: "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
 }

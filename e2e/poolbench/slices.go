@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/tether-edge/tether/e2e/benchkit"
 )
 
 // The first endpoint's address of slice i in round r (0 when created) is
@@ -36,7 +37,7 @@ func createSlices(ctx context.Context, c kubernetes.Interface, n int) error {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", benchNS, err)
 	}
-	return parallel(ctx, 8, n, func(i int) error {
+	return benchkit.Parallel(ctx, 8, n, func(i int) error {
 		es := &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{Name: sliceName(i), Namespace: benchNS,
 				Labels: map[string]string{discoveryv1.LabelServiceName: sliceName(i), discoveryv1.LabelManagedBy: "poolbench"}},
@@ -74,7 +75,7 @@ func changeAll(ctx context.Context, c kubernetes.Interface, n, r, workers int) (
 		current[list.Items[k].Name] = &list.Items[k]
 	}
 	returned := make([]time.Time, n)
-	err = parallel(ctx, workers, n, func(i int) error {
+	err = benchkit.Parallel(ctx, workers, n, func(i int) error {
 		es := current[sliceName(i)]
 		for attempt := 0; ; attempt++ {
 			if es == nil || len(es.Endpoints) == 0 {
@@ -96,42 +97,4 @@ func changeAll(ctx context.Context, c kubernetes.Interface, n, r, workers int) (
 		}
 	})
 	return returned, err
-}
-
-// parallel calls f(0..n-1) from k goroutines; it stops at the first
-// error or when ctx ends.
-func parallel(ctx context.Context, k, n int, f func(i int) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	next := make(chan int)
-	errs := make(chan error, k)
-	var wg sync.WaitGroup
-	for range k {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := f(i); err != nil {
-					errs <- err
-					cancel()
-					return
-				}
-			}
-		}()
-	}
-feed:
-	for i := range n {
-		select {
-		case next <- i:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(next)
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-	return ctx.Err()
 }
