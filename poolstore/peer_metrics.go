@@ -1,6 +1,10 @@
 package poolstore
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-edge/tether/internal/promreg"
+)
 
 const metricsNS, metricsSub = "tether", "edge_pool"
 
@@ -55,7 +59,7 @@ func newServerMetrics(reg prometheus.Registerer) (*serverMetrics, error) {
 	for _, r := range []string{heartbeatAccepted, heartbeatRefused, heartbeatBadRequest, heartbeatNotLeader, heartbeatFailed} {
 		m.heartbeats.WithLabelValues(r)
 	}
-	return m, register(reg, m.refused, m.streams, m.ended, m.frames, m.bytes, m.heartbeats)
+	return m, promreg.Register(reg, m.refused, m.streams, m.ended, m.frames, m.bytes, m.heartbeats)
 }
 
 // followerMetrics are the replication client's.
@@ -91,18 +95,5 @@ func newFollowerMetrics(reg prometheus.Registerer) (*followerMetrics, error) {
 	for _, r := range leaderRefusalReasons {
 		m.refused.WithLabelValues(r)
 	}
-	return m, register(reg, m.refused, m.frames, m.bytes, m.resyncs, m.connected, m.lag)
-}
-
-// register registers cs with reg, if any.
-func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	return m, promreg.Register(reg, m.refused, m.frames, m.bytes, m.resyncs, m.connected, m.lag)
 }

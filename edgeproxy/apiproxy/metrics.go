@@ -4,6 +4,8 @@ import (
 	"io"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-edge/tether/internal/promreg"
 )
 
 // How a request was served, the "served" label of requests_total.
@@ -62,17 +64,9 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		poolWatchesEnded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pool_watches_ended_total",
 			Help: "Watches served from the node pool's replica that were ended because the replica stopped serving (the leader's sync went stale while the cloud is reachable); their clients watch again, from the cloud."}),
 	}
-	if reg == nil {
-		return m, nil
-	}
 	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
 		Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen)
-	for _, c := range []prometheus.Collector{m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded, queue} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	return m, promreg.Register(reg, m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded, queue)
 }
 
 // countingReader counts the bytes read through it.

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/utils/clock"
 
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/internal/statusapi"
 )
 
@@ -463,10 +464,8 @@ func (u *Upstreams) registerMetrics(reg prometheus.Registerer) error {
 		Namespace: "tether", Subsystem: "edge_apiserver", Name: "upstream_probes_total",
 		Help: "Health probes of this cloud kube-apiserver, by result (ok or fail).",
 	}, []string{"server", "result"})
-	for _, c := range []prometheus.Collector{u.mHealthy, u.mProbes} {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
+	if err := promreg.Register(reg, u.mHealthy, u.mProbes); err != nil {
+		return err
 	}
 	for _, s := range u.servers {
 		u.mHealthy.WithLabelValues(s.name).Set(0)

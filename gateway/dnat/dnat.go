@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/netrules"
 )
 
@@ -94,12 +95,8 @@ func New(o Options) (*Reconciler, error) {
 			Help: "Edge nodes with DNAT rules in place.",
 		}),
 	}
-	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{r.applies, r.duration, r.edges} {
-			if err := o.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("register netrules metrics: %w", err)
-			}
-		}
+	if err := promreg.Register(o.Registerer, r.applies, r.duration, r.edges); err != nil {
+		return nil, fmt.Errorf("register netrules metrics: %w", err)
 	}
 	return r, nil
 }

@@ -90,6 +90,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -154,10 +155,8 @@ func New(o Options) (*Handler, error) {
 	for _, c := range tunnel.ElectionCodes() {
 		h.results.WithLabelValues(c.String())
 	}
-	if o.Registerer != nil {
-		if err := o.Registerer.Register(h.results); err != nil {
-			return nil, fmt.Errorf("register election record metrics: %w", err)
-		}
+	if err := promreg.Register(o.Registerer, h.results); err != nil {
+		return nil, fmt.Errorf("register election record metrics: %w", err)
 	}
 	return h, nil
 }

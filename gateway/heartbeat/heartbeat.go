@@ -92,6 +92,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -223,12 +224,8 @@ func New(o Options) (*Handler, error) {
 	for _, r := range []string{readNotCached, readConflict} {
 		h.reads.WithLabelValues(r)
 	}
-	if o.Registerer != nil {
-		for _, c := range []prometheus.Collector{h.results, h.clamped, h.reads, h.throttled} {
-			if err := o.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
-			}
-		}
+	if err := promreg.Register(o.Registerer, h.results, h.clamped, h.reads, h.throttled); err != nil {
+		return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
 	}
 	return h, nil
 }
