@@ -250,30 +250,30 @@ func TestAnswers(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestServer(t, tc.opts)
-			for _, tcp := range []bool{false, true} {
-				r, _ := exchange(t, s, tc.q, tcp)
+			for _, via := range []transport{overUDP, overTCP} {
+				r, _ := exchange(t, s, tc.q, via)
 				if tc.noReply {
 					if r != nil {
-						t.Fatalf("tcp=%v: got a reply to a response:\n%v", tcp, r)
+						t.Fatalf("%v: got a reply to a response:\n%v", via, r)
 					}
 					continue
 				}
 				if r == nil {
-					t.Fatalf("tcp=%v: no reply", tcp)
+					t.Fatalf("%v: no reply", via)
 				}
 				if r.Id != tc.q.Id || !r.Response || r.RecursionAvailable || !r.RecursionDesired {
-					t.Errorf("tcp=%v: header id=%#x qr=%v ra=%v rd=%v, want id=%#x qr=true ra=false rd=true",
-						tcp, r.Id, r.Response, r.RecursionAvailable, r.RecursionDesired, tc.q.Id)
+					t.Errorf("%v: header id=%#x qr=%v ra=%v rd=%v, want id=%#x qr=true ra=false rd=true",
+						via, r.Id, r.Response, r.RecursionAvailable, r.RecursionDesired, tc.q.Id)
 				}
 				if r.Rcode != tc.rcode || r.Authoritative != tc.aa {
-					t.Errorf("tcp=%v: rcode %s aa=%v, want %s aa=%v", tcp,
+					t.Errorf("%v: rcode %s aa=%v, want %s aa=%v", via,
 						dns.RcodeToString[r.Rcode], r.Authoritative, dns.RcodeToString[tc.rcode], tc.aa)
 				}
 				if diff := cmp.Diff(tc.answer, rrStrings(r.Answer), serial(r)); diff != "" {
-					t.Errorf("tcp=%v: answer (-want +got):\n%s", tcp, diff)
+					t.Errorf("%v: answer (-want +got):\n%s", via, diff)
 				}
 				if diff := cmp.Diff(tc.ns, rrStrings(r.Ns), serial(r)); diff != "" {
-					t.Errorf("tcp=%v: authority (-want +got):\n%s", tcp, diff)
+					t.Errorf("%v: authority (-want +got):\n%s", via, diff)
 				}
 			}
 		})
@@ -295,7 +295,7 @@ func serial(r *dns.Msg) cmp.Option {
 func TestEDNS0(t *testing.T) {
 	s := newTestServer(t, Options{})
 
-	r, _ := exchange(t, s, query("edge-1.", dns.TypeA, 4096), false)
+	r, _ := exchange(t, s, query("edge-1.", dns.TypeA, 4096), overUDP)
 	opt := r.IsEdns0()
 	if opt == nil {
 		t.Fatal("no OPT in the answer to an EDNS0 query")
@@ -306,17 +306,17 @@ func TestEDNS0(t *testing.T) {
 
 	q := query("edge-1.", dns.TypeA, 1232)
 	q.IsEdns0().SetDo()
-	if r, _ := exchange(t, s, q, false); !r.IsEdns0().Do() {
+	if r, _ := exchange(t, s, q, overUDP); !r.IsEdns0().Do() {
 		t.Error("DO bit not copied into the answer's OPT")
 	}
 
-	if r, _ := exchange(t, s, query("edge-1.", dns.TypeA, 0), false); r.IsEdns0() != nil {
+	if r, _ := exchange(t, s, query("edge-1.", dns.TypeA, 0), overUDP); r.IsEdns0() != nil {
 		t.Error("OPT in the answer to a query without EDNS0")
 	}
 
 	q = query("edge-1.", dns.TypeA, 1232)
 	q.IsEdns0().SetVersion(1)
-	r, _ = exchange(t, s, q, false)
+	r, _ = exchange(t, s, q, overUDP)
 	if r.Rcode != dns.RcodeBadVers || r.IsEdns0() == nil || len(r.Answer) != 0 {
 		t.Errorf("EDNS version 1: rcode %s opt %v answers %d, want BADVERS with OPT and no answer",
 			dns.RcodeToString[r.Rcode], r.IsEdns0(), len(r.Answer))
@@ -324,7 +324,7 @@ func TestEDNS0(t *testing.T) {
 
 	q = query("edge-1.", dns.TypeA, 1232)
 	q.Extra = append(q.Extra, q.Extra[0])
-	if r, _ := exchange(t, s, q, false); r.Rcode != dns.RcodeFormatError {
+	if r, _ := exchange(t, s, q, overUDP); r.Rcode != dns.RcodeFormatError {
 		t.Errorf("two OPT records: rcode %s, want FORMERR", dns.RcodeToString[r.Rcode])
 	}
 }
@@ -334,7 +334,7 @@ func TestTruncation(t *testing.T) {
 	tests := []struct {
 		name    string
 		bufsize uint16
-		tcp     bool
+		via     transport
 		limit   int
 		trunc   bool
 	}{
@@ -343,11 +343,11 @@ func TestTruncation(t *testing.T) {
 		{name: "EDNS0 size below 512 counts as 512", bufsize: 100, limit: 512, trunc: true},
 		{name: "EDNS0 1232 holds 60 A records compressed", bufsize: 1232, limit: 1232},
 		{name: "EDNS0 4096 capped at the server's 1232", bufsize: 4096, limit: 1232},
-		{name: "TCP: everything", tcp: true, limit: dns.MaxMsgSize},
+		{name: "TCP: everything", via: overTCP, limit: dns.MaxMsgSize},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r, n := exchange(t, s, query("many.tether.internal.", dns.TypeA, tc.bufsize), tc.tcp)
+			r, n := exchange(t, s, query("many.tether.internal.", dns.TypeA, tc.bufsize), tc.via)
 			if n > tc.limit {
 				t.Errorf("answer is %d bytes, limit %d", n, tc.limit)
 			}
@@ -367,7 +367,7 @@ func TestTruncation(t *testing.T) {
 		})
 	}
 	// A small answer is never compressed or truncated.
-	r, n := exchange(t, s, query("edge-1.tether.internal.", dns.TypeA, 0), false)
+	r, n := exchange(t, s, query("edge-1.tether.internal.", dns.TypeA, 0), overUDP)
 	// header, name twice (24 bytes on the wire), qtype+qclass, RR header rest, IPv4
 	if r.Truncated || n != 12+2*24+4+10+4 {
 		t.Errorf("small answer: TC=%v, %d bytes", r.Truncated, n)
@@ -383,13 +383,13 @@ func TestUpdate(t *testing.T) {
 	snap.Nodes["edge-3"] = nodewatch.Node{Name: "edge-3", Edge: true, InternalIPs: addrs("10.0.0.33")}
 	snap.Version++
 	s.Update(snap)
-	if r, _ := exchange(t, s, query("edge-1.tether.internal.", dns.TypeA, 0), false); r.Rcode != dns.RcodeNameError {
+	if r, _ := exchange(t, s, query("edge-1.tether.internal.", dns.TypeA, 0), overUDP); r.Rcode != dns.RcodeNameError {
 		t.Errorf("deleted node: rcode %s, want NXDOMAIN", dns.RcodeToString[r.Rcode])
 	}
-	if r, _ := exchange(t, s, query("edge-1.", dns.TypeA, 0), false); r.Rcode != dns.RcodeRefused {
+	if r, _ := exchange(t, s, query("edge-1.", dns.TypeA, 0), overUDP); r.Rcode != dns.RcodeRefused {
 		t.Errorf("deleted node, bare name: rcode %s, want REFUSED", dns.RcodeToString[r.Rcode])
 	}
-	r, _ := exchange(t, s, query("edge-3.tether.internal.", dns.TypeA, 0), false)
+	r, _ := exchange(t, s, query("edge-3.tether.internal.", dns.TypeA, 0), overUDP)
 	if diff := cmp.Diff([]string{"edge-3.tether.internal.\t5\tIN\tA\t10.0.0.33"}, rrStrings(r.Answer)); diff != "" {
 		t.Errorf("added node (-want +got):\n%s", diff)
 	}
@@ -405,16 +405,16 @@ func TestServeDNS(t *testing.T) {
 		query("many.tether.internal.", dns.TypeA, 1232),
 		query("nope.tether.internal.", dns.TypeA, 1232),
 	} {
-		for _, tcp := range []bool{false, true} {
-			w := &recorder{tcp: tcp}
+		for _, via := range []transport{overUDP, overTCP} {
+			w := &recorder{via: via}
 			s.ServeDNS(w, q)
 			b, _ := q.Pack()
-			want := s.handle(newSession(), b, tcp, testSource)
-			if tcp {
+			want := s.handle(newSession(), b, via, testSource)
+			if via == overTCP {
 				want = want[2:]
 			}
 			if !slices.Equal(w.out, want) {
-				t.Errorf("%v tcp=%v: ServeDNS wrote %d bytes, raw path %d bytes, or they differ", q.Question[0], tcp, len(w.out), len(want))
+				t.Errorf("%v %v: ServeDNS wrote %d bytes, raw path %d bytes, or they differ", q.Question[0], via, len(w.out), len(want))
 			}
 		}
 	}

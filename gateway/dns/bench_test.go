@@ -34,7 +34,7 @@ func BenchmarkServeDNS(b *testing.B) {
 		ss := newSession()
 		b.ReportAllocs()
 		for b.Loop() {
-			if s.handle(ss, raw, false, testSource) == nil {
+			if s.handle(ss, raw, overUDP, testSource) == nil {
 				b.Fatal("no answer")
 			}
 		}

@@ -36,34 +36,34 @@ func FuzzServeDNS(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var m dns.Msg
 		unpackErr := m.Unpack(in)
-		for _, tcp := range []bool{false, true} {
-			out := s.handle(ss, in, tcp, testSource)
+		for _, via := range []transport{overUDP, overTCP} {
+			out := s.handle(ss, in, via, testSource)
 			if unpackErr != nil || m.Response {
 				if out != nil {
-					t.Fatalf("tcp=%v: answered a message that must get no answer (unpack: %v)", tcp, unpackErr)
+					t.Fatalf("%v: answered a message that must get no answer (unpack: %v)", via, unpackErr)
 				}
 				continue
 			}
 			if out == nil {
-				t.Fatalf("tcp=%v: no answer to a query that unpacks:\n%v", tcp, &m)
+				t.Fatalf("%v: no answer to a query that unpacks:\n%v", via, &m)
 			}
-			if tcp {
+			if via == overTCP {
 				out = out[2:]
 			}
 			var r dns.Msg
 			if err := r.Unpack(out); err != nil {
-				t.Fatalf("tcp=%v: answer does not unpack: %v", tcp, err)
+				t.Fatalf("%v: answer does not unpack: %v", via, err)
 			}
 			if r.Id != m.Id || !r.Response || r.RecursionAvailable {
-				t.Fatalf("tcp=%v: bad answer header: %v", tcp, &r.MsgHdr)
+				t.Fatalf("%v: bad answer header: %v", via, &r.MsgHdr)
 			}
-			if limit := udpLimit(&m); !tcp && len(out) > limit {
+			if limit := udpLimit(&m); via == overUDP && len(out) > limit {
 				t.Fatalf("UDP answer of %d bytes, limit %d", len(out), limit)
 			}
-			w := &recorder{tcp: tcp}
+			w := &recorder{via: via}
 			s.ServeDNS(w, &m)
 			if string(w.out) != string(out) {
-				t.Fatalf("tcp=%v: ServeDNS and the raw path differ", tcp)
+				t.Fatalf("%v: ServeDNS and the raw path differ", via)
 			}
 		}
 	})

@@ -67,19 +67,19 @@ func query(name string, qtype uint16, bufsize uint16) *dns.Msg {
 	return m
 }
 
-// exchange sends m through the raw query path over UDP (or TCP) and
-// unpacks the answer; nil if there was none.
-func exchange(t testing.TB, s *Server, m *dns.Msg, tcp bool) (*dns.Msg, int) {
+// exchange sends m through the raw query path over via and unpacks the
+// answer; nil if there was none.
+func exchange(t testing.TB, s *Server, m *dns.Msg, via transport) (*dns.Msg, int) {
 	t.Helper()
 	b, err := m.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := s.handle(newSession(), b, tcp, testSource)
+	out := s.handle(newSession(), b, via, testSource)
 	if out == nil {
 		return nil, 0
 	}
-	if tcp {
+	if via == overTCP {
 		if n := int(out[0])<<8 | int(out[1]); n != len(out)-2 {
 			t.Fatalf("tcp length prefix %d, message %d bytes", n, len(out)-2)
 		}

@@ -58,11 +58,27 @@ func newSession() *session {
 	return &session{in: make([]byte, dns.MaxMsgSize), buf: make([]byte, dns.MaxMsgSize+2)}
 }
 
-// handle answers the raw query in, from src, and returns the raw
-// response, which is valid until the next call, or nil when in gets no
-// answer (it does not unpack, or it is a response). Over TCP the response
-// starts with its two-byte length.
-func (s *Server) handle(ss *session, in []byte, tcp bool, src netip.Addr) []byte {
+// transport is how a query came, which decides the size and the framing
+// of its answer.
+type transport uint8
+
+const (
+	overUDP transport = iota // one datagram, within the size the query offers (512 bytes without EDNS0)
+	overTCP                  // a stream: up to 64 KiB, after the message's two-byte length
+)
+
+func (t transport) String() string {
+	if t == overTCP {
+		return "tcp"
+	}
+	return "udp"
+}
+
+// handle answers the raw query in, which came from src over via, and
+// returns the raw response, which is valid until the next call, or nil
+// when in gets no answer (it does not unpack, or it is a response). Over
+// TCP the response starts with its two-byte length.
+func (s *Server) handle(ss *session, in []byte, via transport, src netip.Addr) []byte {
 	if err := ss.req.Unpack(in); err != nil {
 		s.metrics.dropped()
 		return nil
@@ -73,7 +89,7 @@ func (s *Server) handle(ss *session, in []byte, tcp bool, src netip.Addr) []byte
 		return nil
 	}
 	buf := ss.buf[:cap(ss.buf)]
-	if tcp {
+	if via == overTCP {
 		limit = dns.MaxMsgSize
 		buf = buf[2:]
 	}
@@ -84,7 +100,7 @@ func (s *Server) handle(ss *session, in []byte, tcp bool, src netip.Addr) []byte
 		return nil
 	}
 	s.answered(src, &ss.req, ss.resp.Rcode)
-	if tcp {
+	if via == overTCP {
 		out = ss.buf[:len(out)+2]
 		binary.BigEndian.PutUint16(out, uint16(len(out)-2))
 	}
@@ -234,7 +250,7 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn, backoff *accep
 		if uc == nil {
 			src = addrOf(from)
 		}
-		out := s.handle(ss, in[:n], false, src)
+		out := s.handle(ss, in[:n], overUDP, src)
 		if out == nil {
 			continue
 		}

@@ -10,11 +10,11 @@ import (
 func TestMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s := newTestServer(t, Options{Registerer: reg})
-	exchange(t, s, query("edge-1.", dns.TypeA, 0), false)
-	exchange(t, s, query("edge-1.", dns.TypeA, 0), true)
-	exchange(t, s, query("nope.tether.internal.", dns.TypeA, 0), false)
-	exchange(t, s, query("example.com.", dns.TypeA, 0), false)
-	s.handle(newSession(), []byte{1, 2, 3}, false, testSource)
+	exchange(t, s, query("edge-1.", dns.TypeA, 0), overUDP)
+	exchange(t, s, query("edge-1.", dns.TypeA, 0), overTCP)
+	exchange(t, s, query("nope.tether.internal.", dns.TypeA, 0), overUDP)
+	exchange(t, s, query("example.com.", dns.TypeA, 0), overUDP)
+	s.handle(newSession(), []byte{1, 2, 3}, overUDP, testSource)
 
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -8,21 +8,21 @@ import (
 
 // recorder is a dns.ResponseWriter that keeps what is written.
 type recorder struct {
-	tcp bool
+	via transport
 	out []byte
 }
 
 var _ dns.ResponseWriter = (*recorder)(nil)
 
 func (r *recorder) LocalAddr() net.Addr {
-	if r.tcp {
+	if r.via == overTCP {
 		return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53}
 	}
 	return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 53}
 }
 
 func (r *recorder) RemoteAddr() net.Addr {
-	if r.tcp {
+	if r.via == overTCP {
 		return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4053}
 	}
 	return &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4053}

@@ -55,14 +55,14 @@ func TestRefusalLog(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Now())
 	s := newTestServer(t, Options{Logger: slog.New(logs), Clock: clk})
 	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::2")
-	ask := func(src netip.Addr, m *dns.Msg, tcp bool, want int) {
+	ask := func(src netip.Addr, m *dns.Msg, via transport, want int) {
 		t.Helper()
 		raw, err := m.Pack()
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := s.handle(newSession(), raw, tcp, src)
-		if tcp {
+		out := s.handle(newSession(), raw, via, src)
+		if via == overTCP {
 			out = out[2:]
 		}
 		r := new(dns.Msg)
@@ -81,18 +81,18 @@ func TestRefusalLog(t *testing.T) {
 	}
 
 	// Answers are not logged, nor are names of ours that do not exist.
-	ask(a, query("edge-1.", dns.TypeA, 0), false, dns.RcodeSuccess)
-	ask(a, query("nope.tether.internal.", dns.TypeA, 0), false, dns.RcodeNameError)
+	ask(a, query("edge-1.", dns.TypeA, 0), overUDP, dns.RcodeSuccess)
+	ask(a, query("nope.tether.internal.", dns.TypeA, 0), overUDP, dns.RcodeNameError)
 	expect("answers")
 
 	// A refusal is logged at once, the next ones from the same source
 	// within the interval are counted; another source gets its own line.
-	ask(a, query("example.com.", dns.TypeA, 0), false, dns.RcodeRefused)
-	ask(a, query("example.org.", dns.TypeMX, 0), true, dns.RcodeRefused)
-	ask(netip.MustParseAddr("::ffff:192.0.2.1"), query("example.net.", dns.TypeA, 0), false, dns.RcodeRefused)
+	ask(a, query("example.com.", dns.TypeA, 0), overUDP, dns.RcodeRefused)
+	ask(a, query("example.org.", dns.TypeMX, 0), overTCP, dns.RcodeRefused)
+	ask(netip.MustParseAddr("::ffff:192.0.2.1"), query("example.net.", dns.TypeA, 0), overUDP, dns.RcodeRefused)
 	axfr := query("tether.internal.", dns.TypeAXFR, 0)
 	axfr.RecursionDesired = false
-	ask(b, axfr, true, dns.RcodeRefused)
+	ask(b, axfr, overTCP, dns.RcodeRefused)
 	expect("first refusals",
 		"dns query refused source=192.0.2.1 name=example.com. qtype=A reason=not a node name nor in a zone of ours rd=true suppressed=0",
 		"dns query refused source=2001:db8::2 name=tether.internal. qtype=AXFR reason=zone transfer rd=false suppressed=0",
@@ -101,13 +101,13 @@ func TestRefusalLog(t *testing.T) {
 	// After the interval, the next refusal is logged with the count of
 	// those that were not.
 	clk.SetTime(clk.Now().Add(DefaultRefusalLogInterval - time.Second))
-	ask(a, query("example.com.", dns.TypeA, 0), false, dns.RcodeRefused)
+	ask(a, query("example.com.", dns.TypeA, 0), overUDP, dns.RcodeRefused)
 	expect("within the interval")
 	clk.SetTime(clk.Now().Add(time.Second))
 	chaos := query("version.bind.", dns.TypeTXT, 0)
 	chaos.Question[0].Qclass = dns.ClassCHAOS
-	ask(a, chaos, false, dns.RcodeRefused)
-	ask(b, query("example.com.", dns.TypeAAAA, 0), false, dns.RcodeRefused)
+	ask(a, chaos, overUDP, dns.RcodeRefused)
+	ask(b, query("example.com.", dns.TypeAAAA, 0), overUDP, dns.RcodeRefused)
 	expect("after the interval",
 		"dns query refused source=192.0.2.1 name=version.bind. qtype=TXT reason=class CH rd=true suppressed=3",
 		"dns query refused source=2001:db8::2 name=example.com. qtype=AAAA reason=not a node name nor in a zone of ours rd=true suppressed=0",

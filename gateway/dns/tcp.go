@@ -147,7 +147,7 @@ func (s *Server) answerConn(c net.Conn, ss *session, n int, src netip.Addr) bool
 	if _, err := io.ReadFull(c, in); err != nil {
 		return false
 	}
-	out := s.handle(ss, in, true, src)
+	out := s.handle(ss, in, overTCP, src)
 	if out == nil {
 		return false
 	}
