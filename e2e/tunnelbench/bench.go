@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,14 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tether-edge/tether/e2e/benchkit"
 )
 
 // mode is one way of reaching a stand-in server.
@@ -52,13 +50,7 @@ func (r *rateResult) add(c rateResult) {
 }
 
 // pct is the p-th percentile latency (nearest rank).
-func (r rateResult) pct(p float64) time.Duration {
-	if len(r.lat) == 0 {
-		return 0
-	}
-	i := int(float64(len(r.lat))*p/100+0.5) - 1
-	return r.lat[min(max(i, 0), len(r.lat)-1)]
-}
+func (r rateResult) pct(p float64) time.Duration { return benchkit.Pct(r.lat, p) }
 
 // bulkResult is one bulk transfer.
 type bulkResult struct {
@@ -95,31 +87,9 @@ func cpu(pids []int) cpuUse {
 		c.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	for _, p := range pids {
-		c.tether += procCPU(p)
+		c.tether += benchkit.CPU(p)
 	}
 	return c
-}
-
-// procCPU is the CPU time process pid has used, from /proc/<pid>/stat
-// (utime and stime, in USER_HZ ticks of 10 ms), or 0.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command name, in parentheses, may hold spaces: count fields
-	// after its closing parenthesis (utime and stime are fields 14 and 15).
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 type bench struct {
@@ -257,17 +227,10 @@ type client struct {
 	tlsConfig  *tls.Config
 }
 
-func newClient(dial func(context.Context, string, string) (net.Conn, error), roots *x509.CertPool) *client {
-	tr := func() *http.Transport {
-		return &http.Transport{
-			DialContext:       dial,
-			TLSClientConfig:   &tls.Config{RootCAs: roots},
-			DisableKeepAlives: true,
-		}
-	}
+func newClient(dial benchkit.DialFunc, roots *x509.CertPool) *client {
 	return &client{
-		perRequest: &http.Client{Transport: tr(), Timeout: 10 * time.Second},
-		bulkClient: &http.Client{Transport: tr()},
+		perRequest: benchkit.NewConnClient(dial, roots, 10*time.Second),
+		bulkClient: benchkit.NewConnClient(dial, roots, 0),
 		dial:       dial,
 		tlsConfig:  &tls.Config{RootCAs: roots},
 	}
@@ -275,23 +238,8 @@ func newClient(dial func(context.Context, string, string) (net.Conn, error), roo
 
 // get fetches url and checks that it answered 200 with a body.
 func (c *client) get(ctx context.Context, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.perRequest.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK || len(body) == 0 {
-		return fmt.Errorf("GET %s: %s %q", url, resp.Status, body)
-	}
-	return nil
+	_, err := benchkit.Get(ctx, c.perRequest, url)
+	return err
 }
 
 // sequential makes n requests to base/healthz one after the other.

@@ -57,6 +57,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -150,10 +151,8 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 		}
 	}
 
-	logf := func(string, ...any) {}
-	if o.verbose {
-		logf = func(format string, args ...any) { s.Log.Info(fmt.Sprintf(format, args...)) }
-	}
+	// world.RunBench's logger drops Info lines unless verbose.
+	logf := s.Logf
 	// One gateway and one edge node; with a baseline, a second pair runs
 	// the baseline binaries at the same time (each edge dials both
 	// gateways, and the client routes each node's address to its own
@@ -315,7 +314,7 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 }
 
 func note(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "tunnelbench: "+format+"\n", args...)
+	benchkit.Note(os.Stderr, "tunnelbench", false, format, args...)
 }
 
 // printNotes says what the tested gateway and edge logged about their
