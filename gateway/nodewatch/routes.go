@@ -2,6 +2,7 @@ package nodewatch
 
 import (
 	"cmp"
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -117,21 +118,14 @@ func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) 
 
 	claims := map[netip.Addr][]string{}
 	names := slices.Sorted(maps.Keys(nodes))
-	for _, name := range names {
-		n := nodes[name]
-		if !n.Edge {
+	for name, a := range edgeReach(nodes, names, p.Mode) {
+		reason := p.check(a, reserved, isLocal, checkLocal)
+		if reason != "" {
+			r.refused = append(r.refused, Refusal{Addr: a, Node: name, Reason: reason})
 			continue
 		}
-		for _, a := range n.Reach(p.Mode) {
-			a = a.Unmap()
-			reason := p.check(a, reserved, isLocal, checkLocal)
-			if reason != "" {
-				r.refused = append(r.refused, Refusal{Addr: a, Node: name, Reason: reason})
-				continue
-			}
-			if !slices.Contains(claims[a], name) {
-				claims[a] = append(claims[a], name)
-			}
+		if !slices.Contains(claims[a], name) {
+			claims[a] = append(claims[a], name)
 		}
 	}
 	for a, cs := range claims {
@@ -155,22 +149,33 @@ func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) 
 			}
 		}
 	}
-	for _, name := range names {
-		n := nodes[name]
-		if !n.Edge {
-			continue
-		}
-		for _, a := range n.Reach(p.Mode) {
-			a = a.Unmap()
-			if r.owner[a] == name && !slices.Contains(r.byNode[name], a) {
-				r.byNode[name] = append(r.byNode[name], a)
-			}
+	for name, a := range edgeReach(nodes, names, p.Mode) {
+		if r.owner[a] == name && !slices.Contains(r.byNode[name], a) {
+			r.byNode[name] = append(r.byNode[name], a)
 		}
 	}
 	slices.SortFunc(r.refused, func(x, y Refusal) int {
 		return cmp.Or(x.Addr.Compare(y.Addr), cmp.Compare(x.Node, y.Node))
 	})
 	return r
+}
+
+// edgeReach yields the edge nodes' addresses in mode (Node.Reach),
+// unmapped, node by node in the order of names (the keys of nodes).
+func edgeReach(nodes map[string]Node, names []string, mode Mode) iter.Seq2[string, netip.Addr] {
+	return func(yield func(string, netip.Addr) bool) {
+		for _, name := range names {
+			n := nodes[name]
+			if !n.Edge {
+				continue
+			}
+			for _, a := range n.Reach(mode) {
+				if !yield(name, a.Unmap()) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // check returns why a is not an acceptable edge address, or "".
