@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -57,10 +58,8 @@ func settled(ctx context.Context, h *testenv.Host, url string, warm usage) (usag
 		if err != nil || u.within(warm) || time.Now().After(deadline) {
 			return u, err
 		}
-		select {
-		case <-ctx.Done():
-			return u, ctx.Err()
-		case <-time.After(2 * time.Second):
+		if err := benchkit.Sleep(ctx, 2*time.Second); err != nil {
+			return u, err
 		}
 	}
 }

@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -33,9 +33,7 @@ const (
 
 // run builds the world, warms it up, soaks it and checks the end state.
 func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
-	note := func(format string, args ...any) {
-		fmt.Printf("soak: "+format+"\n", args...)
-	}
+	note := func(format string, args ...any) { benchkit.Note(os.Stdout, "soak", false, format, args...) }
 	bins, err := world.BenchBinaries(s, o.binDir, note, "tether-gateway", "tether-edge")
 	if err != nil {
 		return nil, err
@@ -81,12 +79,7 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 	// Only answered connections and requests count toward the targets; a
 	// failure (the uplink is cut, tether-edge restarts) waits a moment, so
 	// that a fast refusal does not spin.
-	pause := func() {
-		select {
-		case <-soakCtx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	pause := func() { benchkit.Sleep(soakCtx, 100*time.Millisecond) }
 	for range o.relayConc {
 		wg.Go(func() {
 			for soakCtx.Err() == nil && relay.ok.Load() < int64(o.connections) {
@@ -105,12 +98,8 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 		base, start := k.ok.Load(), time.Now()
 		every := o.duration / time.Duration(max(o.requests, 1))
 		for i := 0; soakCtx.Err() == nil && k.ok.Load()-base < int64(o.requests); i++ {
-			if wait := time.Until(start.Add(time.Duration(k.ok.Load()-base) * every)); wait > 0 {
-				select {
-				case <-soakCtx.Done():
-					continue
-				case <-time.After(wait):
-				}
+			if wait := time.Until(start.Add(time.Duration(k.ok.Load()-base) * every)); wait > 0 && benchkit.Sleep(soakCtx, wait) != nil {
+				continue
 			}
 			if k.once(soakCtx, i) != nil {
 				pause()
@@ -240,32 +229,15 @@ type relay struct {
 }
 
 func newRelay(w *world.World, e *world.Edge) *relay {
-	tr := &http.Transport{DialContext: w.Client.DialContext, DisableKeepAlives: true,
-		TLSClientConfig: &tls.Config{RootCAs: w.KubeletCA.Pool()}, TLSHandshakeTimeout: 5 * time.Second}
-	return &relay{client: &http.Client{Transport: tr, Timeout: 5 * time.Second}, url: e.KubeletURL("/healthz")}
+	return &relay{client: benchkit.NewConnClient(w.Client.DialContext, w.KubeletCA.Pool(), 5*time.Second), url: e.KubeletURL("/healthz")}
 }
 
 func (r *relay) once(ctx context.Context) error {
 	r.tried.Add(1)
-	err := func() error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := r.client.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return err
-		}
-		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(b), "ok ") {
-			return fmt.Errorf("%s: %q", resp.Status, b)
-		}
-		return nil
-	}()
+	b, err := benchkit.Get(ctx, r.client, r.url)
+	if err == nil && !strings.HasPrefix(string(b), "ok ") {
+		err = fmt.Errorf("GET %s: %q", r.url, b)
+	}
 	if err == nil {
 		r.ok.Add(1)
 		return nil
@@ -394,10 +366,8 @@ func waitDrained(ctx context.Context, e *world.Edge) error {
 			return nil
 		}
 		last = fmt.Sprint(err, " queue ", world.Metric(m, "tether_edge_apiserver_queue_length"))
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
+		if err := benchkit.Sleep(ctx, time.Second); err != nil {
+			return err
 		}
 	}
 	return fmt.Errorf("tether-edge's queue did not drain in 3 minutes (%s)", last)
