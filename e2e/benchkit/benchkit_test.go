@@ -94,7 +94,7 @@ func TestPct(t *testing.T) {
 	}
 }
 
-func TestGetAndSaveURL(t *testing.T) {
+func TestGetSaveURLAndGetJSON(t *testing.T) {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/healthz":
@@ -148,6 +148,26 @@ func TestGetAndSaveURL(t *testing.T) {
 	}
 	if _, err := os.Stat(path + "2"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("SaveURL of a 404 left a file: %v", err)
+	}
+
+	status := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status" {
+			http.Error(w, "  not here\n", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, `{"ready":true,"edges":[{"node":"edge-1"},{"node":"edge-2"}]}`)
+	}))
+	defer status.Close()
+	var st struct {
+		Ready bool
+		Edges []struct{ Node string }
+	}
+	if err := GetJSON(ctx, dialer.DialContext, status.URL+"/status", &st, 10*time.Second); err != nil || !st.Ready || len(st.Edges) != 2 || st.Edges[1].Node != "edge-2" {
+		t.Errorf("GetJSON = %+v, %v", st, err)
+	}
+	err = GetJSON(ctx, dialer.DialContext, status.URL+"/other", &st, 10*time.Second)
+	if want := "GET " + status.URL + "/other: 503 Service Unavailable: not here"; err == nil || err.Error() != want {
+		t.Errorf("GetJSON of a 503: %v, want %q", err, want)
 	}
 }
 

@@ -9,6 +9,7 @@
 //   - HTTP timing (http.go): NewConnClient, a client that makes a new TCP
 //     connection and TLS handshake per request; Get, a GET that must
 //     answer 200 with a body; SaveURL, a GET written to a file (profiles);
+//     GetJSON, a GET decoded from JSON (admin /status);
 //     Pct, the nearest-rank percentile of sorted latencies;
 //   - running a bench (run.go): Note, a progress line (each bench wraps
 //     it in its own note, so go vet checks the formats); Sleep, a sleep

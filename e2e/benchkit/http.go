@@ -1,9 +1,11 @@
 package benchkit
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -58,20 +60,11 @@ func Get(ctx context.Context, c *http.Client, url string) ([]byte, error) {
 func SaveURL(ctx context.Context, dial DialFunc, url, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c := &http.Client{Transport: &http.Transport{DialContext: dial}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
+	resp, err := getOK(ctx, dial, url)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
-	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -81,6 +74,39 @@ func SaveURL(ctx context.Context, dial DialFunc, url, path string, timeout time.
 		return err
 	}
 	return f.Close()
+}
+
+// GetJSON decodes the answer to a GET of url, dialled with dial, into v
+// (such as a program's admin /status), within timeout.
+func GetJSON(ctx context.Context, dial DialFunc, url string, v any, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := getOK(ctx, dial, url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// getOK GETs url on a connection of its own; an answer other than 200 is
+// an error that quotes the start of the body.
+func getOK(ctx context.Context, dial DialFunc, url string) (*http.Response, error) {
+	c := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	return resp, nil
 }
 
 // Pct is the p-th percentile (nearest rank) of sorted, or 0 when it is

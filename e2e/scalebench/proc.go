@@ -1,12 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,30 +90,10 @@ type statusEdges struct {
 // does not answer.
 func registered(ctx context.Context, gw *testenv.Host) (int, error) {
 	var st statusEdges
-	if err := getJSON(ctx, gw, world.GatewayAdmin(gw, "/status"), &st); err != nil {
+	if err := benchkit.GetJSON(ctx, gw.DialContext, world.GatewayAdmin(gw, "/status"), &st, 20*time.Second); err != nil {
 		return 0, err
 	}
 	return len(st.Edges), nil
-}
-
-func getJSON(ctx context.Context, h *testenv.Host, url string, v any) error {
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	c := &http.Client{Transport: &http.Transport{DialContext: h.DialContext, DisableKeepAlives: true}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, bytes.TrimSpace(b))
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // goroutines is the gateway's goroutine count from its profiling
