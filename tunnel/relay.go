@@ -128,7 +128,8 @@ type relay struct {
 const (
 	smallBuf = 64 << 10
 	largeBuf = 1 << 20
-	// maxLarge bounds the memory of large buffers: 32 MiB per process.
+	// maxLarge bounds the large buffers in use: 32 MiB per process
+	// (released ones wait in largePool until the GC drops them).
 	maxLarge = 32
 )
 
