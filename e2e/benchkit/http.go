@@ -35,11 +35,7 @@ func NewConnClient(dial DialFunc, roots *x509.CertPool, timeout time.Duration) *
 // Get fetches url with c and returns the body; an answer other than 200
 // with a body is an error.
 func Get(ctx context.Context, c *http.Client, url string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.Do(req)
+	resp, err := get(ctx, c, url)
 	if err != nil {
 		return nil, err
 	}
@@ -92,12 +88,7 @@ func GetJSON(ctx context.Context, dial DialFunc, url string, v any, timeout time
 // getOK GETs url on a connection of its own; an answer other than 200 is
 // an error that quotes the start of the body.
 func getOK(ctx context.Context, dial DialFunc, url string) (*http.Response, error) {
-	c := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.Do(req)
+	resp, err := get(ctx, &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}, url)
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +98,14 @@ func getOK(ctx context.Context, dial DialFunc, url string) (*http.Response, erro
 		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
 	}
 	return resp, nil
+}
+
+func get(ctx context.Context, c *http.Client, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	return c.Do(req)
 }
 
 // Pct is the p-th percentile (nearest rank) of sorted, or 0 when it is
