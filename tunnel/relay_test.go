@@ -343,9 +343,7 @@ func TestRelayPeerStopsReading(t *testing.T) {
 // the large buffers back while the connection stays open, and nothing is
 // held once it ends.
 func TestRelayLargeBuffers(t *testing.T) {
-	if n := largeInUse.Load(); n != 0 {
-		t.Fatalf("%d large buffers in use before the test", n)
-	}
+	noLargeBuffers(t)
 	client, server, gwDone, edgeDone := relayed(t, RelayOptions{}, RelayOptions{})
 
 	// A download of 16 MiB that the client does not read at first: the
@@ -407,6 +405,7 @@ func TestRelayLargeBuffers(t *testing.T) {
 // TestRelayLargeBufferBound checks that no more than maxLarge large
 // buffers are in use at once, and that a buffer refused one stays usable.
 func TestRelayLargeBufferBound(t *testing.T) {
+	noLargeBuffers(t)
 	bufs := make([]relayBuf, maxLarge+1)
 	for i := range bufs {
 		bufs[i] = newRelayBuf()
@@ -431,6 +430,14 @@ func TestRelayLargeBufferBound(t *testing.T) {
 	if n := largeInUse.Load(); n != 0 {
 		t.Errorf("%d large buffers in use after all were released", n)
 	}
+}
+
+// noLargeBuffers waits until the relays of earlier tests, which end
+// after their connections were closed, have given their large buffers
+// back.
+func noLargeBuffers(t *testing.T) {
+	t.Helper()
+	waitFor(t, "no large buffer in use before the test", func() bool { return largeInUse.Load() == 0 })
 }
 
 // waitFor polls cond for up to 30 s.
