@@ -106,7 +106,8 @@ type Config struct {
 	// "1Gi"; "" or "0": none (the heap may grow to twice what is live);
 	// "auto" (the default): 90 % of the cgroup's memory limit if it has
 	// one, else none. GOMEMLIMIT in the environment wins;
-	// cmd/tether-gateway applies it (cli.ApplyMemoryLimit).
+	// cli.Main applies it (cli.ApplyMemoryLimit), and gives the heap back
+	// to the kernel once quiet after a burst (internal/memtrim).
 	MemoryLimit string `json:"memory-limit,omitempty"`
 
 	// Logger is where the gateway logs; nil discards.

@@ -14,7 +14,6 @@ import (
 	"github.com/tether-edge/tether/edgeproxy"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
-	"github.com/tether-edge/tether/internal/memtrim"
 )
 
 // README.md's tether-edge flag table and packaging/config/edge.yaml are
@@ -31,20 +30,15 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("tether-edge", flag.ContinueOnError)
 	registerFlags(fs, &cfg)
 	return cli.Main(cli.Program{
-		Name:      "tether-edge",
-		Intro:     intro,
-		Flags:     fs,
-		Config:    &cfg,
-		LogLevel:  &cfg.LogLevel,
-		LogFormat: &cfg.LogFormat,
+		Name:        "tether-edge",
+		Intro:       intro,
+		Flags:       fs,
+		Config:      &cfg,
+		LogLevel:    &cfg.LogLevel,
+		LogFormat:   &cfg.LogFormat,
+		MemoryLimit: &cfg.MemoryLimit,
 		Run: func(ctx context.Context, log *slog.Logger) error {
 			cfg.Logger = log
-			if err := cli.ApplyMemoryLimit(cfg.MemoryLimit, log); err != nil {
-				return err
-			}
-			// Idle most of its life, the node agent gives back what a
-			// burst (a big list, a resync) made the heap grow to.
-			go memtrim.Run(ctx, memtrim.Options{}, log)
 			return edgeproxy.Run(ctx, cfg)
 		},
 	}, args)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/internal/logging"
+	"github.com/tether-edge/tether/internal/memtrim"
 	"github.com/tether-edge/tether/internal/version"
 )
 
@@ -38,6 +39,12 @@ type Program struct {
 	Config config.Validator
 	// LogLevel and LogFormat point into Config.
 	LogLevel, LogFormat *string
+	// MemoryLimit, if set, points into Config at the --memory-limit
+	// setting: Main applies it (ApplyMemoryLimit) and, while the program
+	// runs, gives the heap a quiet process grew back to the kernel
+	// (internal/memtrim): after a burst (a big list, a resync, thousands
+	// of handshakes) the next collection may be many minutes away.
+	MemoryLimit *string
 	// Run runs the program until ctx ends (SIGINT, SIGTERM).
 	Run func(ctx context.Context, log *slog.Logger) error
 }
@@ -68,6 +75,13 @@ func Main(p Program, args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if p.MemoryLimit != nil {
+		if err := ApplyMemoryLimit(*p.MemoryLimit, log); err != nil {
+			log.Error(p.Name+" failed", "err", err)
+			return ExitConfig
+		}
+		go memtrim.Run(ctx, memtrim.Options{}, log)
+	}
 	if err := p.Run(ctx, log); err != nil {
 		log.Error(p.Name+" failed", "err", err)
 		return ExitFailed
