@@ -12,7 +12,6 @@ import (
 	"github.com/tether-edge/tether/gateway"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
-	"github.com/tether-edge/tether/internal/memtrim"
 )
 
 // README.md's tether-gateway flag table and packaging/config/gateway.yaml are
@@ -29,21 +28,15 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
 	registerFlags(fs, &cfg)
 	return cli.Main(cli.Program{
-		Name:      "tether-gateway",
-		Intro:     intro,
-		Flags:     fs,
-		Config:    &cfg,
-		LogLevel:  &cfg.LogLevel,
-		LogFormat: &cfg.LogFormat,
+		Name:        "tether-gateway",
+		Intro:       intro,
+		Flags:       fs,
+		Config:      &cfg,
+		LogLevel:    &cfg.LogLevel,
+		LogFormat:   &cfg.LogFormat,
+		MemoryLimit: &cfg.MemoryLimit,
 		Run: func(ctx context.Context, log *slog.Logger) error {
 			cfg.Logger = log
-			if err := cli.ApplyMemoryLimit(cfg.MemoryLimit, log); err != nil {
-				return err
-			}
-			// A cold start or a restart storm (thousands of handshakes)
-			// leaves garbage and pooled buffers that keepalives alone
-			// take many minutes to collect: give them back once quiet.
-			go memtrim.Run(ctx, memtrim.Options{}, log)
 			return gateway.Run(ctx, cfg)
 		},
 	}, args)
@@ -89,7 +82,7 @@ func registerFlags(fs *flag.FlagSet, c *gateway.Config) {
 	fs.StringVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft `limit` of the Go runtime's own memory (heap and stacks), a quantity such as 1Gi; near it the garbage collector runs more often (never taking more than about half the CPU) instead of letting the heap grow to twice what is live; it is never a reason to fail. Leave room above the working set (README, Sizing: give the gateway at least 150 KiB per edge; a limit near what it uses makes the collector run without pause); auto: 90 % of the memory limit of the process's cgroup (a container's resources.limits.memory, a unit's MemoryMax=), none without one; empty or 0: none; GOMEMLIMIT in the environment wins")
 	fs.Var(config.Quantity{Q: &c.MaxReceiveMemory}, "max-receive-memory", "bound the memory that data edges sent and cloud clients have not read yet may take: each tunnel's QUIC receive window starts at 768KiB and grows with fast transfers up to 8MiB, and together they may grow by at most this `size` (such as 256Mi or 2Gi); a tunnel that finds it spent keeps its window, its transfers go on, slower on long paths. Worst case: tunnels x 768KiB + this (tunnel/README.md). 0: no bound (tunnels x 8MiB)")
 	fs.Var(config.Quantity{Q: &c.UDPBuffer}, "udp-buffer", "`size` of the tunnel listener's UDP receive and send buffers (such as 32Mi), where datagrams wait while the gateway is busy, as in a cold start or restart of thousands of edges; set with SO_RCVBUFFORCE when the gateway has CAP_NET_ADMIN, else capped by the kernel at net.core.rmem_max and wmem_max (the gateway warns when it got less; README, Sizing). Drops: tether_gateway_tunnel_udp_drops_total. 0: quic-go's 7Mi")
-	fs.DurationVar(&c.IdleTimeout.Duration, "idle-timeout", c.IdleTimeout.Duration, "close a tunnel silent for this `duration`; keepalives go every third of it, so only a dead path is silent that long")
+	fs.DurationVar(&c.IdleTimeout.Duration, "idle-timeout", c.IdleTimeout.Duration, "close a tunnel silent for this `duration` (a tunnel's is the lower of this and the edge's, 15 s); edges send a keepalive every third of it and the gateway answers, so only a dead path is silent that long")
 	fs.DurationVar(&c.StreamIdleTimeout.Duration, "stream-idle-timeout", c.StreamIdleTimeout.Duration, "close a relayed connection that moved no byte either way for this `duration` (the kubelet's own streaming limit is 4h); 0 disables it")
 	fs.DurationVar(&c.ShutdownGrace.Duration, "shutdown-grace", c.ShutdownGrace.Duration, "on SIGTERM or SIGINT, let relayed connections finish for up to this `duration` before the tunnels are closed (edges then use the other replicas)")
 	fs.StringVar(&c.Replica, "replica", c.Replica, "`name` of this replica on /status (default: the host name)")

@@ -212,7 +212,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	// the listener stops new handshakes but leaves established tunnels up
 	// while they drain.
 	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
-	cfg := tunnel.QUICConfig(opts.Limits)
+	cfg := tunnel.ListenerQUICConfig(opts.Limits)
 	// The gateway opens every stream but the edges' requests: liveness
 	// probes, delegated heartbeats and election record writes.
 	cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway
