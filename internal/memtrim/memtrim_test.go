@@ -176,27 +176,27 @@ func TestRunIgnoresWhatATrimLeaves(t *testing.T) {
 func TestRunBarsRiseWithTheLiveHeap(t *testing.T) {
 	f := newFake(0)
 	f.mu.Lock()
-	f.st.Live = 128_000 // bars: quiet under 1,000 bytes a read, worth 16,000
+	f.st.Live = 128_000 // bars: quiet under 4,000 bytes a read, worth 32,000
 	f.mu.Unlock()
 	f.run(t, time.Nanosecond)
 	f.tick(t)
 
-	// 500 bytes a read is over Quiet (10) but under 1/128 of the live
-	// heap; 5,000 to give back is over Min (100) but under an eighth.
+	// 2,000 bytes a read is over Quiet (10) but under 1/32 of the live
+	// heap; 10,000 to give back is over Min (100) but under a quarter.
 	for range 5 {
-		f.set(500, 1000)
-		f.ticksWithout(t, 1, 0, "with less than an eighth of the live heap to give back")
+		f.set(2000, 2000)
+		f.ticksWithout(t, 1, 0, "with less than a quarter of the live heap to give back")
 	}
-	// 21,000 to give back: worth it, and 500 a read is still quiet.
-	f.set(500, 16_000)
+	// 40,000 to give back: worth it, and 2,000 a read is still quiet.
+	f.set(2000, 30_000)
 	f.tick(t)
 	if n := f.tick(t); n != 1 {
-		t.Fatalf("%d trims with more than an eighth of the live heap to give back, want 1", n)
+		t.Fatalf("%d trims with more than a quarter of the live heap to give back, want 1", n)
 	}
-	// Busy for this heap (2,000 a read): no trim however much there is.
+	// Busy for this heap (5,000 a read): no trim however much there is.
 	for range 5 {
-		f.set(2000, 20_000)
-		f.ticksWithout(t, 1, 1, "while allocating more than 1/128 of the live heap a read")
+		f.set(5000, 40_000)
+		f.ticksWithout(t, 1, 1, "while allocating more than 1/32 of the live heap a read")
 	}
 }
 
