@@ -72,6 +72,7 @@ type options struct {
 	edges          int
 	phases         phaseSet
 	steady         time.Duration
+	settle         time.Duration
 	route          time.Duration
 	routeConc      int
 	registerWait   time.Duration
@@ -106,6 +107,7 @@ func main() {
 	flag.IntVar(&o.edges, "edges", 10000, "`n` simulated edge nodes (Nodes edge-1..edge-n, in pools of 10)")
 	flag.Var(&o.phases, "phases", "comma-separated `phases` to run, in this order: "+strings.Join(allPhases, ",")+" (cold always runs: it connects the fleet)")
 	flag.DurationVar(&o.steady, "steady", time.Minute, "steady phase: measure this `duration` of keepalives only")
+	flag.DurationVar(&o.settle, "settle", 30*time.Second, "steady phase: wait this `duration` after every edge registered before measuring; a new QUIC connection's path MTU discovery sends a probe each way with each of its first four keepalives, about 20 s")
 	flag.DurationVar(&o.route, "route", 15*time.Second, "routing phase: send new-connection GETs for this `duration`, with every edge connected and with one")
 	flag.IntVar(&o.routeConc, "route-conc", 8, "routing: concurrent `clients`")
 	flag.DurationVar(&o.registerWait, "register-timeout", 3*time.Minute, "give up waiting for every edge to register (cold start, storm) after this `duration`, and go on with those registered")
@@ -128,7 +130,7 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if o.edges < 1 || o.edges > maxEdges || o.steady <= 0 || o.route <= 0 || o.routeConc < 1 || o.hbOffline < 0 ||
+	if o.edges < 1 || o.edges > maxEdges || o.steady <= 0 || o.settle < 0 || o.route <= 0 || o.routeConc < 1 || o.hbOffline < 0 ||
 		o.hbInterval <= 0 || o.hbDuration <= 0 || o.churnRate < 1 || o.churnDuration <= 0 || o.churnProbe < 1 || o.replicaEdges < 0 {
 		fmt.Fprintf(os.Stderr, "scalebench: --edges must be 1..%d; durations, --route-conc, --churn-rate and --churn-probe positive\n", maxEdges)
 		os.Exit(2)

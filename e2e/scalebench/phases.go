@@ -106,8 +106,8 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 		note("steady: %v; measuring anyway", err)
 		r.settled = false
 	}
-	note("steady: settling 5 s, then %v of keepalives only", b.o.steady)
-	if err := benchkit.Sleep(ctx, 5*time.Second); err != nil {
+	note("steady: settling %v (path MTU discovery), then %v of keepalives only", b.o.settle, b.o.steady)
+	if err := benchkit.Sleep(ctx, b.o.settle); err != nil {
 		return err
 	}
 	n, err := registered(ctx, g.host)
