@@ -176,18 +176,18 @@ func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp 
 		return p.queueStatus(w, r, req, comp, body, "earlier status writes of this object are still queued for the cloud")
 	}
 	if healthy {
-		up := p.upstreamRequest(r, body, p.cached[comp], req.GVR.GroupVersion())
+		up := p.upstreamRequest(r, body, answerFor(p.cached[comp]), req.GVR.GroupVersion())
 		if lease {
 			// Renewed by the node itself: no longer delegated.
 			if b := withoutDelegateAnnotation(r.Header.Get("Content-Type"), body); b != nil {
-				up = p.upstreamRequest(r, b, p.cached[comp], req.GVR.GroupVersion())
+				up = p.upstreamRequest(r, b, answerFor(p.cached[comp]), req.GVR.GroupVersion())
 				up.Header.Set("Content-Type", "application/json")
 			}
 		}
 		resp, err := p.rt.RoundTrip(up)
 		if err == nil {
 			defer resp.Body.Close()
-			if b := p.relay(w, resp, p.cached[comp] && resp.StatusCode < 300); b != nil {
+			if b := p.relay(w, resp, answerFor(p.cached[comp] && resp.StatusCode < 300)); b != nil {
 				go p.cacheResponse(comp, req, cache.Scope{}, false, resp.Header.Get("Content-Type"), b)
 			}
 			return servedUpstream

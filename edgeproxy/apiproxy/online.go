@@ -55,7 +55,7 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 			body = nil
 		}
 	} else {
-		body = p.relay(w, resp, cacheIt)
+		body = p.relay(w, resp, answerFor(cacheIt))
 	}
 	if body != nil {
 		if req.Verb == localapi.VerbGet {
@@ -86,7 +86,7 @@ func (p *Proxy) readTrip(r *http.Request, req request, via readVia) (*http.Respo
 	if req.Verb != localapi.VerbWatch {
 		rt = p.reads
 	}
-	return rt.RoundTrip(withoutBody(p.upstreamRequest(r, nil, true, req.GVR.GroupVersion())))
+	return rt.RoundTrip(withoutBody(p.upstreamRequest(r, nil, clientAndCache, req.GVR.GroupVersion())))
 }
 
 // withoutBody drops the body of a request the proxy made from a client's.
@@ -97,13 +97,13 @@ func withoutBody(r *http.Request) *http.Request {
 	return r
 }
 
-// relay copies an upstream response to the client. With capture set and
-// a JSON or protobuf body, it returns a copy of the body once it was
+// relay copies an upstream response to the client. For the cache too, and
+// with a JSON or protobuf body, it returns a copy of the body once it was
 // relayed whole.
-func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, capture bool) []byte {
+func (p *Proxy) relay(w http.ResponseWriter, resp *http.Response, to answerFor) []byte {
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	if mt := mediaType(resp.Header.Get("Content-Type")); !capture || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
+	if mt := mediaType(resp.Header.Get("Content-Type")); to == clientOnly || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
 		io.Copy(w, resp.Body)
 		return nil
 	}

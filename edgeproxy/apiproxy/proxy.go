@@ -371,13 +371,22 @@ func (t *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// answerFor says who reads an upstream answer: the client alone, or the
+// cache too (which needs a body it can read, captured once relayed).
+type answerFor bool
+
+const (
+	clientOnly     answerFor = false
+	clientAndCache answerFor = true
+)
+
 // upstreamRequest is r for the current apiserver, with the node's identity
-// (the client's Authorization is dropped). When the response is to be
-// cached, it asks for a body the cache can read: uncompressed on the wire
+// (the client's Authorization is dropped). When the answer is for the
+// cache too, it asks for a body the cache can read: uncompressed on the wire
 // to the client (the transport asks for gzip and inflates it), in
 // protobuf if the client takes it and the proxy can read gv's protobuf,
 // else in JSON.
-func (p *Proxy) upstreamRequest(r *http.Request, body []byte, cacheable bool, gv schema.GroupVersion) *http.Request {
+func (p *Proxy) upstreamRequest(r *http.Request, body []byte, to answerFor, gv schema.GroupVersion) *http.Request {
 	srv, _ := p.up.Server()
 	out := r.Clone(r.Context())
 	out.URL = &url.URL{Scheme: srv.Scheme, Host: srv.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
@@ -390,7 +399,7 @@ func (p *Proxy) upstreamRequest(r *http.Request, body []byte, cacheable bool, gv
 		out.Header.Del(h)
 	}
 	out.Header.Del("Authorization")
-	if cacheable {
+	if to == clientAndCache {
 		out.Header.Del("Accept-Encoding")
 		if !keepsProtobuf(r, gv) {
 			out.Header.Set("Accept", "application/json")

@@ -142,7 +142,7 @@ func (p *Proxy) filterBody(contentType string, body []byte) ([]byte, error) {
 func (p *Proxy) relayFiltered(w http.ResponseWriter, resp *http.Response) []byte {
 	mt := mediaType(resp.Header.Get("Content-Type"))
 	if resp.StatusCode != http.StatusOK || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
-		p.relay(w, resp, false)
+		p.relay(w, resp, clientOnly)
 		return nil
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxCachedResponse+1))
