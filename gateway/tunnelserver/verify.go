@@ -44,9 +44,8 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 // verifyClient checks a client's certificate chain as crypto/tls's
 // RequireAndVerifyClientCert would, and logs and counts a refusal.
 func (s *Server) verifyClient(certs []*x509.Certificate, roots *x509.CertPool, remote string) error {
-	until, err := verifyChain(certs, roots, s.now())
+	_, err := verifyChain(certs, roots, s.now())
 	if err == nil {
-		s.verified.note(certs[0], roots, until)
 		return nil
 	}
 	reason := refusalReason(err)
@@ -102,8 +101,11 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, now time.Time)
 // verifying, so that a recheck verifies only the chains whose CAs changed
 // or whose time came: at 10,000 edges, verifying every chain every
 // minute cost 8 % of an idle gateway's CPU. Keys are the parsed leaves
-// crypto/tls hands to VerifyConnection and keeps in the connection's
-// state, so a tunnel's entry is found by pointer.
+// crypto/tls keeps in each connection's state, so a tunnel's entry is
+// found by pointer. Only recheckLive fills it, with live tunnels, and
+// drops the rest: a handshake adds nothing, so a client that connects
+// and is refused, or reconnects in a loop, pins no certificate here (a
+// tunnel's chain is verified once more at its first recheck).
 type verifiedLeaves struct {
 	mu sync.Mutex
 	m  map[*x509.Certificate]verifiedLeaf

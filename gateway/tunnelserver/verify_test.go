@@ -325,3 +325,46 @@ func TestVerifyChainUntil(t *testing.T) {
 		t.Fatal("the test CA ends within the hour: the leaf-first case tests nothing")
 	}
 }
+
+// What the recheck remembers is bounded by the live tunnels: a handshake
+// adds nothing (a client refused after it, or reconnecting in a loop,
+// pins no certificate), a recheck adds the live tunnels' leaves, and the
+// next one forgets a closed tunnel's.
+func TestVerifiedLeavesHoldOnlyLiveTunnels(t *testing.T) {
+	f := start(t, time.Second)
+	remembered := func() int {
+		f.srv.verified.mu.Lock()
+		defer f.srv.verified.mu.Unlock()
+		return len(f.srv.verified.m)
+	}
+	notANode, err := f.ca.ClientCert("someone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, err := f.dial(notANode.TLS, f.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, ok := refused.WaitClosed(10 * time.Second); !ok || code != tunnel.CloseNotAllowed {
+		t.Fatalf("a client certificate that names no node: closed with %v (by gateway: %v), want CloseNotAllowed", code, ok)
+	}
+	f.node("edge-1")
+	gone := f.node("edge-2")
+	if n := remembered(); n != 0 {
+		t.Fatalf("%d leaves remembered after handshakes alone, want 0", n)
+	}
+	f.srv.recheckLive()
+	if n := remembered(); n != 2 {
+		t.Fatalf("%d leaves remembered after a recheck of 2 live tunnels, want 2", n)
+	}
+	gone.Close()
+	eventually(t, "edge-2's tunnel is no longer live", func() bool {
+		f.srv.mu.Lock()
+		defer f.srv.mu.Unlock()
+		return len(f.srv.live) == 1
+	})
+	f.srv.recheckLive()
+	if n := remembered(); n != 1 {
+		t.Fatalf("%d leaves remembered after a recheck of 1 live tunnel, want 1", n)
+	}
+}
