@@ -444,7 +444,7 @@ func (b *bench) profile(ctx context.Context, g *gwProc, label string, d time.Dur
 		defer b.profiling.Unlock()
 		left := time.Until(end).Truncate(time.Second)
 		if left < 5*time.Second {
-			note("profile %s: skipped, the previous phase's profile took all but %v of it", label, left)
+			note("profile %s: skipped, the previous phase's profile ran over (almost) all of it", label)
 			return
 		}
 		if left < d {
