@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"runtime"
@@ -294,6 +295,9 @@ type edgeRequest struct {
 
 func (a *agent) mux() *http.ServeMux {
 	m := http.NewServeMux()
+	// The load generator's own profiles, for when it is the bottleneck.
+	m.HandleFunc("GET /debug/pprof/", pprof.Index)
+	m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	m.HandleFunc("POST /start", func(w http.ResponseWriter, r *http.Request) {
 		var req edgeRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {

@@ -140,7 +140,8 @@ func (b *bench) startGateway(ctx context.Context, i int) (*gwProc, error) {
 		b.gwArgs[i] = append(b.gwArgs[i], b.o.gatewayArgs...)
 	}
 	started := time.Now()
-	cmd := h.Start(b.s, b.bins.Gateway, b.gwArgs[i]...)
+	name, args := pinned(b.o.gatewayCPUs, b.bins.Gateway, b.gwArgs[i]...)
+	cmd := h.Start(b.s, name, args...)
 	b.logs = append(b.logs, procLog{h.Label, h, cmd})
 	pid, err := benchkit.RealPID(ctx, cmd.Process.Pid, b.bins.Gateway)
 	if err != nil {
@@ -363,8 +364,9 @@ func startAgent(ctx context.Context, s *testenv.Session, w *world.World, h *test
 	if err := os.WriteFile(path, raw, 0o600); err != nil {
 		return nil, nil, err
 	}
-	note("starting the load generator in %s: %d simulated edges (issuing their client certificates)", h.Label, o.edges)
-	cmd := h.Start(s, exe, agentArg, path)
+	note("starting the load generator in %s: %d simulated edges (issuing their client certificates), on CPUs %q", h.Label, o.edges, o.loadgenCPUs)
+	name, args := pinned(o.loadgenCPUs, exe, agentArg, path)
+	cmd := h.Start(s, name, args...)
 	a := &agentClient{c: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

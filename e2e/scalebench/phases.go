@@ -74,13 +74,16 @@ func (b *bench) cold(ctx context.Context, res *results) error {
 // steadyResult is the steady phase.
 type steadyResult struct {
 	settled    bool // every edge was registered before the measurement
-	before     int  // edges registered at its start
-	connected  int  // and at its end
+	settleTook time.Duration
+	settleRate float64 // liveness probes/s at the end of the settling, -1 unknown
+	before     int     // edges registered at its start
+	connected  int     // and at its end
 	took       time.Duration
 	rss        int64
 	cpuPct     float64 // of one core
 	udpIn      float64 // datagrams per second
 	udpOut     float64
+	probes     float64 // liveness probes answered per second, -1 unknown
 	goroutines int
 	agent      agentStats
 }
@@ -106,8 +109,7 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 		note("steady: %v; measuring anyway", err)
 		r.settled = false
 	}
-	note("steady: settling %v (path MTU discovery), then %v of keepalives only", b.o.settle, b.o.steady)
-	if err := benchkit.Sleep(ctx, b.o.settle); err != nil {
+	if err := b.settle(ctx, g, &r); err != nil {
 		return err
 	}
 	n, err := registered(ctx, g.host)
@@ -119,6 +121,7 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 	if err != nil {
 		return err
 	}
+	probes0 := probesAnswered(ctx, g.host)
 	b.profile(ctx, g, "steady", b.o.steady)
 	cpu0, t0 := benchkit.CPU(g.pid), time.Now()
 	stop := benchkit.Progress(ctx, 10*time.Second, func() {
@@ -139,6 +142,10 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 	r.took, r.rss = took, gatewayRSS(g)
 	r.cpuPct = 100 * (cpu1 - cpu0).Seconds() / took.Seconds()
 	r.udpIn, r.udpOut = float64(udp1.in-udp0.in)/took.Seconds(), float64(udp1.out-udp0.out)/took.Seconds()
+	r.probes = -1
+	if probes1 := probesAnswered(ctx, g.host); probes0 >= 0 && probes1 >= 0 {
+		r.probes = (probes1 - probes0) / took.Seconds()
+	}
 	if r.connected, err = registered(ctx, g.host); err != nil {
 		return err
 	}
@@ -154,6 +161,37 @@ func (b *bench) steadyState(ctx context.Context, res *results) error {
 	}
 	note("steady: %d edges, RSS %s MiB (%.1f KiB per edge), CPU %.1f%%, UDP %.0f in + %.0f out datagrams/s, %d goroutines",
 		r.connected, mib(r.rss), r.perEdgeKiB(), r.cpuPct, r.udpIn, r.udpOut, r.goroutines)
+	return nil
+}
+
+// settle waits --settle, then until the liveness probes answered fall
+// under one a second per 2,000 edges, or --settle-max has passed.
+func (b *bench) settle(ctx context.Context, g *gwProc, r *steadyResult) error {
+	start := time.Now()
+	limit := max(1, float64(b.o.edges)/2000)
+	note("steady: settling %v (path MTU discovery), then until under %.0f liveness probes/s (at most %v in all)", b.o.settle, limit, b.o.settleMax)
+	if err := benchkit.Sleep(ctx, b.o.settle); err != nil {
+		return err
+	}
+	r.settleRate = -1
+	prev, t0 := probesAnswered(ctx, g.host), time.Now()
+	for prev >= 0 && time.Since(start) < b.o.settleMax {
+		if err := benchkit.Sleep(ctx, min(10*time.Second, b.o.settleMax-time.Since(start))); err != nil {
+			return err
+		}
+		cur, t1 := probesAnswered(ctx, g.host), time.Now()
+		if cur < 0 {
+			break
+		}
+		r.settleRate = (cur - prev) / t1.Sub(t0).Seconds()
+		note("steady: settling %v: %.1f liveness probes/s", time.Since(start).Round(time.Second), r.settleRate)
+		if r.settleRate < limit {
+			break
+		}
+		prev, t0 = cur, t1
+	}
+	r.settleTook = time.Since(start)
+	note("steady: settled in %v; %v of keepalives only", r.settleTook.Round(time.Second), b.o.steady)
 	return nil
 }
 

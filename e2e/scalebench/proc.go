@@ -110,3 +110,13 @@ func goroutines(ctx context.Context, gw *testenv.Host) int {
 	}
 	return n
 }
+
+// probesAnswered is how many liveness probes gw has answered
+// (tether_gateway_tunnel_edge_streams_total{result="probe"}), or -1.
+func probesAnswered(ctx context.Context, gw *testenv.Host) float64 {
+	out, err := world.Get(ctx, gw, world.GatewayAdmin(gw, "/metrics"))
+	if err != nil {
+		return -1
+	}
+	return world.Metric(out, `tether_gateway_tunnel_edge_streams_total{result="probe"}`)
+}

@@ -13,7 +13,11 @@ import (
 
 	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/tunnel"
 )
+
+// keepalive is the simulated edges' keepalive period, the tunnel's default.
+var keepalive = tunnel.QUICConfig(tunnel.Limits{}).KeepAlivePeriod
 
 func printHeader(o options) {
 	var eff []string
@@ -56,9 +60,18 @@ func printResults(o options, r *results) {
 		if !s.settled {
 			row("", "NOT STEADY: not every edge had registered; edges still connecting cost handshakes")
 		}
+		settled := fmt.Sprintf("%s s after every edge registered", secs(s.settleTook))
+		if s.settleRate >= 0 {
+			settled += fmt.Sprintf(", at %.1f liveness probes/s", s.settleRate)
+		}
+		row("measured from", settled)
 		row("gateway RSS", fmt.Sprintf("%s MiB, %.1f KiB per edge", mib(s.rss), s.perEdgeKiB()))
 		row("gateway CPU", fmt.Sprintf("%.1f%% of a core", s.cpuPct))
 		row("UDP datagrams/s in the gateway's namespace", fmt.Sprintf("%.0f in, %.0f out", s.udpIn, s.udpOut))
+		row("  of which keepalives, at the least", fmt.Sprintf("%.0f each way (one PING and its ACK per edge per %v)", float64(s.connected)/keepalive.Seconds(), keepalive))
+		if s.probes >= 0 {
+			row("  liveness probes answered/s", fmt.Sprintf("%.1f (a stream each: several datagrams each way)", s.probes))
+		}
 		row("gateway goroutines", fmt.Sprint(s.goroutines))
 		row("load generator", fmt.Sprintf("%d goroutines, %.0f MiB heap", s.agent.Goroutines, s.agent.HeapMiB))
 	}
