@@ -111,10 +111,11 @@
 // quic-go sends one only in answer to a packet longer than 42 bytes, and
 // the keepalive PINGs are shorter: an idle edge would wait out the whole
 // idle timeout. So an edge that has received nothing from a replica for
-// longer than a keepalive period (its PING went unanswered) sends a probe
-// on a stream of its own, padded to well over 42 bytes, and again while
-// the silence lasts. A restarted gateway answers it with a stateless reset
-// and the edge reconnects within about one keepalive period; a live one
+// half a keepalive period longer than quic-go waits before its PING (that
+// PING went unanswered) sends a probe on a stream of its own, padded to
+// well over 42 bytes, and again while the silence lasts. A restarted
+// gateway answers it with a stateless reset and the edge reconnects
+// within about one and a half keepalive periods; a live one
 // answers with an OK Reply. An older gateway answers BadRequest (any
 // answer says it is alive); one that lets the edge open no stream gets no
 // probe.

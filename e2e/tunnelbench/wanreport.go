@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/tether-edge/tether/tunnel"
 )
 
 // Names of the modes the WAN report compares.
@@ -104,7 +106,8 @@ func printCut(cr *cutResult) {
 			fmt.Printf("  %-13s after the heal: %s\n", m, a)
 		}
 	}
-	fmt.Printf("  (tunnel settings: QUIC idle timeout 15 s, keep-alive every 5 s; the edge redials with a jittered backoff\n")
+	qc := tunnel.QUICConfig(tunnel.Limits{})
+	fmt.Printf("  (tunnel settings: QUIC idle timeout %v, keep-alive every %v; the edge redials with a jittered backoff\n", qc.MaxIdleTimeout, qc.KeepAlivePeriod)
 	fmt.Printf("  from 1 s doubling up to 30 s; a cut shorter than the idle timeout keeps the connection and its streams)\n")
 	for _, m := range []string{tetherMode, konnMode} {
 		if s, ok := cr.short[m]; ok {

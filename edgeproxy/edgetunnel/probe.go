@@ -17,20 +17,29 @@ import (
 // reset. The watcher of each connection therefore looks about every
 // quarter keepalive period (jittered by a quarter either way, so that
 // edges that connected together do not probe in step) at how many
-// packets it has received. Once nothing has come for half a keepalive
-// period longer than quic-go waits before its PING (silenceLimit: the
-// keepalive period, or more on a path with a long or unsteady RTT, up to
-// half the idle timeout), that PING went unanswered, and it sends a probe
-// padded to well over the 42 bytes that draw a stateless reset, and again
-// at every look while the silence lasts. The half is margin for the looks: the silence is known
-// to a look, up to a look late, and a healthy link is silent for up to
-// the PING interval and a round trip. With a quarter, a healthy edge
+// packets it has received; once nothing has come for a keepalive period
+// and a half (the PING sent after a keepalive period of silence went
+// unanswered), it sends a probe padded to well over the 42 bytes that
+// draw a stateless reset, and again at every look while the silence
+// lasts. The half is margin for the looks: the silence is known to a
+// look, up to a look late, and a healthy link is silent for up to a
+// keepalive period and a round trip. With a quarter, a healthy edge
 // probed about every other keepalive period: at 10,000 edges a third
 // more packets through the gateway and 2.4 points of a core. A restarted
 // gateway resets the connection at once and the supervisor dials again
 // (after its jittered backoff); a live one answers, which ends the
 // silence. At most one probe is out at a time, and each gives up after a
 // quarter keepalive period.
+//
+// quic-go waits one and a half PTOs before its PING when that is longer
+// than the keepalive period. An edge that connected while the gateway was
+// overloaded carries an RTT estimate of seconds from its handshake, which
+// one sample per keepalive period takes minutes to forget (10,000 edges
+// after a cold start: 300 to 400 probes/s in the first minute, 14 after
+// three). Those probes are not wasted: with the keepalive at half the idle
+// timeout, a PING stretched that far would reach the gateway after its
+// idle timeout, which runs on the gateway's own RTT estimate, and the
+// tunnel would close. The probe keeps it open until the estimate decays.
 
 // watch probes conn while it is silent (see above), until ctx ends.
 func (r *replica) watch(ctx context.Context, conn *quic.Conn) {
@@ -52,43 +61,11 @@ func (r *replica) watch(ctx context.Context, conn *quic.Conn) {
 			last, heard = n, r.c.clock.Now()
 			continue
 		}
-		if r.c.clock.Since(heard) < silenceLimit(keepalive, r.c.quicConf.MaxIdleTimeout, conn.ConnectionStats())+2*tick {
+		if r.c.clock.Since(heard) < keepalive+2*tick {
 			continue
 		}
 		r.probe(conn, tick)
 	}
-}
-
-// peerMaxAckDelay is the gateway's max_ack_delay: quic-go's, which it
-// does not let a program change.
-const peerMaxAckDelay = 25 * time.Millisecond
-
-// pingAfter is how long quic-go lets a connection with these statistics
-// stay silent before it sends a keepalive PING: the keepalive period, or
-// one and a half probe timeouts (RFC 9002's PTO: smoothed RTT, four mean
-// deviations, the peer's max_ack_delay) when the path's RTT estimate
-// makes that longer. An edge that connected while the gateway was
-// overloaded (a restart storm) carries an RTT estimate of seconds from
-// its handshake; with one sample per keepalive period, the deviation
-// takes minutes to decay, and meanwhile its PINGs go out less often than
-// the keepalive period. Measuring the silence against the period alone
-// made a quarter of 10,000 edges probe in every keepalive period for
-// minutes after a cold start: 490 to 630 probes a second into the gateway.
-func pingAfter(keepalive time.Duration, st quic.ConnectionStats) time.Duration {
-	pto := st.SmoothedRTT + max(4*st.MeanDeviation, time.Millisecond) + peerMaxAckDelay
-	return max(keepalive, pto*3/2)
-}
-
-// silenceLimit is how long a connection may be silent before its watcher
-// looks for a reason: the PING interval (pingAfter), but no more than half
-// the idle timeout. quic-go stretches its own keepalive with the PTO and
-// its own idle timeout with it, but the gateway's idle timeout runs on
-// the gateway's RTT estimate: an edge whose estimate a storm inflated
-// past that half (PTO over a third of the idle timeout) would otherwise
-// PING too late for the gateway, which would close the tunnel. Its probes
-// keep the path alive until the estimate decays.
-func silenceLimit(keepalive, idle time.Duration, st quic.ConnectionStats) time.Duration {
-	return min(pingAfter(keepalive, st), max(keepalive, idle/2))
 }
 
 // probe sends one liveness probe on conn and waits up to wait for the

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/quic-go/quic-go"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/tunnel"
@@ -173,54 +172,6 @@ func TestDialCode(t *testing.T) {
 	} {
 		if got := dialCode(err); got != want {
 			t.Errorf("dialCode(%v) = %v, want %v", err, got, want)
-		}
-	}
-}
-
-// TestPingAfter: the watcher's idea of when quic-go sends its keepalive
-// PING follows quic-go's rule (connection.go, nextKeepAliveTime: the
-// keepalive period, or 1.5 PTO if longer), so a path whose RTT estimate
-// is still inflated by an overloaded handshake does not look silent.
-func TestPingAfter(t *testing.T) {
-	const keepalive = 5 * time.Second
-	for _, c := range []struct {
-		name string
-		st   quic.ConnectionStats
-		want time.Duration
-	}{
-		{"LAN", quic.ConnectionStats{SmoothedRTT: time.Millisecond, MeanDeviation: 200 * time.Microsecond}, keepalive},
-		{"WAN 300 ms", quic.ConnectionStats{SmoothedRTT: 300 * time.Millisecond, MeanDeviation: 50 * time.Millisecond}, keepalive},
-		// PTO 1.8 s + 4 × 0.9 s + 25 ms = 5.425 s; one and a half of it.
-		{"handshake in a storm", quic.ConnectionStats{SmoothedRTT: 1800 * time.Millisecond, MeanDeviation: 900 * time.Millisecond}, 8137500 * time.Microsecond},
-		// The deviation's floor is the timer granularity: PTO 4 s + 1 ms + 25 ms.
-		{"no deviation", quic.ConnectionStats{SmoothedRTT: 4 * time.Second}, 6039 * time.Millisecond},
-	} {
-		if got := pingAfter(keepalive, c.st); got != c.want {
-			t.Errorf("%s: pingAfter = %v, want %v", c.name, got, c.want)
-		}
-	}
-}
-
-// TestSilenceLimit: the watcher follows quic-go's stretched PING interval
-// only up to half the idle timeout, so that an edge with an inflated RTT
-// estimate still sends something before the gateway's idle timeout.
-func TestSilenceLimit(t *testing.T) {
-	const keepalive, idle = 5 * time.Second, 15 * time.Second
-	for _, c := range []struct {
-		name string
-		st   quic.ConnectionStats
-		want time.Duration
-	}{
-		{"LAN", quic.ConnectionStats{SmoothedRTT: time.Millisecond}, keepalive},
-		// PING after 1.5 × (2 s + 0.4 s + 25 ms) = 3.6375 s: the period rules.
-		{"stretched a little", quic.ConnectionStats{SmoothedRTT: 2 * time.Second, MeanDeviation: 100 * time.Millisecond}, keepalive},
-		{"stretched", quic.ConnectionStats{SmoothedRTT: 3 * time.Second, MeanDeviation: 200 * time.Millisecond}, 5737500 * time.Microsecond},
-		// PING after 1.5 × (4 s + 8 s + 25 ms) = 18 s, past the gateway's
-		// idle timeout: capped at half of it.
-		{"storm", quic.ConnectionStats{SmoothedRTT: 4 * time.Second, MeanDeviation: 2 * time.Second}, idle / 2},
-	} {
-		if got := silenceLimit(keepalive, idle, c.st); got != c.want {
-			t.Errorf("%s: silenceLimit = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
