@@ -138,7 +138,7 @@ func main() {
 	flag.Parse()
 	if o.edges < 1 || o.edges > maxEdges || o.steady <= 0 || o.settle < 0 || o.settleMax < o.settle || o.route <= 0 || o.routeConc < 1 || o.hbOffline < 0 ||
 		o.hbInterval <= 0 || o.hbDuration <= 0 || o.churnRate < 1 || o.churnDuration <= 0 || o.churnProbe < 1 || o.replicaEdges < 0 {
-		fmt.Fprintf(os.Stderr, "scalebench: --edges must be 1..%d; durations, --route-conc, --churn-rate and --churn-probe positive\n", maxEdges)
+		fmt.Fprintf(os.Stderr, "scalebench: --edges must be 1..%d; durations, --route-conc, --churn-rate and --churn-probe positive; --settle-max at least --settle\n", maxEdges)
 		os.Exit(2)
 	}
 	if o.replicaEdges == 0 || o.replicaEdges > o.edges {

@@ -68,7 +68,7 @@ func printResults(o options, r *results) {
 		row("gateway RSS", fmt.Sprintf("%s MiB, %.1f KiB per edge", mib(s.rss), s.perEdgeKiB()))
 		row("gateway CPU", fmt.Sprintf("%.1f%% of a core", s.cpuPct))
 		row("UDP datagrams/s in the gateway's namespace", fmt.Sprintf("%.0f in, %.0f out", s.udpIn, s.udpOut))
-		row("  of which keepalives, at the least", fmt.Sprintf("%.0f each way (one PING and its ACK per edge per %v)", float64(s.connected)/keepalive.Seconds(), keepalive))
+		row("  of which keepalives, about", fmt.Sprintf("%.0f each way (one PING and its ACK per edge per %v, or less often while quic-go stretches it)", float64(s.connected)/keepalive.Seconds(), keepalive))
 		if s.probes >= 0 {
 			row("  liveness probes answered/s", fmt.Sprintf("%.1f (a stream each: several datagrams each way)", s.probes))
 		}
