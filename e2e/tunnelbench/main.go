@@ -103,7 +103,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection, bare quic-go and Konnectivity, on a clean\nand on shaped WAN links (delay, loss, rate), through a link cut and a NAT rebinding, in network\nnamespaces on this machine (needs root). The last line printed is machine-readable (wan: ...).\n\n")
 		flag.PrintDefaults()
 	}
-	flag.StringVar(&o.tcpCC, "tcp-cc", "", "TCP congestion `control` (net.ipv4.tcp_congestion_control) of the gateway and edge hosts, whose TCP crosses the WAN in Konnectivity's mode: one of the machine's net.ipv4.tcp_allowed_congestion_control, such as reno (loss-based, as quic-go's Cubic, which the tunnel always uses) or bbr; empty keeps what the namespaces inherit from the machine")
+	flag.StringVar(&o.tcpCC, "tcp-cc", "", "TCP congestion `control` (net.ipv4.tcp_congestion_control) of the gateway and edge hosts, whose TCP crosses the WAN in Konnectivity's mode: one of the machine's net.ipv4.tcp_allowed_congestion_control, such as reno (loss-based, as quic-go's controller, NewReno in v0.65, which the tunnel always uses) or bbr; empty keeps what the namespaces inherit from the machine")
 	flag.Parse()
 	if o.runs < 1 || o.seq < 1 || o.conc < 1 || o.concReqs < o.conc || o.bulk < 1 || o.wanTime < time.Second || o.holClients < 1 {
 		fmt.Fprintln(os.Stderr, "tunnelbench: --runs, --seq, --conc, --bulk and --hol-clients must be positive, --conc-requests at least --conc, --wan-time at least 1s")
@@ -194,7 +194,7 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	if err != nil {
 		return err
 	}
-	note("TCP congestion control on the gateway and edge hosts: %s (quic-go: its own Cubic)", cc)
+	note("TCP congestion control on the gateway and edge hosts: %s (quic-go: its own NewReno)", cc)
 	// The direct reference: the same stand-in server on another cloud host.
 	ref := world.StartKubelet(s, w.Topo.Cloud("apiserver"), "direct-ref", w.KubeletCA)
 	bq, err := newLoopbackQUIC(s)

@@ -30,7 +30,7 @@ func shape(site *testenv.Site, l link) error {
 // TCP between those hosts, so its bulk throughput under loss depends on
 // this choice far more than on Konnectivity itself: a loss-based
 // controller (cubic, reno) backs off at every random loss as quic-go's
-// Cubic does, a model-based one (bbr) does not. New namespaces inherit
+// Reno does, a model-based one (bbr) does not. New namespaces inherit
 // the setting of the machine's own, which need not be Linux's default.
 func setTCPCongestionControl(name string, gateways []*testenv.Host, edges []*world.Edge) (string, error) {
 	hosts := slices.Clone(gateways)

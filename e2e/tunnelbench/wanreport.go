@@ -163,7 +163,7 @@ func hasHOL(f *figures) bool  { return f.hasHOL }
 func hasBulk(f *figures) bool { return f.hasBulk }
 
 func printSummary(o options, s summary) {
-	fmt.Printf("\nTether (tunnel) against Konnectivity across the scenarios (T/K; Konnectivity's TCP: %s, quic-go: Cubic):\n", s.tcpCC)
+	fmt.Printf("\nTether (tunnel) against Konnectivity across the scenarios (T/K; Konnectivity's TCP: %s, quic-go: NewReno):\n", s.tcpCC)
 	fmt.Printf("%-13s %16s %12s %16s %12s %16s %22s\n", "scenario", "hol p99 ms", "hol ratio", "bulk MB/s", "bulk ratio", "relay ns/B", fmt.Sprintf("c%d p99 ms T/K/direct", o.conc))
 	for _, sc := range o.scenarios {
 		if sc.event {
