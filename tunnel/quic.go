@@ -75,8 +75,8 @@ func (l Limits) withDefaults() Limits {
 // refreshed every 7.5 s. A third of it cost each edge a third more
 // packets and bytes for nothing, on links that are often metered; at
 // 10,000 idle edges on one 2-core gateway, once their RTT estimates had
-// settled, 4,085 datagrams/s and 25.1 % of a core against 2,685 and
-// 20.5 % (make bench-scale). What it costs: a gateway restarted on the
+// settled, 4,085 datagrams/s and 25.0 to 25.1 % of a core against about
+// 2,670 and 20.5 to 24.5 % (make bench-scale, two runs each). What it costs: a gateway restarted on the
 // same address is noticed by an idle edge's liveness probe about 11 s
 // after its last packet instead of 7.5, or at the idle timeout (all of
 // 10,000 back 40 s after a restart, 26 s before).
