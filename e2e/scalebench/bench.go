@@ -77,6 +77,9 @@ func setup(ctx context.Context, s *testenv.Session, o options) (*bench, error) {
 		logf = func(format string, args ...any) { s.Log.Info(fmt.Sprintf(format, args...)) }
 	}
 	gateways := 1
+	if o.phases.has("routing") && o.edges >= 2 {
+		gateways = 2 // the routing phase's one-edge replica (routing.go)
+	}
 	if o.phases.has("replicas") {
 		gateways = 3
 	}

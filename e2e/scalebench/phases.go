@@ -15,13 +15,18 @@ type results struct {
 	connectedAtEnd int
 	failed         error
 
-	routeOne, routeAll *routeResult
-	cold               *regResult
-	steady             *steadyResult
-	storm              *stormResult
-	hb                 *hbPhase
-	churn              *churnResult
-	replicas           *replicaResult
+	// routeOne: one edge on a gateway alone, before the fleet starts;
+	// routeAll: random edges of the fleet, in turns with routeOneBeside:
+	// one edge on a second replica, under the same load (routing.go).
+	routeOne, routeAll, routeOneBeside *routeResult
+	health                             []healthMark // after each phase (health.go)
+	healthVerdict                      string
+	cold                               *regResult
+	steady                             *steadyResult
+	storm                              *stormResult
+	hb                                 *hbPhase
+	churn                              *churnResult
+	replicas                           *replicaResult
 }
 
 // routeOne measures routing with one edge connected, before the cold
@@ -44,6 +49,7 @@ func (b *bench) routeOne(ctx context.Context, res *results) error {
 		return err
 	}
 	res.routeOne = &r
+	b.markHealth(ctx, "routing-1", res)
 	if err := b.stopGateway(0); err != nil {
 		return err
 	}
@@ -195,13 +201,23 @@ func (b *bench) settle(ctx context.Context, g *gwProc, r *steadyResult) error {
 	return nil
 }
 
-// routeAll measures routing to random edges of the whole fleet.
+// routeAll measures routing to random edges of the whole fleet, taking
+// turns with routing to one edge through a second replica that has only
+// that edge (routing.go); with a single edge, the fleet alone.
 func (b *bench) routeAll(ctx context.Context, res *results) error {
-	r, err := b.measureRoute(ctx, b.all, fmt.Sprintf("%d edges", b.o.edges))
+	if b.o.edges < 2 || len(b.w.Gateways) < 2 {
+		r, err := b.measureRoute(ctx, b.all, fmt.Sprintf("%d edges", b.o.edges))
+		if err != nil {
+			return err
+		}
+		res.routeAll = &r
+		return nil
+	}
+	all, one, err := b.routeTurns(ctx)
 	if err != nil {
 		return err
 	}
-	res.routeAll = &r
+	res.routeAll, res.routeOneBeside = &all, &one
 	return nil
 }
 

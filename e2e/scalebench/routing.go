@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -136,4 +138,92 @@ func (b *bench) measureRoute(ctx context.Context, targets []int, label string) (
 	r := b.route.load(ctx, targets, b.o.routeConc, b.o.route, nil)
 	note("routing: %s: %d requests, %.0f/s, p50 %s ms, p99 %s ms, %d failed", label, r.reqs, r.rate(), ms(r.p(50)), ms(r.p(99)), r.errs)
 	return r, nil
+}
+
+// routeTurnLength is how long one turn of routeTurns sends to one side.
+const routeTurnLength = time.Second
+
+// routeTurns measures routing with every edge connected against routing
+// with one edge connected, in turns under the same load: edge-1 also
+// dials a second replica, which has it alone, and the client reaches
+// edge-1 through that replica and the other edges through the fleet's.
+// Measured one after the other, the two figures differed as much by
+// what else the machine was doing then (the load generator's 10,000
+// edges share its two cores) as by the fleet the gateway serves; taking
+// turns every second leaves only the latter. Each side gets --route in
+// all. The second replica is stopped and edge-1 dials the first alone
+// again at the end.
+func (b *bench) routeTurns(ctx context.Context) (all, one routeResult, err error) {
+	first, rest := b.all[0], b.all[1:]
+	note("routing: %s also dials %s, a replica that has it alone", edgeName(first), b.w.Gateways[1].Label)
+	if err := b.agent.stop(ctx, []int{first}); err != nil {
+		return all, one, err
+	}
+	g1, err := b.startGateway(ctx, 1)
+	if err != nil {
+		return all, one, err
+	}
+	defer func() {
+		// Best effort: the route may not have been added yet.
+		_ = b.w.Client.Command(context.Background(), "ip", "route", "del", netip.PrefixFrom(edgeAddr(first), 32).String()).Run()
+		if stopErr := b.stopGateway(1); err == nil {
+			err = stopErr
+		}
+		if startErr := b.agent.start(ctx, []int{first}, b.gatewayAddr(0)); err == nil {
+			err = startErr
+		}
+	}()
+	if err := b.agent.start(ctx, []int{first}, b.gatewayAddr(0), b.gatewayAddr(1)); err != nil {
+		return all, one, err
+	}
+	if err := b.waitCount(ctx, g1, 1, b.o.registerWait); err != nil {
+		return all, one, err
+	}
+	if err := b.waitCount(ctx, b.gws[0], b.o.edges, b.o.registerWait); err != nil {
+		return all, one, err
+	}
+	b.w.RouteVia(b.s, netip.PrefixFrom(edgeAddr(first), 32), b.w.Gateways[1])
+	for _, i := range []int{first, rest[0], rest[len(rest)-1]} {
+		if err := b.route.warmUp(ctx, i); err != nil {
+			return all, one, err
+		}
+	}
+	// Code paths and caches, both sides.
+	b.route.load(ctx, []int{first}, b.o.routeConc, 2*time.Second, nil)
+	b.route.load(ctx, rest, b.o.routeConc, 2*time.Second, nil)
+	label := fmt.Sprintf("%d edges", b.o.edges)
+	note("routing: %s and 1 edge (%s) in turns of %v, %v each, %d clients", label, g1.host.Label, routeTurnLength, b.o.route, b.o.routeConc)
+	b.profile(ctx, b.gws[0], "routing-"+strings.ReplaceAll(label, " ", "-"), 2*b.o.route)
+	all, one = routeResult{edges: len(b.all)}, routeResult{edges: 1}
+	for turn := 0; all.elapsed < b.o.route || one.elapsed < b.o.route; turn++ {
+		if ctx.Err() != nil {
+			return all, one, ctx.Err()
+		}
+		if turn%2 == 0 {
+			all.add(b.route.load(ctx, rest, b.o.routeConc, routeTurnLength, nil))
+		} else {
+			one.add(b.route.load(ctx, []int{first}, b.o.routeConc, routeTurnLength, nil))
+		}
+	}
+	slices.Sort(all.lat)
+	slices.Sort(one.lat)
+	for _, x := range []struct {
+		label string
+		r     routeResult
+	}{{label, all}, {"1 edge beside them", one}} {
+		note("routing: %s: %d requests, %.0f/s, p50 %s ms, p99 %s ms, %d failed", x.label, x.r.reqs, x.r.rate(), ms(x.r.p(50)), ms(x.r.p(99)), x.r.errs)
+	}
+	return all, one, nil
+}
+
+// add merges x, a turn, into r; r's latencies are sorted again by the
+// caller.
+func (r *routeResult) add(x routeResult) {
+	r.reqs += x.reqs
+	r.errs += x.errs
+	if r.firstErr == nil {
+		r.firstErr = x.firstErr
+	}
+	r.elapsed += x.elapsed
+	r.lat = append(r.lat, x.lat...)
 }
