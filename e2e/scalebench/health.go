@@ -44,11 +44,13 @@ var troubleSeries = []struct {
 // phaseCauses is the trouble a phase causes by design, by phase: the
 // keys of troubles (short metric name, then the reason in braces) it may
 // add. UDP drops during a cold start or a restart storm are reported with
-// those phases; the churn phase's probes connect to nodes that have no
-// tunnel and close without a byte.
+// those phases, and edges whose tunnel came up while the gateway was
+// saturated with handshakes may give up a liveness probe
+// (edge_streams{aborted}); the churn phase's probes connect to nodes that
+// have no tunnel and close without a byte.
 var phaseCauses = map[string][]string{
-	"cold":  {"udp_drops"},
-	"storm": {"udp_drops"},
+	"cold":  {"udp_drops", "edge_streams{aborted}"},
+	"storm": {"udp_drops", "edge_streams{aborted}"},
 	"churn": {"proxy_refusals{no_tunnel}", "proxy_refusals{peek_timeout}", "proxy_refusals{no_route}"},
 }
 
