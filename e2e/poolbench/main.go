@@ -114,7 +114,7 @@ func main() {
 	flag.BoolVar(&o.verbose, "verbose", false, "log the world's setup and each phase's steps")
 	phases := flag.String("phases", strings.Join(allPhases, ","), "the `phases` to measure in each run, comma-separated: no-pool (every node watches the cloud), pool (--edges tether-edge in one pool), members (one tether-edge leading --members − 1 simulated followers)")
 	flag.IntVar(&o.members, "members", 100, "`n` nodes in the pool of the members phase: one tether-edge, the leader, and n − 1 simulated followers (2..1000)")
-	flag.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of the leader during the members phase's changes to this `file` (the leader runs with --profiling)")
+	flag.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of the leader during the members phase's changes to this `file` (the leader runs with --profiling), and one of this process, whose simulated followers share the machine with it, to file.followers")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: poolbench [flags]\n\nBenchmarks the Tether node pool: uplink bytes with and without it, replication lag, RSS per node, and a pool at size (--members: the leader's CPU and RSS, lag and LAN bytes per follower), in network namespaces on this machine (needs root).\n\n")
 		flag.PrintDefaults()

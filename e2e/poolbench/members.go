@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -280,6 +281,11 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 		profErr = make(chan error, 1)
 		secs := 5 + b.o.changes/(20*b.o.workers)
 		go func() { profErr <- cpuProfile(ctx, leader, secs, b.o.cpuProfile) }()
+		stop, err := selfProfile(b.o.cpuProfile + ".followers")
+		if err != nil {
+			return res, err
+		}
+		defer stop()
 	}
 	returned, err := changeAll(ctx, b.w.CP.Client, b.o.changes, round, b.o.workers)
 	if err != nil {
@@ -430,6 +436,24 @@ func subAll(after, before []traffic) []traffic {
 		out[k] = after[k].sub(before[k])
 	}
 	return out
+}
+
+// selfProfile starts a CPU profile of this process (the simulated
+// followers, the writers and the informers) into path; stop ends it.
+func selfProfile(path string) (stop func(), _ error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	note("CPU profile of this process (the followers) during the changes: %s", path)
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // cpuProfile saves a CPU profile of e's tether-edge (started with
