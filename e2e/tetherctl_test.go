@@ -56,7 +56,9 @@ func TestTetherctl(t *testing.T) {
 		return o.String(), e.String(), err
 	}
 
-	// The edges dial both replicas; wait until both list both edges.
+	// The edges dial both replicas; wait until both list both edges and
+	// are ready (a replica's election record informer may sync after its
+	// edges have connected).
 	var got []ctlStatus
 	for {
 		out, errOut, err := ctlRun("status", "-o", "json", "--gateway", gateways)
@@ -67,12 +69,12 @@ func TestTetherctl(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &got); err != nil {
 			t.Fatalf("tetherctl -o json printed no JSON list: %v\n%s", err, out)
 		}
-		if len(got) == 2 && len(got[0].Edges) == 2 && len(got[1].Edges) == 2 {
+		if len(got) == 2 && len(got[0].Edges) == 2 && len(got[1].Edges) == 2 && got[0].Ready && got[1].Ready {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("both replicas never listed both edges:\n%s", out)
+			t.Fatalf("both replicas never listed both edges and were ready:\n%s", out)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
