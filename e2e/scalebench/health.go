@@ -124,9 +124,15 @@ func (m healthMark) overhead() int {
 
 // unexpected is what the phase added beyond what it causes by design.
 func (m healthMark) unexpected() []string {
+	return m.describe(func(k string) bool { return !slices.Contains(phaseCauses[m.phase], k) })
+}
+
+// describe lists the troubles the phase added for which keep is true, and
+// every WARN or ERROR message it added.
+func (m healthMark) describe(keep func(key string) bool) []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(m.added)) {
-		if !slices.Contains(phaseCauses[m.phase], k) {
+		if keep(k) {
 			out = append(out, fmt.Sprintf("%s +%.0f", k, m.added[k]))
 		}
 	}
@@ -202,13 +208,7 @@ func printHealth(r *results) {
 	var bad []string
 	base := -1
 	for _, m := range r.health {
-		var added []string
-		for _, k := range slices.Sorted(maps.Keys(m.added)) {
-			added = append(added, fmt.Sprintf("%s +%.0f", k, m.added[k]))
-		}
-		for _, msg := range slices.Sorted(maps.Keys(m.logAdded)) {
-			added = append(added, fmt.Sprintf("log %q ×%d", msg, m.logAdded[msg]))
-		}
+		added := m.describe(func(string) bool { return true })
 		if len(added) == 0 {
 			added = []string{"nothing"}
 		}
@@ -230,6 +230,5 @@ func printHealth(r *results) {
 	if len(bad) > 0 {
 		verdict = "missed: " + strings.Join(bad, "; ")
 	}
-	r.healthVerdict = verdict
 	fmt.Printf("  no refusal, error or goroutine growth beyond what the phases cause: %s\n", verdict)
 }

@@ -20,7 +20,6 @@ type results struct {
 	// one edge on a second replica, under the same load (routing.go).
 	routeOne, routeAll, routeOneBeside *routeResult
 	health                             []healthMark // after each phase (health.go)
-	healthVerdict                      string
 	cold                               *regResult
 	steady                             *steadyResult
 	storm                              *stormResult
