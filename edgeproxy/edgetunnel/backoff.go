@@ -24,3 +24,9 @@ func (b *backoff) next() time.Duration {
 }
 
 func (b *backoff) reset() { b.cur = 0 }
+
+// atLeast makes the next wait at least d/2: it draws from [d/2, d) unless
+// the backoff has grown beyond d already.
+func (b *backoff) atLeast(d time.Duration) {
+	b.cur = max(b.cur, min(d, b.max)/2)
+}

@@ -61,6 +61,9 @@ func (r *replica) run(ctx context.Context) {
 		if lived >= r.c.opts.BackoffReset {
 			bo.reset()
 		}
+		if failureOf(err) == gatewayBusy {
+			bo.atLeast(busyBackoff)
+		}
 		wait := bo.next()
 		r.logFailure(err, lived, wait)
 
@@ -236,6 +239,8 @@ func (r *replica) logFailure(err error, lived, wait time.Duration) {
 		r.log.Error("gateway refused this node's identity; check --cert/--key (CN=system:node:<name>, O=system:nodes) and the gateway's --client-ca", attrs...)
 	case gatewayUntrusted:
 		r.log.Error("gateway's certificate not trusted; check --gateway-ca and --gateway-server-name", attrs...)
+	case gatewayBusy:
+		r.log.Warn("gateway busy: it refused the handshake, as it does when thousands of edges dial it at once (after its restart); dialling again later", attrs...)
 	case replaced:
 		r.log.Warn("gateway replaced this connection with a newer one of the same node; is another edge using this node's certificate?", attrs...)
 	default:
@@ -254,7 +259,20 @@ const (
 	identityRefused
 	gatewayUntrusted
 	replaced
+	gatewayBusy
 )
+
+// busyBackoff is the least wait after the gateway refused a handshake as
+// busy, drawn from [2 s, 4 s): the gateway kept this edge waiting for a
+// place for 3 s already (its --max-handshakes), and the edges it refused
+// come back spread out instead of all within the usual first wait of
+// 200 ms, where most would be refused again (README, Sizing).
+const busyBackoff = 4 * time.Second
+
+// alertInternalError is the TLS internal_error alert as a QUIC
+// CRYPTO_ERROR: the gateway's TLS stack answers it when the gateway
+// refused to start the handshake, which it does only when busy or closing.
+const alertInternalError = quic.TransportErrorCode(0x100 + 80)
 
 func failureOf(err error) failure {
 	var ae *quic.ApplicationError
@@ -268,6 +286,9 @@ func failureOf(err error) failure {
 	}
 	var te *quic.TransportError
 	if errors.As(err, &te) && te.ErrorCode.IsCryptoError() {
+		if te.Remote && te.ErrorCode == alertInternalError {
+			return gatewayBusy
+		}
 		if te.Remote {
 			return identityRefused // the gateway's TLS stack rejected our certificate
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/quic-go/quic-go"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/tunnel"
@@ -160,6 +161,47 @@ func TestBackoff(t *testing.T) {
 	b.reset()
 	if d := b.next(); d > 200*time.Millisecond {
 		t.Errorf("after reset: %v", d)
+	}
+}
+
+// After a busy refusal the wait is drawn from [busyBackoff/2,
+// busyBackoff), unless the backoff has grown beyond it, and within max.
+func TestBackoffAtLeast(t *testing.T) {
+	b := backoff{initial: 200 * time.Millisecond, max: 30 * time.Second}
+	b.atLeast(busyBackoff)
+	if d := b.next(); d < busyBackoff/2 || d >= busyBackoff {
+		t.Fatalf("wait after a busy refusal %v, want within [%v, %v)", d, busyBackoff/2, busyBackoff)
+	}
+	for range 10 {
+		b.next()
+	}
+	b.atLeast(busyBackoff) // grown beyond it: unchanged
+	if d := b.next(); d < 15*time.Second {
+		t.Fatalf("a grown backoff shrank to %v", d)
+	}
+	small := backoff{initial: 10 * time.Millisecond, max: time.Second}
+	small.atLeast(busyBackoff)
+	if d := small.next(); d > time.Second {
+		t.Fatalf("wait %v beyond max", d)
+	}
+}
+
+// What the gateway's refusals look like to the edge.
+func TestFailureOf(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want failure
+	}{
+		{&quic.TransportError{Remote: true, ErrorCode: 0x150, ErrorMessage: "tls: internal error"}, gatewayBusy},
+		{&quic.TransportError{Remote: true, ErrorCode: 0x12a}, identityRefused}, // bad_certificate
+		{&quic.TransportError{Remote: false, ErrorCode: 0x150}, gatewayUntrusted},
+		{&quic.ApplicationError{Remote: true, ErrorCode: tunnel.CloseNotAllowed}, identityRefused},
+		{&quic.ApplicationError{Remote: true, ErrorCode: tunnel.CloseReplaced}, replaced},
+		{&quic.IdleTimeoutError{}, otherFailure},
+	} {
+		if got := failureOf(fmt.Errorf("dial gateway: %w", c.err)); got != c.want {
+			t.Errorf("failureOf(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
 
