@@ -336,6 +336,7 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 		GetClientCAs:      g.certs.clientCAs.Pool,
 		Limits:            tunnel.Limits{IdleTimeout: cfg.IdleTimeout.Duration, ReceiveBudget: cfg.receiveBudget()},
 		UDPBuffer:         int(cfg.UDPBuffer.Value()),
+		MaxHandshakes:     cfg.MaxHandshakes,
 		ShutdownGrace:     cfg.ShutdownGrace.Duration,
 		Logger:            g.log,
 		Registerer:        g.metrics,

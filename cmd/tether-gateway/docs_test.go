@@ -45,7 +45,7 @@ func program() (docgen.Program, []docgen.Flag, error) {
 				"netrules", "resync-period", "cleanup-on-exit"}},
 			{Heading: "DNS", Keys: []string{"dns-listen", "dns-zone", "dns-ttl", "dns-cloud-nodes", "hosts-configmap"}},
 			{Heading: "Node pools and service topology", Keys: []string{"delegated-heartbeat-taint", "delegated-heartbeat-taint-renewals", "enable-update-trigger"}},
-			{Heading: "Limits", Keys: []string{"max-streams-per-edge", "max-receive-memory", "udp-buffer", "memory-limit", "idle-timeout", "stream-idle-timeout", "shutdown-grace"}},
+			{Heading: "Limits", Keys: []string{"max-streams-per-edge", "max-handshakes", "max-receive-memory", "udp-buffer", "memory-limit", "idle-timeout", "stream-idle-timeout", "shutdown-grace"}},
 			{Heading: "Process", Keys: []string{"admin-listen", "profiling", "replica", "log-level", "log-format"}},
 		},
 		Rest: "Other settings",

@@ -26,6 +26,11 @@
 // tether_gateway_tunnel_evictions_total). The edge reconnects with the
 // certificate it holds now, if that one verifies.
 //
+// At most Options.MaxHandshakes handshakes are in progress at once, from
+// the ClientHello until the client's certificate is checked; the others
+// wait, the newest let in first, and one that waited handshakeMaxWait is
+// refused (see handshakeGate).
+//
 // Refusal log lines are limited (a handshake flood must not become a log
 // flood): at most refusalLogBurst per refusalLogWindow, the rest counted
 // only, with the number left out reported on the next line.
@@ -48,6 +53,7 @@
 package tunnelserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -109,6 +115,11 @@ type Options struct {
 	// RecheckInterval is how often the certificates of live tunnels are
 	// verified again (see the package doc); 0 means DefaultRecheckInterval.
 	RecheckInterval time.Duration
+	// MaxHandshakes bounds the TLS handshakes in progress at once
+	// (--max-handshakes; see handshakeGate); 0 means no bound.
+	MaxHandshakes int
+	// handshakeWait replaces handshakeMaxWait in tests.
+	handshakeWait time.Duration
 	// Heartbeats, if set, answers the delegate-heartbeat streams edges
 	// open, and Elections their election record writes; without either
 	// edges may open no stream.
@@ -151,6 +162,10 @@ type Server struct {
 	conns *prometheus.CounterVec
 	now   func() time.Time
 	quiet logLimit // of refusal lines
+
+	gate      *handshakeGate
+	shed      prometheus.Counter
+	quietShed logLimit // of its refusal lines
 
 	clientCAs func() *x509.CertPool
 	recheck   time.Duration
@@ -225,6 +240,13 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		now:   opts.Now,
 		live:  make(map[*quic.Conn]struct{}),
 
+		gate: newHandshakeGate(opts.MaxHandshakes, cmp.Or(opts.handshakeWait, handshakeMaxWait)),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_gateway_tunnel_handshakes_shed_total",
+			Help: "Tunnel handshakes refused because none of the --max-handshakes places freed within 3s: the gateway was saturated, as in a cold start or restart of thousands of edges. Each such edge dials again 2 to 4 s later.",
+		}),
+		quietShed: logLimit{burst: 1},
+
 		clientCAs: clientCAs,
 		recheck:   opts.RecheckInterval,
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -274,7 +296,8 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		s.sizeBuffers(opts.UDPBuffer)
 	}
 	if opts.Registerer != nil {
-		collectors := []prometheus.Collector{s.conns, s.evictions, s.edgeStreams, s.udpDropsCollector()}
+		collectors := []prometheus.Collector{s.conns, s.evictions, s.edgeStreams, s.udpDropsCollector(), s.shed}
+		collectors = append(collectors, s.gateCollectors()...)
 		if b := opts.Limits.ReceiveBudget; b != nil {
 			collectors = append(collectors, budgetCollectors(b)...)
 		}
@@ -307,12 +330,37 @@ func budgetCollectors(b *tunnel.ReceiveBudget) []prometheus.Collector {
 	}
 }
 
+// handshakeMaxWait is how long a handshake waits for a place in the gate
+// before it is refused: less than the edges' handshake timeout
+// (tunnel.QUICConfig's HandshakeIdleTimeout, 5 s), so that one let in
+// late still answers its client in time, and so that a client that gave
+// up is not let in.
+const handshakeMaxWait = 3 * time.Second
+
+// gateCollectors are the gauges of the handshake gate.
+func (s *Server) gateCollectors() []prometheus.Collector {
+	if s.gate == nil {
+		return nil
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_gateway_tunnel_handshakes_in_progress",
+			Help: "Tunnel TLS handshakes the gateway works on, at most --max-handshakes: from the edge's ClientHello until its certificate is checked.",
+		}, func() float64 { in, _ := s.gate.counts(); return float64(in) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_gateway_tunnel_handshakes_waiting",
+			Help: "Tunnel handshakes waiting for one of the --max-handshakes places, the newest first, each for at most 3s.",
+		}, func() float64 { _, w := s.gate.counts(); return float64(w) }),
+	}
+}
+
 // Addr is the UDP address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
 // Close releases the socket of a server whose Serve was never called
 // (Serve closes it itself).
 func (s *Server) Close() error {
+	s.gate.close()
 	s.ln.Close()
 	s.tr.Close()
 	return s.udp.Close()
@@ -376,6 +424,7 @@ func (s *Server) handle(conn *quic.Conn) {
 }
 
 func (s *Server) shutdown() {
+	s.gate.close()
 	s.ln.Close()
 	if n := s.reg.Len(); n > 0 {
 		s.log.Info("tunnel listener closed; draining streams", "edges", n, "grace", s.grace)

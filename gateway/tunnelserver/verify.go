@@ -26,6 +26,16 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			// hello.Context() is the connection's: it ends when the
+			// handshake fails or the client goes silent.
+			release, err := s.gate.enter(hello.Context())
+			if err != nil {
+				if errors.Is(err, errGateBusy) {
+					s.shedHandshake(hello)
+				}
+				return nil, err
+			}
+			stop := context.AfterFunc(hello.Context(), release)
 			c := base.Clone()
 			pool := clientCAs()
 			c.ClientCAs = pool // only the hint of acceptable CAs in the CertificateRequest
@@ -34,6 +44,10 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 				remote = hello.Conn.RemoteAddr().String()
 			}
 			c.VerifyConnection = func(cs tls.ConnectionState) error {
+				// The client's part of the work is done: what is left,
+				// its Finished and the registration, is light.
+				stop()
+				release()
 				return s.verifyClient(cs.PeerCertificates, pool, remote)
 			}
 			return c, nil
@@ -174,8 +188,33 @@ func (s *Server) refused(msg string, attrs ...any) {
 	s.log.Warn(msg, attrs...)
 }
 
-// logLimit lets through burst lines per window and counts the others.
+// shedHandshake counts a handshake the gate refused and logs it, at most
+// one line per refusalLogWindow: a saturated gateway refuses hundreds a
+// second.
+func (s *Server) shedHandshake(hello *tls.ClientHelloInfo) {
+	s.shed.Inc()
+	ok, left := s.quietShed.allow(s.now())
+	if !ok {
+		return
+	}
+	in, waiting := s.gate.counts()
+	attrs := []any{"in_progress", in, "waiting", waiting, "max_handshakes", s.gate.max, "waited", s.gate.maxWait}
+	if hello.Conn != nil {
+		attrs = append(attrs, "remote", hello.Conn.RemoteAddr().String())
+	}
+	if left > 0 {
+		attrs = append(attrs, "refusals_not_logged", left)
+	}
+	s.log.Warn(ShedMessage, attrs...)
+}
+
+// ShedMessage is the log line of handshakes refused as busy.
+const ShedMessage = "tunnel handshake refused: gateway busy; the edge dials again in 2 to 4 s (tether_gateway_tunnel_handshakes_shed_total; README, Sizing)"
+
+// logLimit lets through burst lines per window (refusalLogBurst if 0) and
+// counts the others.
 type logLimit struct {
+	burst   int
 	mu      sync.Mutex
 	start   time.Time // of the current window
 	n       int       // lines let through in it
@@ -190,7 +229,7 @@ func (l *logLimit) allow(now time.Time) (ok bool, dropped int) {
 	if now.Sub(l.start) >= refusalLogWindow {
 		l.start, l.n = now, 0
 	}
-	if l.n >= refusalLogBurst {
+	if burst := l.burst; (burst > 0 && l.n >= burst) || (burst == 0 && l.n >= refusalLogBurst) {
 		l.dropped++
 		return false, 0
 	}
