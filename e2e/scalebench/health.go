@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/gateway/tunnelserver"
 )
 
 // The gateway's health across the phases (issue 18: "no error, refusal
@@ -29,6 +30,7 @@ var troubleSeries = []struct {
 	{"tether_gateway_tunnel_connections_total", "result", []string{"registered"}},
 	{"tether_gateway_tunnel_evictions_total", "reason", nil},
 	{"tether_gateway_tunnel_udp_drops_total", "", nil},
+	{"tether_gateway_tunnel_handshakes_shed_total", "", nil},
 	{"tether_gateway_tunnel_receive_window_refusals_total", "", nil},
 	{"tether_gateway_tunnel_edge_streams_total", "result", []string{"served", "probe"}},
 	{"tether_gateway_edge_refusals_total", "reason", nil},
@@ -42,17 +44,23 @@ var troubleSeries = []struct {
 }
 
 // phaseCauses is the trouble a phase causes by design, by phase: the
-// keys of troubles (short metric name, then the reason in braces) it may
-// add. UDP drops during a cold start or a restart storm are reported with
-// those phases, and edges whose tunnel came up while the gateway was
-// saturated with handshakes may give up a liveness probe
-// (edge_streams{aborted}); the churn phase's probes connect to nodes that
-// have no tunnel and close without a byte.
+// keys of troubles (short metric name, then the reason in braces) and of
+// log lines (logKey) it may add. A cold start or a restart storm
+// saturates the gateway with handshakes: it refuses those that waited too
+// long for a place (handshakes_shed, and its log line), the kernel may
+// drop datagrams (udp_drops), and edges whose tunnel came up meanwhile may
+// give up a liveness probe (edge_streams{aborted}); the churn phase's
+// probes connect to nodes that have no tunnel and close without a byte.
 var phaseCauses = map[string][]string{
-	"cold":  {"udp_drops", "edge_streams{aborted}"},
-	"storm": {"udp_drops", "edge_streams{aborted}"},
+	"cold":  saturated,
+	"storm": saturated,
 	"churn": {"proxy_refusals{no_tunnel}", "proxy_refusals{peek_timeout}", "proxy_refusals{no_route}"},
 }
+
+var saturated = []string{"udp_drops", "edge_streams{aborted}", "handshakes_shed", logKey(tunnelserver.ShedMessage)}
+
+// logKey is how a WARN or ERROR message is shown.
+func logKey(msg string) string { return fmt.Sprintf("log %q", msg) }
 
 // troubleKey is how a series is shown: the metric without its prefix and
 // _total, and the reason.
@@ -127,8 +135,8 @@ func (m healthMark) unexpected() []string {
 	return m.describe(func(k string) bool { return !slices.Contains(phaseCauses[m.phase], k) })
 }
 
-// describe lists the troubles the phase added for which keep is true, and
-// every WARN or ERROR message it added.
+// describe lists the troubles and the WARN or ERROR messages the phase
+// added for which keep is true.
 func (m healthMark) describe(keep func(key string) bool) []string {
 	var out []string
 	for _, k := range slices.Sorted(maps.Keys(m.added)) {
@@ -137,7 +145,9 @@ func (m healthMark) describe(keep func(key string) bool) []string {
 		}
 	}
 	for _, msg := range slices.Sorted(maps.Keys(m.logAdded)) {
-		out = append(out, fmt.Sprintf("log %q ×%d", msg, m.logAdded[msg]))
+		if keep(logKey(msg)) {
+			out = append(out, fmt.Sprintf("%s ×%d", logKey(msg), m.logAdded[msg]))
+		}
 	}
 	return out
 }

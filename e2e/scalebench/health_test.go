@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tether-edge/tether/gateway/tunnelserver"
 )
 
 // An exposition as the gateway serves it, with series that are trouble,
@@ -59,12 +61,13 @@ func TestLogIssues(t *testing.T) {
 // TestUnexpected: what a phase causes by design is not held against it;
 // anything else, and any WARN or ERROR line, is.
 func TestUnexpected(t *testing.T) {
-	cold := healthMark{phase: "cold", added: map[string]float64{"udp_drops": 3, "edge_streams{aborted}": 2}}
+	cold := healthMark{phase: "cold", added: map[string]float64{"udp_drops": 3, "edge_streams{aborted}": 2, "handshakes_shed": 900},
+		logAdded: map[string]int{tunnelserver.ShedMessage: 2}}
 	if u := cold.unexpected(); len(u) != 0 {
 		t.Errorf("cold start: %v, want nothing unexpected", u)
 	}
-	steady := healthMark{phase: "steady", added: map[string]float64{"udp_drops": 3}, logAdded: map[string]int{"apply": 1}}
-	want := []string{"udp_drops +3", `log "apply" ×1`}
+	steady := healthMark{phase: "steady", added: map[string]float64{"udp_drops": 3}, logAdded: map[string]int{"apply": 1, tunnelserver.ShedMessage: 1}}
+	want := []string{"udp_drops +3", `log "apply" ×1`, logKey(tunnelserver.ShedMessage) + " ×1"}
 	if d := cmp.Diff(want, steady.unexpected()); d != "" {
 		t.Errorf("steady (-want +got):\n%s", d)
 	}
