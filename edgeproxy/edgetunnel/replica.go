@@ -240,7 +240,7 @@ func (r *replica) logFailure(err error, lived, wait time.Duration) {
 	case gatewayUntrusted:
 		r.log.Error("gateway's certificate not trusted; check --gateway-ca and --gateway-server-name", attrs...)
 	case gatewayBusy:
-		r.log.Warn("gateway busy: it refused the handshake, as it does when thousands of edges dial it at once (after its restart); dialling again later", attrs...)
+		r.log.Warn("gateway refused the handshake with an internal error: it is busy, as when thousands of edges dial it at once, or has no serving certificate yet (its log says which); dialling again in a few seconds", attrs...)
 	case replaced:
 		r.log.Warn("gateway replaced this connection with a newer one of the same node; is another edge using this node's certificate?", attrs...)
 	default:
@@ -271,7 +271,8 @@ const busyBackoff = 4 * time.Second
 
 // alertInternalError is the TLS internal_error alert as a QUIC
 // CRYPTO_ERROR: the gateway's TLS stack answers it when the gateway
-// refused to start the handshake, which it does only when busy or closing.
+// refused to start the handshake (busy, or closing) or had no serving
+// certificate to present; either way dialling again at once is no use.
 const alertInternalError = quic.TransportErrorCode(0x100 + 80)
 
 func failureOf(err error) failure {
