@@ -21,7 +21,6 @@ type stalledEdge struct {
 	asked chan string
 	proc  chan error // nil: send the certificate; else abort with it
 	done  chan error // the dial's result
-	conn  *quic.Conn
 }
 
 func (f *fixture) stalledEdge(name string, asked chan string) *stalledEdge {
@@ -47,7 +46,6 @@ func (f *fixture) stalledEdge(name string, asked chan string) *stalledEdge {
 		defer cancel()
 		conn, err := quic.DialAddr(ctx, f.srv.Addr().String(), tc, qc)
 		if err == nil {
-			e.conn = conn
 			f.t.Cleanup(func() { conn.CloseWithError(0, "") })
 		}
 		e.done <- err

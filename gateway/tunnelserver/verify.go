@@ -1,6 +1,7 @@
 package tunnelserver
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -229,7 +230,7 @@ func (l *logLimit) allow(now time.Time) (ok bool, dropped int) {
 	if now.Sub(l.start) >= refusalLogWindow {
 		l.start, l.n = now, 0
 	}
-	if burst := l.burst; (burst > 0 && l.n >= burst) || (burst == 0 && l.n >= refusalLogBurst) {
+	if l.n >= cmp.Or(l.burst, refusalLogBurst) {
 		l.dropped++
 		return false, 0
 	}

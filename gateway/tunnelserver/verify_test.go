@@ -261,6 +261,25 @@ func TestLogLimit(t *testing.T) {
 	}
 }
 
+// A limit with a burst of its own (the busy refusals': one line per
+// window).
+func TestLogLimitBurst(t *testing.T) {
+	l := logLimit{burst: 1}
+	now := time.Now()
+	if ok, _ := l.allow(now); !ok {
+		t.Fatal("first line held back")
+	}
+	for range 3 {
+		if ok, _ := l.allow(now.Add(time.Second)); ok {
+			t.Fatal("a second line in the window let through")
+		}
+	}
+	ok, dropped := l.allow(now.Add(refusalLogWindow))
+	if !ok || dropped != 3 {
+		t.Fatalf("next window: ok %v, dropped %d; want true, 3", ok, dropped)
+	}
+}
+
 // A chain is verified again only when the client CAs changed or a
 // NotAfter along it passed; what a recheck does not keep is forgotten.
 func TestVerifiedLeaves(t *testing.T) {
