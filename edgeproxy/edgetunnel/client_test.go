@@ -351,6 +351,31 @@ func TestRefusedIdentityBacksOff(t *testing.T) {
 	}
 }
 
+// A gateway that refuses the handshake as busy is dialled again after at
+// least busyBackoff/2, not after the first backoff of 200 ms.
+func TestBusyGatewayBacksOff(t *testing.T) {
+	ca := testenv.MustCA(t, "edgetunnel-test")
+	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")
+	gw.busy.Store(true)
+	clk := clocktesting.NewFakeClock(time.Now())
+	e := startEdge(t, Options{
+		Gateways: []string{gw.addr.String()}, AllowPorts: []uint16{1},
+		Clock: clk, BackoffInitial: 200 * time.Millisecond, BackoffMax: time.Minute,
+	}, ca, ca)
+	const line = "gateway refused the handshake with an internal error"
+	eventually(t, "the busy refusal logged", func() bool { return e.log.contains(line) })
+	wait := e.log.retryIn(t, line)
+	if wait < busyBackoff/2 || wait >= busyBackoff {
+		t.Fatalf("retry in %v after a busy refusal, want within [%v, %v)", wait, busyBackoff/2, busyBackoff)
+	}
+	gw.busy.Store(false)
+	eventually(t, "connected once the backoff elapsed", func() bool {
+		clk.Step(100 * time.Millisecond)
+		st, ok := e.status(gw.addr)
+		return ok && st.Connected
+	})
+}
+
 func TestRotatedCertificateUsedForNextConnection(t *testing.T) {
 	ca := testenv.MustCA(t, "edgetunnel-test")
 	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")

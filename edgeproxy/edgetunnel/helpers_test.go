@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -32,6 +33,7 @@ type testGateway struct {
 	ln       *quic.Listener
 	conns    chan *quic.Conn
 	hellos   atomic.Int64 // TLS handshakes attempted
+	busy     atomic.Bool  // refuse handshakes as a saturated gateway does
 	mu       sync.Mutex
 	accepted []*quic.Conn
 }
@@ -58,6 +60,11 @@ func startGateway(t *testing.T, pki gatewayPKI, addr string) *testGateway {
 	conf := tunnel.ServerTLS(func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return &srv.TLS, nil }, pki.clientCA.Pool())
 	conf.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		g.hellos.Add(1)
+		if g.busy.Load() {
+			// As the gateway's handshake gate refuses: crypto/tls
+			// answers internal_error.
+			return nil, errors.New("gateway busy")
+		}
 		return nil, nil
 	}
 	// A Transport of our own, so that stop frees the port at once (a
@@ -201,6 +208,30 @@ func (l *testLog) contains(s string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return strings.Contains(l.buf.String(), s)
+}
+
+// retryIn is the retry_in of the first log line containing msg.
+func (l *testLog) retryIn(t *testing.T, msg string) time.Duration {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range strings.Split(l.buf.String(), "\n") {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		_, v, ok := strings.Cut(line, " retry_in=")
+		if !ok {
+			t.Fatalf("no retry_in in %q", line)
+		}
+		v, _, _ = strings.Cut(v, " ")
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("retry_in in %q: %v", line, err)
+		}
+		return d
+	}
+	t.Fatalf("no log line with %q", msg)
+	return 0
 }
 
 // edge is a Client under test.

@@ -130,9 +130,11 @@ func TestHandshakeShedAfterWait(t *testing.T) {
 	nextAsked(t, asked)
 	b := f.stalledEdge("edge-b", asked)
 	err := b.result(t)
+	// TLS internal_error as a QUIC CRYPTO_ERROR: what edges take for a
+	// busy gateway (edgetunnel's alertInternalError) and wait longer after.
 	var te *quic.TransportError
-	if !errors.As(err, &te) || !te.Remote {
-		t.Fatalf("edge-b: %v, want the gateway's refusal", err)
+	if !errors.As(err, &te) || !te.Remote || te.ErrorCode != 0x100+80 {
+		t.Fatalf("edge-b: %v, want the gateway's refusal with CRYPTO_ERROR 0x150", err)
 	}
 	t.Logf("edge-b refused: %v", err)
 	if v, err := metrictest.Value(f.srv.shed, "tether_gateway_tunnel_handshakes_shed_total"); err != nil || v != 1 {
