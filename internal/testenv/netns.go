@@ -497,30 +497,57 @@ func tail(s string, n int) string {
 }
 
 // deleteNetns kills every process inside the namespace, then deletes it.
+// A process can still join between the last look and the delete (an
+// `ip netns exec` that opened the namespace just before), so the
+// processes in the namespace, found by its inode, are killed once more
+// after the delete: the namespace lives on, unnamed, while any remain.
 func deleteNetns(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(netnsDir, name), &st); err != nil {
+		// Gone already, or unreadable: del says which.
+		st = syscall.Stat_t{}
+	}
 	// A few rounds, in case a dying process spawns another.
 	for range 3 {
-		out, err := runIP(ctx, "netns", "pids", name)
-		if err != nil {
-			break // the namespace is gone or unreadable; del says which
-		}
-		pids := strings.Fields(out)
-		if len(pids) == 0 {
+		if killNetns(st) == 0 {
 			break
-		}
-		for _, s := range pids {
-			if pid, err := strconv.Atoi(s); err == nil && pid != os.Getpid() {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	if out, err := runIP(ctx, "netns", "del", name); err != nil {
 		return fmt.Errorf("delete netns %s: %w: %s", name, err, out)
 	}
+	killNetns(st)
 	return nil
+}
+
+// killNetns sends SIGKILL to every process whose network namespace is ns
+// (a zero ns: none), found as `ip netns pids` finds them, and returns how
+// many it found. The test process itself is never one of them.
+func killNetns(ns syscall.Stat_t) int {
+	if ns.Ino == 0 {
+		return 0
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc", e.Name(), "ns", "net"), &st) != nil || st.Ino != ns.Ino || st.Dev != ns.Dev {
+			continue
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		n++
+	}
+	return n
 }
 
 // runIP runs the ip command in the test process's namespace. Callers only

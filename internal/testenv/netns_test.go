@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -292,6 +293,9 @@ func TestHostCleanupAndSweep(t *testing.T) {
 		}
 		go cmd.Wait()
 		pid = cmd.Process.Pid
+		// Start returns once ip runs, before it has entered the
+		// namespace; what the cleanup promises is for what runs inside.
+		waitInNetns(t, pid, h.Name)
 	})
 
 	if after := ownNetns(t); !slices.Equal(before, after) {
@@ -317,6 +321,23 @@ func TestHostCleanupAndSweep(t *testing.T) {
 	if pidAlive(pid) {
 		t.Errorf("process %d left running in a deleted namespace", pid)
 	}
+}
+
+// waitInNetns waits, up to 10 s, until process pid runs in the named
+// namespace.
+func waitInNetns(t *testing.T, pid int, name string) {
+	t.Helper()
+	var ns syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(netnsDir, name), &ns); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var st syscall.Stat_t
+		if syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == ns.Ino && st.Dev == ns.Dev {
+			return
+		}
+	}
+	t.Fatalf("process %d not in namespace %s after 10 s", pid, name)
 }
 
 // whoamiServer answers each connection on l with the address it came from.
