@@ -31,6 +31,8 @@ var troubleSeries = []struct {
 	{"tether_gateway_tunnel_evictions_total", "reason", nil},
 	{"tether_gateway_tunnel_udp_drops_total", "", nil},
 	{"tether_gateway_tunnel_handshakes_shed_total", "", nil},
+	{"tether_gateway_tunnel_retries_total", "", nil},
+	{"tether_gateway_tunnel_handshakes_abandoned_total", "", nil},
 	{"tether_gateway_tunnel_receive_window_refusals_total", "", nil},
 	{"tether_gateway_tunnel_edge_streams_total", "result", []string{"served", "probe"}},
 	{"tether_gateway_edge_refusals_total", "reason", nil},
@@ -47,17 +49,19 @@ var troubleSeries = []struct {
 // keys of troubles (short metric name, then the reason in braces) and of
 // log lines (logKey) it may add. A cold start or a restart storm
 // saturates the gateway with handshakes: it refuses those that waited too
-// long for a place (handshakes_shed, and its log line), the kernel may
-// drop datagrams (udp_drops), and edges whose tunnel came up meanwhile may
-// give up a liveness probe (edge_streams{aborted}); the churn phase's
-// probes connect to nodes that have no tunnel and close without a byte.
+// long for a place (handshakes_shed, and its log line), edges give up on
+// some that held one (handshakes_abandoned; fewer than were answered, so
+// any retries would be a flood wrongly seen), the kernel may drop
+// datagrams (udp_drops), and edges whose tunnel came up meanwhile may give
+// up a liveness probe (edge_streams{aborted}); the churn phase's probes
+// connect to nodes that have no tunnel and close without a byte.
 var phaseCauses = map[string][]string{
 	"cold":  saturated,
 	"storm": saturated,
 	"churn": {"proxy_refusals{no_tunnel}", "proxy_refusals{peek_timeout}", "proxy_refusals{no_route}"},
 }
 
-var saturated = []string{"udp_drops", "edge_streams{aborted}", "handshakes_shed", logKey(tunnelserver.ShedMessage)}
+var saturated = []string{"udp_drops", "edge_streams{aborted}", "handshakes_shed", "handshakes_abandoned", logKey(tunnelserver.ShedMessage)}
 
 // logKey is how a WARN or ERROR message is shown.
 func logKey(msg string) string { return fmt.Sprintf("log %q", msg) }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,13 +32,20 @@ import (
 // where the oldest has often given up. A waiter that found no place
 // within maxWait is refused: its client is about to give up anyway, and
 // it dials again after its backoff, to the top of the stack.
+//
+// A place is also a target: a ClientHello from a forged source address
+// holds one until the handshake idle timeout. While half the places are
+// held (crowded) and such handshakes were abandoned in numbers lately,
+// the listener asks new clients to prove their address with a QUIC Retry
+// before their ClientHello counts (retry.go), so forged ones hold at most
+// half the places.
 type handshakeGate struct {
 	max     int
 	maxWait time.Duration
 
 	mu      sync.Mutex
-	in      int       // handshakes holding a place
-	waiting list.List // of *gateWaiter; the back is the newest
+	in      atomic.Int32 // handshakes holding a place; changed under mu
+	waiting list.List    // of *gateWaiter; the back is the newest
 	closed  bool
 }
 
@@ -73,8 +81,8 @@ func (g *handshakeGate) enter(ctx context.Context) (release func(), err error) {
 		g.mu.Unlock()
 		return nil, errGateClosed
 	}
-	if g.in < g.max {
-		g.in++
+	if int(g.in.Load()) < g.max {
+		g.in.Add(1)
 		g.mu.Unlock()
 		return g.releaser(), nil
 	}
@@ -118,7 +126,7 @@ func (g *handshakeGate) releaser() func() {
 				close(w.ready)
 				return
 			}
-			g.in--
+			g.in.Add(-1)
 		})
 	}
 }
@@ -149,5 +157,18 @@ func (g *handshakeGate) counts() (in, waiting int) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.in, g.waiting.Len()
+	return int(g.in.Load()), g.waiting.Len()
+}
+
+// isClosed reports whether close was called.
+func (g *handshakeGate) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
+}
+
+// crowded reports whether half the places or more are held. It takes no
+// lock: the listener asks it for every Initial without a token.
+func (g *handshakeGate) crowded() bool {
+	return g != nil && 2*int(g.in.Load()) >= g.max
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
@@ -188,4 +190,132 @@ func TestHandshakeWaitersRefusedAtShutdown(t *testing.T) {
 	}
 	a.proc <- nil
 	a.result(t) // either way: the listener closed as its handshake ended
+}
+
+// deafConn sends what its client writes and reads nothing back: a client
+// behind a forged source address, which never sees the gateway's answers.
+type deafConn struct{ c *net.UDPConn }
+
+func (d deafConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	for {
+		if _, _, err := d.c.ReadFrom(b); err != nil {
+			return 0, nil, err
+		}
+	}
+}
+func (d deafConn) WriteTo(b []byte, a net.Addr) (int, error) { return d.c.WriteTo(b, a) }
+func (d deafConn) Close() error                              { return d.c.Close() }
+func (d deafConn) LocalAddr() net.Addr                       { return d.c.LocalAddr() }
+func (d deafConn) SetDeadline(t time.Time) error             { return d.c.SetDeadline(t) }
+func (d deafConn) SetReadDeadline(t time.Time) error         { return d.c.SetReadDeadline(t) }
+func (d deafConn) SetWriteDeadline(t time.Time) error        { return d.c.SetWriteDeadline(t) }
+func (d deafConn) SetReadBuffer(n int) error                 { return d.c.SetReadBuffer(n) }
+func (d deafConn) SetWriteBuffer(n int) error                { return d.c.SetWriteBuffer(n) }
+
+// While half the places are held and handshakes were abandoned in
+// numbers lately, a new client must answer a Retry from its address
+// before its handshake takes a place: one that cannot (a forged source
+// address) takes none, and an edge gets in one round trip later. Crowded
+// without abandoned handshakes (a cold start), or after a flood but with
+// places free, no Retry is sent.
+func TestRetryWhenCrowdedAndFlooded(t *testing.T) {
+	f := startWith(t, func(o *Options) {
+		o.MaxHandshakes = 2
+		o.handshakeWait = time.Minute
+		o.floodThreshold = 1
+	})
+	metric := func(c prometheus.Counter, name string) float64 {
+		t.Helper()
+		v, err := metrictest.Value(c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	retries := func() float64 { return metric(f.srv.retries, "tether_gateway_tunnel_retries_total") }
+	asked := make(chan string, 1)
+	a := f.stalledEdge("edge-a", asked)
+	nextAsked(t, asked)
+	f.waitGate(1, 0) // half the places held
+
+	// Crowded, but nothing abandoned: edges get in without a Retry.
+	f.node("edge-b")
+	if n := retries(); n != 0 {
+		t.Fatalf("%v Retries with nothing abandoned", n)
+	}
+
+	// Edges that give up holding a place: abandoned. One against edge-b
+	// answered is no flood; two are, at this threshold.
+	for i, name := range []string{"edge-x", "edge-y"} {
+		x := f.stalledEdge(name, asked)
+		nextAsked(t, asked)
+		x.proc <- errors.New("edge gives up")
+		if err := x.result(t); err == nil {
+			t.Fatalf("%s connected without its certificate", name)
+		}
+		f.waitGate(1, 0)
+		if n := metric(f.srv.abandoned, "tether_gateway_tunnel_handshakes_abandoned_total"); n != float64(i+1) {
+			t.Fatalf("abandoned handshakes: %v, want %d", n, i+1)
+		}
+		if got, want := f.srv.flood.flooded(time.Now()), i == 1; got != want {
+			t.Fatalf("%d abandoned against 1 answered: flood %v, want %v", i+1, got, want)
+		}
+	}
+
+	// The forged client: its ClientHello is answered with a Retry it
+	// never reads, and it resends its Initial until it gives up.
+	uc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: deafConn{uc}}
+	defer tr.Close()
+	kp, err := f.ca.NodeCert("edge-forged")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	forged := make(chan error, 1)
+	go func() {
+		_, err := tr.Dial(ctx, f.srv.Addr(), tunnel.ClientTLS(func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &kp.TLS, nil
+		}, f.ca.Pool(), "gateway"), tunnel.QUICConfig(tunnel.Limits{}))
+		forged <- err
+	}()
+	eventually(t, "the forged client is sent a Retry or takes a place", func() bool {
+		in, _ := f.srv.gate.counts()
+		return retries() >= 1 || in > 1
+	})
+	if in, waiting := f.srv.gate.counts(); in != 1 || waiting != 0 {
+		t.Fatalf("gate holds %d and has %d waiting after the forged client's Initial, want 1 and 0", in, waiting)
+	}
+
+	// An edge answers its Retry and takes the free place.
+	before := retries()
+	f.node("edge-c")
+	if n := retries(); n <= before {
+		t.Fatalf("edge-c got in without a Retry (%v before, %v after)", before, n)
+	}
+	cancel()
+	if err := <-forged; err == nil {
+		t.Fatal("the forged client's handshake succeeded")
+	}
+	if _, ok := f.reg.Lookup("edge-forged"); ok {
+		t.Fatal("the forged client is registered")
+	}
+
+	// Below half the places, no Retry, flood or not.
+	a.proc <- nil
+	if err := a.result(t); err != nil {
+		t.Fatalf("edge-a: %v", err)
+	}
+	f.waitGate(0, 0)
+	before = retries()
+	f.node("edge-d")
+	if n := retries(); n != before {
+		t.Fatalf("edge-d was sent %v Retries with the gate empty", n-before)
+	}
+	if n := metric(f.srv.abandoned, "tether_gateway_tunnel_handshakes_abandoned_total"); n != 2 {
+		t.Fatalf("abandoned handshakes at the end: %v, want 2 (edge-x and edge-y)", n)
+	}
 }

@@ -182,3 +182,35 @@ func TestGateUnbounded(t *testing.T) {
 		t.Fatalf("counts %d %d", in, w)
 	}
 }
+
+// The gate is crowded, and the listener asks for Retry, from half the
+// places held; a place given back takes it below again.
+func TestGateCrowded(t *testing.T) {
+	for _, tc := range []struct{ max, crowdedAt int }{{1, 1}, {2, 1}, {3, 2}, {1024, 512}} {
+		g := newHandshakeGate(tc.max, time.Minute)
+		var releases []func()
+		for held := 0; held <= tc.max; held++ {
+			if got, want := g.crowded(), held >= tc.crowdedAt; got != want {
+				t.Errorf("max %d, %d held: crowded %v, want %v", tc.max, held, got, want)
+			}
+			if held == tc.max {
+				break
+			}
+			release, err := g.enter(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			releases = append(releases, release)
+		}
+		for _, release := range releases {
+			release()
+		}
+		if g.crowded() {
+			t.Errorf("max %d: crowded with every place given back", tc.max)
+		}
+	}
+	var unbounded *handshakeGate
+	if unbounded.crowded() {
+		t.Error("no bound: crowded")
+	}
+}

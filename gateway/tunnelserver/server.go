@@ -29,7 +29,10 @@
 // At most Options.MaxHandshakes handshakes are in progress at once, from
 // the ClientHello until the client's certificate is checked; the others
 // wait, the newest let in first, and one that waited handshakeMaxWait is
-// refused (see handshakeGate).
+// refused (see handshakeGate). While half the places are held and
+// handshakes were abandoned in numbers lately, as in a flood from forged
+// addresses, new clients are sent a QUIC Retry and must answer it from
+// their address before their handshake counts (see retry.go).
 //
 // Refusal log lines are limited (a handshake flood must not become a log
 // flood): at most refusalLogBurst per refusalLogWindow, the rest counted
@@ -120,6 +123,9 @@ type Options struct {
 	MaxHandshakes int
 	// handshakeWait replaces handshakeMaxWait in tests.
 	handshakeWait time.Duration
+	// floodThreshold replaces the abandoned handshakes per floodWindow
+	// that mean a flood (MaxHandshakes/8, at least 8) in tests.
+	floodThreshold int
 	// Heartbeats, if set, answers the delegate-heartbeat streams edges
 	// open, and Elections their election record writes; without either
 	// edges may open no stream.
@@ -166,6 +172,9 @@ type Server struct {
 	gate      *handshakeGate
 	shed      prometheus.Counter
 	quietShed logLimit // of its refusal lines
+	retries   prometheus.Counter
+	abandoned prometheus.Counter
+	flood     floodWatch // of abandoned handshakes: when to ask for Retry
 
 	clientCAs func() *x509.CertPool
 	recheck   time.Duration
@@ -246,6 +255,15 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 			Help: "Tunnel handshakes refused because none of the --max-handshakes places freed within 3s: the gateway was saturated, as in a cold start or restart of thousands of edges. Each such edge dials again 2 to 4 s later.",
 		}),
 		quietShed: logLimit{burst: 1},
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_gateway_tunnel_retries_total",
+			Help: "New tunnel handshakes asked to prove their source address with a QUIC Retry first (quic-go drops some under load; the client sends its Initial again): half or more of the --max-handshakes places were held, and handshakes had been abandoned in numbers within the last minute. One more round trip for an edge; a client behind a forged source address cannot answer, and takes no place.",
+		}),
+		abandoned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_gateway_tunnel_handshakes_abandoned_total",
+			Help: "Tunnel handshakes whose connection ended while they held a --max-handshakes place, before the client's certificate came: the client gave up or went silent, as ClientHellos from forged source addresses do. An eighth of --max-handshakes within 10s, and twice as many as were answered, turn on address validation (tether_gateway_tunnel_retries_total) for a minute.",
+		}),
+		flood: floodWatch{threshold: cmp.Or(opts.floodThreshold, max(opts.MaxHandshakes/8, 8))},
 
 		clientCAs: clientCAs,
 		recheck:   opts.RecheckInterval,
@@ -284,6 +302,9 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	}
 	for _, r := range []string{streamServed, streamProbe, streamBadRequest, streamAborted} {
 		s.edgeStreams.WithLabelValues(r)
+	}
+	if s.gate != nil {
+		tr.VerifySourceAddress = s.verifySourceAddress
 	}
 	s.ln, err = tr.Listen(s.tlsConfig(opts.GetCertificate, clientCAs), cfg)
 	if err != nil {
@@ -337,12 +358,14 @@ func budgetCollectors(b *tunnel.ReceiveBudget) []prometheus.Collector {
 // up is not let in.
 const handshakeMaxWait = 3 * time.Second
 
-// gateCollectors are the gauges of the handshake gate.
+// gateCollectors are the metrics of the handshake gate.
 func (s *Server) gateCollectors() []prometheus.Collector {
 	if s.gate == nil {
 		return nil
 	}
 	return []prometheus.Collector{
+		s.retries,
+		s.abandoned,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tether_gateway_tunnel_handshakes_in_progress",
 			Help: "Tunnel TLS handshakes the gateway works on, at most --max-handshakes: from the edge's ClientHello until its certificate is checked.",

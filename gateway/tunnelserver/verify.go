@@ -36,7 +36,17 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 				}
 				return nil, err
 			}
-			stop := context.AfterFunc(hello.Context(), release)
+			stop := func() bool { return false }
+			if s.gate != nil {
+				stop = context.AfterFunc(hello.Context(), func() {
+					// Ended before its certificate came: abandoned,
+					// unless the listener is closing.
+					if !s.gate.isClosed() {
+						s.handshakeAbandoned()
+					}
+					release()
+				})
+			}
 			c := base.Clone()
 			pool := clientCAs()
 			c.ClientCAs = pool // only the hint of acceptable CAs in the CertificateRequest
@@ -47,7 +57,9 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 			c.VerifyConnection = func(cs tls.ConnectionState) error {
 				// The client's part of the work is done: what is left,
 				// its Finished and the registration, is light.
-				stop()
+				if stop() {
+					s.flood.answered(s.now())
+				}
 				release()
 				return s.verifyClient(cs.PeerCertificates, pool, remote)
 			}
