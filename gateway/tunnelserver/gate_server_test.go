@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -244,9 +245,11 @@ func TestRetryWhenCrowdedAndFlooded(t *testing.T) {
 		t.Fatalf("%v Retries with nothing abandoned", n)
 	}
 
-	// Edges that give up holding a place: abandoned. One against edge-b
-	// answered is no flood; two are, at this threshold.
-	for i, name := range []string{"edge-x", "edge-y"} {
+	// Edges that give up holding a place: abandoned. Fewer than
+	// floodRatio against edge-b answered are no flood; floodRatio are, at
+	// this threshold.
+	for i := range floodRatio {
+		name := fmt.Sprintf("edge-x%d", i)
 		x := f.stalledEdge(name, asked)
 		nextAsked(t, asked)
 		x.proc <- errors.New("edge gives up")
@@ -257,7 +260,7 @@ func TestRetryWhenCrowdedAndFlooded(t *testing.T) {
 		if n := metric(f.srv.abandoned, "tether_gateway_tunnel_handshakes_abandoned_total"); n != float64(i+1) {
 			t.Fatalf("abandoned handshakes: %v, want %d", n, i+1)
 		}
-		if got, want := f.srv.flood.flooded(time.Now()), i == 1; got != want {
+		if got, want := f.srv.flood.flooded(time.Now()), i == floodRatio-1; got != want {
 			t.Fatalf("%d abandoned against 1 answered: flood %v, want %v", i+1, got, want)
 		}
 	}
@@ -315,7 +318,7 @@ func TestRetryWhenCrowdedAndFlooded(t *testing.T) {
 	if n := retries(); n != before {
 		t.Fatalf("edge-d was sent %v Retries with the gate empty", n-before)
 	}
-	if n := metric(f.srv.abandoned, "tether_gateway_tunnel_handshakes_abandoned_total"); n != 2 {
-		t.Fatalf("abandoned handshakes at the end: %v, want 2 (edge-x and edge-y)", n)
+	if n := metric(f.srv.abandoned, "tether_gateway_tunnel_handshakes_abandoned_total"); n != floodRatio {
+		t.Fatalf("abandoned handshakes at the end: %v, want %d (the edges that gave up)", n, floodRatio)
 	}
 }

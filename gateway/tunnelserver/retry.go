@@ -31,19 +31,23 @@ import (
 //     when the certificate came.
 //
 // A forged client cannot answer: a flood of them abandons every place it
-// takes, 5 s after taking it, and answers none. A cold start
-// abandons many too, edges that gave up while the gateway was saturated,
-// but answers more: 10,000 edges on 2 cores abandoned 547 to 1,169 in a
-// window and answered 1,207 to 5,133 (at most 0.8 abandoned per answered).
-// So within about 5 s of a flood's start, and for floodHold after its last
-// burst, new clients prove their address, and forged ones hold at most
-// half the places. A flood during a cold start may go unnoticed; the
-// newest-first gate still lets edges in.
+// takes, 5 s after taking it, and answers none. A cold start abandons
+// many too, edges that gave up while the gateway was saturated, but
+// answers more: 10,000 edges on 2 cores abandoned 547 to 1,169 in a
+// window and answered 1,207 to 5,133. At floodRatio 2, one cold start in
+// four still saw a flood in its slowest window and, with Retries, took
+// 76.1 s. Places bound the abandoned: 1,024 held until the 5 s idle
+// timeout give about 2,000 a window, so at floodRatio 10 only a gateway
+// answering fewer than about 200 handshakes in 10 s, one already failing,
+// can mistake a cold start for a flood. So within about 5 s of a flood's
+// start, and for floodHold after its last burst, new clients prove their
+// address, and forged ones hold at most half the places. A flood during a
+// cold start goes unnoticed; the newest-first gate still lets edges in.
 
 const (
 	floodWindow = 10 * time.Second
 	floodHold   = time.Minute
-	floodRatio  = 2
+	floodRatio  = 10
 )
 
 // floodWatch counts abandoned handshakes in fixed windows and says whether

@@ -51,13 +51,13 @@ func TestFloodWatchRatio(t *testing.T) {
 	for range 3 {
 		w.answered(t0)
 	}
-	for i := range 5 {
+	for i := range 3*floodRatio - 1 {
 		if w.abandoned(t0.Add(time.Second)) {
 			t.Fatalf("a flood at %d abandoned against 3 answered", i+1)
 		}
 	}
 	if !w.abandoned(t0.Add(time.Second)) {
-		t.Fatal("no flood at 6 abandoned against 3 answered")
+		t.Fatalf("no flood at %d abandoned against 3 answered", 3*floodRatio)
 	}
 	// The next window starts without the answered ones.
 	w2 := floodWatch{threshold: 2}

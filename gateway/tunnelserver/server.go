@@ -261,7 +261,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		}),
 		abandoned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_handshakes_abandoned_total",
-			Help: "Tunnel handshakes whose connection ended while they held a --max-handshakes place, before the client's certificate came: the client gave up or went silent, as ClientHellos from forged source addresses do. An eighth of --max-handshakes within 10s, and twice as many as were answered, turn on address validation (tether_gateway_tunnel_retries_total) for a minute.",
+			Help: "Tunnel handshakes whose connection ended while they held a --max-handshakes place, before the client's certificate came: the client gave up or went silent, as ClientHellos from forged source addresses do. An eighth of --max-handshakes within 10s, and ten times as many as were answered, turn on address validation (tether_gateway_tunnel_retries_total) for a minute.",
 		}),
 		flood: floodWatch{threshold: cmp.Or(opts.floodThreshold, max(opts.MaxHandshakes/8, 8))},
 
