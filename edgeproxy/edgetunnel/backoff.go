@@ -25,8 +25,9 @@ func (b *backoff) next() time.Duration {
 
 func (b *backoff) reset() { b.cur = 0 }
 
-// atLeast makes the next wait at least d/2: it draws from [d/2, d) unless
-// the backoff has grown beyond d already.
-func (b *backoff) atLeast(d time.Duration) {
-	b.cur = max(b.cur, min(d, b.max)/2)
+// busy makes the next wait one after a busy refusal: drawn from [lo/2, lo)
+// the first time, growing as usual, but never beyond [hi/2, hi), however
+// far the backoff had grown (all within max).
+func (b *backoff) busy(lo, hi time.Duration) {
+	b.cur = min(max(b.cur, min(lo, b.max)/2), min(hi, b.max)/2)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"path/filepath"
@@ -352,7 +353,9 @@ func TestRefusedIdentityBacksOff(t *testing.T) {
 }
 
 // A gateway that refuses the handshake as busy is dialled again after at
-// least busyBackoff/2, not after the first backoff of 200 ms.
+// least busyBackoff/2, not after the first backoff of 200 ms; refused
+// again and again, the edge waits [busyBackoffMax/2, busyBackoffMax) each
+// time, not the 15 to 30 s its backoff would grow to.
 func TestBusyGatewayBacksOff(t *testing.T) {
 	ca := testenv.MustCA(t, "edgetunnel-test")
 	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")
@@ -368,6 +371,21 @@ func TestBusyGatewayBacksOff(t *testing.T) {
 	if wait < busyBackoff/2 || wait >= busyBackoff {
 		t.Fatalf("retry in %v after a busy refusal, want within [%v, %v)", wait, busyBackoff/2, busyBackoff)
 	}
+	const refusals = 6
+	var waits []time.Duration
+	for n := 1; n < refusals; n++ {
+		eventually(t, fmt.Sprintf("busy refusal %d", n+1), func() bool {
+			clk.Step(100 * time.Millisecond)
+			waits = e.log.retryIns(t, line)
+			return len(waits) > n
+		})
+	}
+	for i, w := range waits[1:] {
+		if w < busyBackoffMax/2 || w >= busyBackoffMax {
+			t.Fatalf("retry in %v after busy refusal %d, want within [%v, %v) (all: %v)", w, i+2, busyBackoffMax/2, busyBackoffMax, waits)
+		}
+	}
+	t.Logf("waits after %d busy refusals: %v", len(waits), waits)
 	gw.busy.Store(false)
 	eventually(t, "connected once the backoff elapsed", func() bool {
 		clk.Step(100 * time.Millisecond)

@@ -213,8 +213,19 @@ func (l *testLog) contains(s string) bool {
 // retryIn is the retry_in of the first log line containing msg.
 func (l *testLog) retryIn(t *testing.T, msg string) time.Duration {
 	t.Helper()
+	waits := l.retryIns(t, msg)
+	if len(waits) == 0 {
+		t.Fatalf("no log line with %q", msg)
+	}
+	return waits[0]
+}
+
+// retryIns are the retry_in of the log lines containing msg, in order.
+func (l *testLog) retryIns(t *testing.T, msg string) []time.Duration {
+	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var waits []time.Duration
 	for _, line := range strings.Split(l.buf.String(), "\n") {
 		if !strings.Contains(line, msg) {
 			continue
@@ -228,10 +239,9 @@ func (l *testLog) retryIn(t *testing.T, msg string) time.Duration {
 		if err != nil {
 			t.Fatalf("retry_in in %q: %v", line, err)
 		}
-		return d
+		waits = append(waits, d)
 	}
-	t.Fatalf("no log line with %q", msg)
-	return 0
+	return waits
 }
 
 // edge is a Client under test.

@@ -165,24 +165,35 @@ func TestBackoff(t *testing.T) {
 }
 
 // After a busy refusal the wait is drawn from [busyBackoff/2,
-// busyBackoff), unless the backoff has grown beyond it, and within max.
-func TestBackoffAtLeast(t *testing.T) {
+// busyBackoff), grows with further refusals to [busyBackoffMax/2,
+// busyBackoffMax) and no further, comes down to that from a backoff grown
+// by other failures, and stays within max.
+func TestBackoffBusy(t *testing.T) {
 	b := backoff{initial: 200 * time.Millisecond, max: 30 * time.Second}
-	b.atLeast(busyBackoff)
+	b.busy(busyBackoff, busyBackoffMax)
 	if d := b.next(); d < busyBackoff/2 || d >= busyBackoff {
 		t.Fatalf("wait after a busy refusal %v, want within [%v, %v)", d, busyBackoff/2, busyBackoff)
 	}
-	for range 10 {
-		b.next()
+	for i := range 5 {
+		b.busy(busyBackoff, busyBackoffMax)
+		if d := b.next(); d < busyBackoffMax/2 || d >= busyBackoffMax {
+			t.Fatalf("wait after busy refusal %d: %v, want within [%v, %v)", i+2, d, busyBackoffMax/2, busyBackoffMax)
+		}
 	}
-	b.atLeast(busyBackoff) // grown beyond it: unchanged
-	if d := b.next(); d < 15*time.Second {
-		t.Fatalf("a grown backoff shrank to %v", d)
+	grown := backoff{initial: 200 * time.Millisecond, max: 30 * time.Second}
+	for range 10 {
+		grown.next()
+	}
+	grown.busy(busyBackoff, busyBackoffMax)
+	if d := grown.next(); d < busyBackoffMax/2 || d >= busyBackoffMax {
+		t.Fatalf("wait after a busy refusal, backoff grown to max: %v, want within [%v, %v)", d, busyBackoffMax/2, busyBackoffMax)
 	}
 	small := backoff{initial: 10 * time.Millisecond, max: time.Second}
-	small.atLeast(busyBackoff)
-	if d := small.next(); d > time.Second {
-		t.Fatalf("wait %v beyond max", d)
+	for range 3 {
+		small.busy(busyBackoff, busyBackoffMax)
+		if d := small.next(); d > time.Second {
+			t.Fatalf("wait %v beyond max", d)
+		}
 	}
 }
 
