@@ -34,12 +34,12 @@ import (
 // takes, 5 s after taking it, and answers none. A cold start abandons
 // many too, edges that gave up while the gateway was saturated, but
 // answers more: 10,000 edges on 2 cores abandoned 0.03 to 1.1 per
-// answered in most windows, but up to 6.1 (1,174 against 192) in the first
-// window of a slow one. At floodRatio 2, one cold start in four saw a
-// flood and, with Retries, took 76.1 s. Places bound the abandoned: 1,024 held until the 5 s idle
-// timeout give about 2,000 a window, so at floodRatio 10 only a gateway
-// answering fewer than about 200 handshakes in 10 s, one already failing,
-// can mistake a cold start for a flood. So within about 5 s of a flood's
+// answered in most windows, but up to 6.1 (1,174 against 192) in the
+// first window of a slow one. At floodRatio 2, one cold start in four saw
+// a flood and, with Retries, took 76.1 s. Places bound the abandoned:
+// 1,024 held until the 5 s idle timeout give about 2,000 a window, so at
+// floodRatio 10 only a gateway answering fewer than about 200 handshakes
+// in 10 s, one already failing, can mistake a cold start for a flood. So within about 5 s of a flood's
 // start, and for floodHold after its last burst, new clients prove their
 // address, and forged ones hold at most half the places. A flood during a
 // cold start goes unnoticed; the newest-first gate still lets edges in.
@@ -64,8 +64,9 @@ type floodWatch struct {
 	until atomic.Int64 // UnixNano: a flood was seen; Retry until then
 }
 
-// abandoned counts one abandoned handshake at now and reports whether it
-// made the count reach the threshold (a flood starts, or goes on).
+// abandoned counts one abandoned handshake at now. If the window's counts
+// now mean a flood, it keeps Retry on for floodHold from now, and reports
+// true the first time in the window (for one log line).
 func (w *floodWatch) abandoned(now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -242,41 +242,27 @@ func TestRecheckEvicts(t *testing.T) {
 	f.streamWorks("edge-1")
 }
 
+// A limit lets burst lines through per window (refusalLogBurst when 0;
+// the busy refusals' has 1), holds back the rest and reports them with
+// the next window's first line.
 func TestLogLimit(t *testing.T) {
-	var l logLimit
-	now := time.Now()
-	for i := range refusalLogBurst {
-		if ok, _ := l.allow(now); !ok {
-			t.Fatalf("line %d held back", i)
+	for _, tc := range []struct{ burst, want, over int }{{0, refusalLogBurst, 5}, {1, 1, 3}} {
+		l := logLimit{burst: tc.burst}
+		now := time.Now()
+		for i := range tc.want {
+			if ok, _ := l.allow(now); !ok {
+				t.Fatalf("burst %d: line %d held back", tc.burst, i)
+			}
 		}
-	}
-	for range 5 {
-		if ok, _ := l.allow(now.Add(time.Second)); ok {
-			t.Fatal("a line over the burst let through")
+		for range tc.over {
+			if ok, _ := l.allow(now.Add(time.Second)); ok {
+				t.Fatalf("burst %d: a line over the burst let through", tc.burst)
+			}
 		}
-	}
-	ok, dropped := l.allow(now.Add(refusalLogWindow))
-	if !ok || dropped != 5 {
-		t.Fatalf("next window: ok %v, dropped %d; want true, 5", ok, dropped)
-	}
-}
-
-// A limit with a burst of its own (the busy refusals': one line per
-// window).
-func TestLogLimitBurst(t *testing.T) {
-	l := logLimit{burst: 1}
-	now := time.Now()
-	if ok, _ := l.allow(now); !ok {
-		t.Fatal("first line held back")
-	}
-	for range 3 {
-		if ok, _ := l.allow(now.Add(time.Second)); ok {
-			t.Fatal("a second line in the window let through")
+		ok, dropped := l.allow(now.Add(refusalLogWindow))
+		if !ok || dropped != tc.over {
+			t.Fatalf("burst %d: next window: ok %v, dropped %d; want true, %d", tc.burst, ok, dropped, tc.over)
 		}
-	}
-	ok, dropped := l.allow(now.Add(refusalLogWindow))
-	if !ok || dropped != 3 {
-		t.Fatalf("next window: ok %v, dropped %d; want true, 3", ok, dropped)
 	}
 }
 
