@@ -252,7 +252,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		gate: newHandshakeGate(opts.MaxHandshakes, cmp.Or(opts.handshakeWait, handshakeMaxWait)),
 		shed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_handshakes_shed_total",
-			Help: "Tunnel handshakes refused because none of the --max-handshakes places freed within 3s: the gateway was saturated, as in a cold start or restart of thousands of edges. Each such edge dials again 2 to 4 s later.",
+			Help: "Tunnel handshakes refused because none of the --max-handshakes places freed within 3s: the gateway was saturated, as in a cold start or restart of thousands of edges. Each such edge dials again 2 to 4 s later, 4 to 8 s after further refusals.",
 		}),
 		quietShed: logLimit{burst: 1},
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
