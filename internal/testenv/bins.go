@@ -34,6 +34,7 @@ var (
 // its progress goes to stderr. The script runs once per process.
 func Binaries(t T) Bins {
 	t.Helper()
+	SkipShort(t)
 	binsOnce.Do(func() { bins, binsErr = buildBinaries() })
 	if binsErr != nil {
 		t.Fatalf("%v", binsErr)

@@ -207,6 +207,7 @@ func TestControlPlaneRunner(t *testing.T) {
 // TestControlPlaneCleanup checks that the cleanup stops the apiserver and
 // removes the control plane's directory.
 func TestControlPlaneCleanup(t *testing.T) {
+	SkipShort(t)
 	var cp *ControlPlane
 	t.Run("start", func(t *testing.T) {
 		cp = StartControlPlane(t, ControlPlaneOptions{})

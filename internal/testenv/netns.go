@@ -89,6 +89,7 @@ type proc struct {
 // everything started in it are removed when t's cleanups run.
 func NewHost(t T, label string) *Host {
 	t.Helper()
+	SkipShort(t)
 	sweepStale(t)
 	h, err := newHost(t, label)
 	if err != nil {

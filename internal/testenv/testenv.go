@@ -32,6 +32,7 @@ func RequireRoot(t interface {
 	Skip(args ...any)
 }) {
 	t.Helper()
+	SkipShort(t)
 	requireRoot(t, os.Geteuid(), os.Getenv("CI"))
 }
 

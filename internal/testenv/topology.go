@@ -127,6 +127,7 @@ var ErrNetemUnavailable = errors.New("tc netem unavailable: the kernel lacks sch
 // the spec is invalid or a step fails.
 func NewTopology(t T, spec TopologySpec) *Topology {
 	t.Helper()
+	SkipShort(t)
 	sweepStale(t)
 	topo, err := newTopology(t, spec)
 	if err != nil {
