@@ -104,10 +104,12 @@ bench-pool: build testbins
 
 # bench-scale measures one gateway serving a fleet of simulated edges
 # (default 10,000): cold start, steady RSS and CPU, routing, restart storm,
-# delegated heartbeats, Node churn, 3 replicas, in namespaces on this
-# machine, and prints a table ending in a machine-readable "scale:" line;
-# it needs root and takes about 10 minutes (--edges 200 for a quick run).
-# BENCH_SCALE_FLAGS: see --help.
+# delegated heartbeats, Node churn, 3 replicas (3,000 of the edges), in
+# namespaces on this machine, and prints a table ending in a
+# machine-readable "scale:" line that names each phase's fleet; it writes
+# that text and a plot of edges registered against time (SVG) into
+# scalebench-<date>/ (--out). It needs root and takes about 10 minutes
+# (--edges 200 for a quick run). BENCH_SCALE_FLAGS: see --help.
 .PHONY: bench-scale
 BENCH_SCALE_FLAGS ?=
 bench-scale: build testbins
