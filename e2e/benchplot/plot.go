@@ -56,7 +56,7 @@ type Bars struct {
 // Chart is one plot: either Lines, or Groups with Bars.
 type Chart struct {
 	Title  string
-	X, Y   string // the axes' labels; X is unused with Groups
+	X, Y   string // the axes' labels
 	Lines  []Line
 	Groups []string // bar chart: the groups along the X axis
 	Bars   []Bars
