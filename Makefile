@@ -97,8 +97,10 @@ soak: build testbins
 # uplink bytes with and without it, replication lag and RSS per node, in
 # namespaces on this machine, and a pool of 100 (one tether-edge leading 99
 # simulated followers: the leader's CPU and RSS, lag, LAN bytes per
-# follower); it prints tables, needs root and takes a few minutes.
-# BENCH_POOL_FLAGS: see --help (--phases members --members 100).
+# follower); it prints tables and writes them with an SVG plot of the
+# replication lag's distribution into poolbench-<date>/ (--out); it needs
+# root and takes a few minutes.
+# BENCH_POOL_FLAGS: see --help (--phases members --members 100, --out).
 .PHONY: bench-pool
 BENCH_POOL_FLAGS ?=
 bench-pool: build testbins
