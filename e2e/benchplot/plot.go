@@ -23,8 +23,10 @@ import (
 	"slices"
 
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -35,7 +37,12 @@ import (
 const (
 	width  = 8 * vg.Inch
 	height = 5 * vg.Inch
+	margin = 12 // points
 )
+
+// sans is the typeface of every text: Liberation Sans, embedded in the
+// plotting library (its default is the serif one).
+var sans = font.Font{Typeface: "Liberation", Variant: "Sans"}
 
 // XY is a point of a Line.
 type XY struct{ X, Y float64 }
@@ -72,7 +79,8 @@ func (c Chart) SVG() ([]byte, error) {
 		return nil, err
 	}
 	canvas := vgsvg.New(width, height)
-	p.Draw(draw.New(canvas))
+	// A margin: gonum lets the last tick label run off the right edge.
+	p.Draw(draw.Crop(draw.New(canvas), margin, -margin, margin, -margin))
 	var buf bytes.Buffer
 	if _, err := canvas.WriteTo(&buf); err != nil {
 		return nil, fmt.Errorf("render %q: %w", c.Title, err)
@@ -82,11 +90,14 @@ func (c Chart) SVG() ([]byte, error) {
 
 func (c Chart) plot() (*plot.Plot, error) {
 	p := plot.New()
+	for _, t := range []*text.Style{&p.Title.TextStyle, &p.X.Label.TextStyle, &p.Y.Label.TextStyle, &p.X.Tick.Label, &p.Y.Tick.Label, &p.Legend.TextStyle} {
+		t.Font.Typeface, t.Font.Variant = sans.Typeface, sans.Variant
+	}
 	p.Title.Text = c.Title
+	p.Title.TextStyle.Font.Size = 14
+	p.Title.Padding = 10
 	p.X.Label.Text = c.X
 	p.Y.Label.Text = c.Y
-	p.Legend.Top = true
-	p.Legend.Left = true
 	p.Add(plotter.NewGrid())
 	switch {
 	case len(c.Lines) > 0 && len(c.Bars) > 0:
@@ -106,6 +117,14 @@ func (c Chart) plot() (*plot.Plot, error) {
 }
 
 func (c Chart) addLines(p *plot.Plot) error {
+	// The curves rise from the bottom left (registrations over time, a
+	// distribution): the bottom right is free for the legend. It is
+	// aligned on its left, from the middle, so that a viewer's font,
+	// wider than the one measured here, cannot push its text over the
+	// lines' samples.
+	p.Legend.Top, p.Legend.Left = false, true
+	p.Legend.Padding = 4
+	p.Legend.XOffs, p.Legend.YOffs = width*0.45, 10
 	if c.LogY {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -145,6 +164,9 @@ func (c Chart) addBars(p *plot.Plot) error {
 	if len(c.Groups) == 0 {
 		return errors.New("bars without groups")
 	}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.Padding = 4
+	p.Legend.XOffs, p.Legend.YOffs = 10, -4
 	// The bars of a group side by side, filling 80 % of the space
 	// between two groups.
 	groupWidth := (width - 2*vg.Inch) / vg.Length(len(c.Groups))
@@ -172,6 +194,7 @@ func (c Chart) addBars(p *plot.Plot) error {
 		}
 	}
 	p.NominalX(c.Groups...)
+	p.X.Min, p.X.Max = -0.5, float64(len(c.Groups))-0.5
 	p.Y.Min = 0
 	return nil
 }

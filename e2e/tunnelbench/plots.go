@@ -44,7 +44,7 @@ func charts(o options, s summary) map[string]benchplot.Chart {
 	const x = "site uplink (scenario)"
 	if b := series(hasHOL, func(f *figures) float64 { return f.holP99 }); len(b) > 0 {
 		c["wan-hol-p99"] = benchplot.Chart{
-			Title: "Head-of-line: p99 of new-connection GETs while one connection downloads",
+			Title: "Head-of-line p99: new-connection GETs during one download",
 			X:     x, Y: "p99 (ms)", Groups: groups, Bars: b,
 		}
 	}
