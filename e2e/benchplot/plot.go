@@ -38,6 +38,9 @@ const (
 	width  = 8 * vg.Inch
 	height = 5 * vg.Inch
 	margin = 12 // points
+	// legendIndent puts the legend below the data area's left edge,
+	// past the Y axis's label and ticks.
+	legendIndent = 60
 )
 
 // sans is the typeface of every text: Liberation Sans, embedded in the
@@ -72,15 +75,20 @@ type Chart struct {
 	LogY bool
 }
 
-// SVG draws c.
+// SVG draws c: the plot, and below it the legend (below, not on the
+// data, whatever the curves' shape).
 func (c Chart) SVG() ([]byte, error) {
-	p, err := c.plot()
+	p, legend, err := c.plot()
 	if err != nil {
 		return nil, err
 	}
-	canvas := vgsvg.New(width, height)
+	r := legend.Rectangle(draw.Canvas{})
+	band := r.Max.Y - r.Min.Y + margin
+	canvas := vgsvg.New(width, height+band)
+	dc := draw.New(canvas)
 	// A margin: gonum lets the last tick label run off the right edge.
-	p.Draw(draw.Crop(draw.New(canvas), margin, -margin, margin, -margin))
+	p.Draw(draw.Crop(dc, margin, -margin, band, -margin))
+	legend.Draw(draw.Crop(dc, legendIndent, -margin, margin/2, -height))
 	var buf bytes.Buffer
 	if _, err := canvas.WriteTo(&buf); err != nil {
 		return nil, fmt.Errorf("render %q: %w", c.Title, err)
@@ -88,9 +96,12 @@ func (c Chart) SVG() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func (c Chart) plot() (*plot.Plot, error) {
+func (c Chart) plot() (*plot.Plot, *plot.Legend, error) {
 	p := plot.New()
-	for _, t := range []*text.Style{&p.Title.TextStyle, &p.X.Label.TextStyle, &p.Y.Label.TextStyle, &p.X.Tick.Label, &p.Y.Tick.Label, &p.Legend.TextStyle} {
+	legend := plot.NewLegend()
+	legend.Top, legend.Left = true, true
+	legend.Padding = 4
+	for _, t := range []*text.Style{&p.Title.TextStyle, &p.X.Label.TextStyle, &p.Y.Label.TextStyle, &p.X.Tick.Label, &p.Y.Tick.Label, &legend.TextStyle} {
 		t.Font.Typeface, t.Font.Variant = sans.Typeface, sans.Variant
 	}
 	p.Title.Text = c.Title
@@ -99,32 +110,24 @@ func (c Chart) plot() (*plot.Plot, error) {
 	p.X.Label.Text = c.X
 	p.Y.Label.Text = c.Y
 	p.Add(plotter.NewGrid())
+	var err error
 	switch {
 	case len(c.Lines) > 0 && len(c.Bars) > 0:
-		return nil, fmt.Errorf("chart %q: lines and bars together", c.Title)
+		err = errors.New("lines and bars together")
 	case len(c.Lines) > 0:
-		if err := c.addLines(p); err != nil {
-			return nil, fmt.Errorf("chart %q: %w", c.Title, err)
-		}
+		err = c.addLines(p, &legend)
 	case len(c.Bars) > 0:
-		if err := c.addBars(p); err != nil {
-			return nil, fmt.Errorf("chart %q: %w", c.Title, err)
-		}
+		err = c.addBars(p, &legend)
 	default:
-		return nil, fmt.Errorf("chart %q: no data", c.Title)
+		err = errors.New("no data")
 	}
-	return p, nil
+	if err != nil {
+		return nil, nil, fmt.Errorf("chart %q: %w", c.Title, err)
+	}
+	return p, &legend, nil
 }
 
-func (c Chart) addLines(p *plot.Plot) error {
-	// The curves rise from the bottom left (registrations over time, a
-	// distribution): the bottom right is free for the legend. It is
-	// aligned on its left, from the middle, so that a viewer's font,
-	// wider than the one measured here, cannot push its text over the
-	// lines' samples.
-	p.Legend.Top, p.Legend.Left = false, true
-	p.Legend.Padding = 4
-	p.Legend.XOffs, p.Legend.YOffs = width*0.45, 10
+func (c Chart) addLines(p *plot.Plot, legend *plot.Legend) error {
 	if c.LogY {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -151,7 +154,7 @@ func (c Chart) addLines(p *plot.Plot) error {
 		line.Dashes = plotutil.Dashes(i)
 		p.Add(line)
 		if l.Name != "" {
-			p.Legend.Add(l.Name, line)
+			legend.Add(l.Name, line)
 		}
 	}
 	if n == 0 {
@@ -160,13 +163,10 @@ func (c Chart) addLines(p *plot.Plot) error {
 	return nil
 }
 
-func (c Chart) addBars(p *plot.Plot) error {
+func (c Chart) addBars(p *plot.Plot, legend *plot.Legend) error {
 	if len(c.Groups) == 0 {
 		return errors.New("bars without groups")
 	}
-	p.Legend.Top, p.Legend.Left = true, true
-	p.Legend.Padding = 4
-	p.Legend.XOffs, p.Legend.YOffs = 10, -4
 	// The bars of a group side by side, filling 80 % of the space
 	// between two groups.
 	groupWidth := (width - 2*vg.Inch) / vg.Length(len(c.Groups))
@@ -190,7 +190,7 @@ func (c Chart) addBars(p *plot.Plot) error {
 		bc.Offset = w * (vg.Length(i) - vg.Length(len(c.Bars)-1)/2)
 		p.Add(bc)
 		if b.Name != "" {
-			p.Legend.Add(b.Name, bc)
+			legend.Add(b.Name, bc)
 		}
 	}
 	p.NominalX(c.Groups...)
