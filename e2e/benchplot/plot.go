@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/font"
@@ -171,6 +172,7 @@ func (c Chart) addBars(p *plot.Plot, legend *plot.Legend) error {
 	// between two groups.
 	groupWidth := (width - 2*vg.Inch) / vg.Length(len(c.Groups))
 	w := 0.8 * groupWidth / vg.Length(len(c.Bars))
+	top := 0.0
 	for i, b := range c.Bars {
 		if len(b.Values) != len(c.Groups) {
 			return fmt.Errorf("bars %q: %d values for %d groups", b.Name, len(b.Values), len(c.Groups))
@@ -179,6 +181,7 @@ func (c Chart) addBars(p *plot.Plot, legend *plot.Legend) error {
 		for k, v := range b.Values {
 			if finite(v) {
 				vals[k] = v // NaN stays 0: no bar
+				top = max(top, v)
 			}
 		}
 		bc, err := plotter.NewBarChart(vals, w)
@@ -189,6 +192,9 @@ func (c Chart) addBars(p *plot.Plot, legend *plot.Legend) error {
 		bc.LineStyle.Width = 0
 		bc.Offset = w * (vg.Length(i) - vg.Length(len(c.Bars)-1)/2)
 		p.Add(bc)
+		sty := p.Y.Tick.Label
+		sty.XAlign, sty.YAlign = draw.XCenter, draw.YBottom
+		p.Add(barLabels{offset: bc.Offset, values: b.Values, style: sty})
 		if b.Name != "" {
 			legend.Add(b.Name, bc)
 		}
@@ -196,7 +202,43 @@ func (c Chart) addBars(p *plot.Plot, legend *plot.Legend) error {
 	p.NominalX(c.Groups...)
 	p.X.Min, p.X.Max = -0.5, float64(len(c.Groups))-0.5
 	p.Y.Min = 0
+	if top > 0 {
+		p.Y.Max = 1.08 * top // room for the labels
+	}
 	return nil
+}
+
+// barLabels writes each bar's value above it, so that a bar too small to
+// see still reads ("n/a": not measured).
+type barLabels struct {
+	offset vg.Length // the bars' offset from their group's center
+	values []float64
+	style  text.Style
+}
+
+func (l barLabels) Plot(c draw.Canvas, p *plot.Plot) {
+	x, y := p.Transforms(&c)
+	for i, v := range l.values {
+		s, at := "n/a", 0.0
+		if finite(v) {
+			s, at = barValue(v), v
+		}
+		c.FillText(l.style, vg.Point{X: x(float64(i)) + l.offset, Y: y(at) + 2}, s)
+	}
+}
+
+// barValue is v with three significant digits at most, no exponent.
+func barValue(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 100 || v == 0:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case a >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	default:
+		return strconv.FormatFloat(v, 'g', 2, 64)
+	}
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

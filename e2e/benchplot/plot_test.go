@@ -82,7 +82,8 @@ func TestChartSVG(t *testing.T) {
 					{Name: "Konnectivity", Values: []float64{250, math.NaN(), 0.8}},
 				},
 			},
-			want: []string{"bulk throughput", "MB/s", "clean", "rtt80-loss1", "rtt80-loss3", "Tether", "Konnectivity"},
+			// The bars' values above them, n/a where not measured.
+			want: []string{"bulk throughput", "MB/s", "clean", "rtt80-loss1", "rtt80-loss3", "Tether", "Konnectivity", "300", "8.50", "n/a", "0.8"},
 		},
 		{
 			name: "ECDF",
@@ -126,6 +127,14 @@ func TestChartErrors(t *testing.T) {
 	} {
 		if _, err := c.SVG(); err == nil {
 			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestBarValue(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 1271.1: "1271", 149.94: "150", 95.44: "95.4", 8.5: "8.50", 0.8: "0.8", 0.04: "0.04", 0.0123: "0.012"} {
+		if got := barValue(v); got != want {
+			t.Errorf("barValue(%v) = %q, want %q", v, got, want)
 		}
 	}
 }
