@@ -37,7 +37,7 @@ func charts(res []phaseResult, mres []membersResult) map[string]benchplot.Chart 
 		return nil
 	}
 	t := msOf([]time.Duration{targetLag})[0]
-	lines = append(lines, benchplot.Line{Name: fmt.Sprintf("target: p99 at most %v", targetLag), Points: []benchplot.XY{{X: t, Y: 0}, {X: t, Y: 99}}})
+	lines = append(lines, benchplot.Line{Name: fmt.Sprintf("target: p99 at most %.0f ms", t), Points: []benchplot.XY{{X: t, Y: 0}, {X: t, Y: 99}}})
 	return map[string]benchplot.Chart{
 		"pool-lag": {
 			Title: "Replication lag: a follower receiving each change after the leader",
