@@ -71,8 +71,10 @@ bench:
 # and Konnectivity (built once by tools/build-konnectivity.sh) in namespaces
 # on this machine, on a clean and on shaped WAN links, through a link cut and
 # a NAT rebinding (issues 9, 19), and prints tables and a last `wan:` line; it
-# needs root and takes about 10 minutes. BENCH_TUNNEL_FLAGS: see --help
-# (--scenarios, --runs, --wan-time).
+# writes that text and SVG plots of the head-of-line p99 and the bulk
+# throughput per link scenario, Tether beside Konnectivity, into
+# tunnelbench-<date>/ (--out). It needs root and takes about 10 minutes.
+# BENCH_TUNNEL_FLAGS: see --help (--scenarios, --runs, --wan-time, --out).
 .PHONY: bench-tunnel
 BENCH_TUNNEL_FLAGS ?=
 bench-tunnel: build testbins
@@ -95,8 +97,10 @@ soak: build testbins
 # uplink bytes with and without it, replication lag and RSS per node, in
 # namespaces on this machine, and a pool of 100 (one tether-edge leading 99
 # simulated followers: the leader's CPU and RSS, lag, LAN bytes per
-# follower); it prints tables, needs root and takes a few minutes.
-# BENCH_POOL_FLAGS: see --help (--phases members --members 100).
+# follower); it prints tables and writes them with an SVG plot of the
+# replication lag's distribution into poolbench-<date>/ (--out); it needs
+# root and takes a few minutes.
+# BENCH_POOL_FLAGS: see --help (--phases members --members 100, --out).
 .PHONY: bench-pool
 BENCH_POOL_FLAGS ?=
 bench-pool: build testbins
@@ -104,10 +108,12 @@ bench-pool: build testbins
 
 # bench-scale measures one gateway serving a fleet of simulated edges
 # (default 10,000): cold start, steady RSS and CPU, routing, restart storm,
-# delegated heartbeats, Node churn, 3 replicas, in namespaces on this
-# machine, and prints a table ending in a machine-readable "scale:" line;
-# it needs root and takes about 10 minutes (--edges 200 for a quick run).
-# BENCH_SCALE_FLAGS: see --help.
+# delegated heartbeats, Node churn, 3 replicas (3,000 of the edges), in
+# namespaces on this machine, and prints a table ending in a
+# machine-readable "scale:" line that names each phase's fleet; it writes
+# that text and a plot of edges registered against time (SVG) into
+# scalebench-<date>/ (--out). It needs root and takes about 10 minutes
+# (--edges 200 for a quick run). BENCH_SCALE_FLAGS: see --help.
 .PHONY: bench-scale
 BENCH_SCALE_FLAGS ?=
 bench-scale: build testbins

@@ -51,7 +51,8 @@
 //	pool: members=<n> lag_p99_ms=<> leader_cpu_pct=<> leader_rss_mib=<> lan_bytes_per_follower=<>
 //
 // from the members phase (or, without it, the pool phase). Timings on a shared machine vary with its load, which
-// it prints at start and end.
+// it prints at start and end. The text output and an SVG plot of the
+// replication lag's distribution are written into --out.
 //
 // It needs root (network namespaces) and uses only addresses inside the
 // namespaces it creates and loopback; everything is removed at the end,
@@ -69,6 +70,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/e2e/benchkit"
+	"github.com/tether-edge/tether/e2e/benchplot"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -87,6 +89,7 @@ type options struct {
 	phases     []string // of allPhases, in that order
 	members    int
 	cpuProfile string
+	outDir     string
 }
 
 // The phases, in the order a run measures them (no-pool and pool swap
@@ -115,6 +118,7 @@ func main() {
 	phases := flag.String("phases", strings.Join(allPhases, ","), "the `phases` to measure in each run, comma-separated: no-pool (every node watches the cloud), pool (--edges tether-edge in one pool), members (one tether-edge leading --members − 1 simulated followers)")
 	flag.IntVar(&o.members, "members", 100, "`n` nodes in the pool of the members phase: one tether-edge, the leader, and n − 1 simulated followers (2..1000)")
 	flag.StringVar(&o.cpuProfile, "cpu-profile", "", "write a CPU profile of the leader during the members phase's changes to this `file` (the leader runs with --profiling), and one of this process, whose simulated followers share the machine with it, to file.followers")
+	flag.StringVar(&o.outDir, "out", "", benchplot.Help("poolbench"))
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: poolbench [flags]\n\nBenchmarks the Tether node pool: uplink bytes with and without it, replication lag, RSS per node, and a pool at size (--members: the leader's CPU and RSS, lag and LAN bytes per follower), in network namespaces on this machine (needs root).\n\n")
 		flag.PrintDefaults()
@@ -141,11 +145,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "poolbench: --runs must be 1..%d, --changes 1..%d, --edges 2..200, --workers and --idle positive\n", maxRounds/(len(allPhases)+1), maxSlices)
 		os.Exit(2)
 	}
-	world.RunBench("poolbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error { return run(ctx, s, o) })
+	world.RunBench("poolbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error {
+		out, err := benchplot.Open("poolbench", o.outDir)
+		if err != nil {
+			return err
+		}
+		defer out.Close()
+		return run(ctx, s, o, out)
+	})
 }
 
-func run(ctx context.Context, s *testenv.Session, o options) error {
-	printHeader(o)
+func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out) error {
+	printHeader(o, out.Dir)
 	setup := time.Now()
 	bins, err := world.BenchBinaries(s, o.binDir, note, "tether-edge", "tether-gateway")
 	if err != nil {
@@ -217,6 +228,9 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	}
 	if len(mres) > 0 {
 		printMembers(o, mres)
+	}
+	if err := out.Plots(charts(res, mres)); err != nil {
+		note("%v", err)
 	}
 	fmt.Printf("\nload average at end: %s\n", world.LoadAvg())
 	printSummary(res, mres)

@@ -21,7 +21,7 @@ const (
 	targetRSS   = 64 << 20
 )
 
-func printHeader(o options) {
+func printHeader(o options, outDir string) {
 	var eff []string
 	flag.VisitAll(func(f *flag.Flag) {
 		eff = append(eff, fmt.Sprintf("--%s=%s", f.Name, f.Value))
@@ -34,7 +34,8 @@ func printHeader(o options) {
 	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
 	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), world.LoadAvg(), runtime.Version())
-	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("date:     %s\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("output:   %s (this text and the plots)\n\n", outDir)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)) }

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tether-edge/tether/e2e/benchkit"
+	"github.com/tether-edge/tether/e2e/benchplot"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -212,6 +213,9 @@ type regResult struct {
 	// udpDrops: datagrams dropped for a full receive buffer in the
 	// gateway's namespace meanwhile (RcvbufErrors).
 	udpDrops int64
+	// curve: edges registered (Y) against seconds from the gateway's
+	// start (X), a point a poll (about every second), for the plots.
+	curve []benchplot.XY
 }
 
 func (r regResult) all() bool { return r.reached >= r.want }
@@ -240,6 +244,7 @@ func (b *bench) waitRegistered(ctx context.Context, g *gwProc, want int, label s
 			}
 			lastN, lastT = n, now
 			r.reached = n
+			r.curve = append(r.curve, benchplot.XY{X: now.Sub(g.started).Seconds(), Y: float64(n)})
 		}
 		m, _ := benchkit.ReadMem(g.pid)
 		r.peakRSS = max(r.peakRSS, m.HWM)

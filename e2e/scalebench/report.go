@@ -19,7 +19,7 @@ import (
 // keepalive is the simulated edges' keepalive period, the tunnel's default.
 var keepalive = tunnel.QUICConfig(tunnel.Limits{}).KeepAlivePeriod
 
-func printHeader(o options) {
+func printHeader(o options, outDir string) {
 	var eff []string
 	flag.VisitAll(func(f *flag.Flag) {
 		if f.Name != "v" {
@@ -30,7 +30,8 @@ func printHeader(o options) {
 	fmt.Printf("command:  %s\n", strings.Join(append([]string{filepath.Base(os.Args[0])}, os.Args[1:]...), " "))
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
 	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, %s\n", runtime.NumCPU(), world.LoadAvg(), runtime.Version())
-	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("date:     %s\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("output:   %s (this text and the plots)\n\n", outDir)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
@@ -138,8 +139,42 @@ func summary(r *results) string {
 		p991 = float64(x.p(99)) / float64(time.Millisecond)
 	}
 	hbRate, hbLost = r.hbSummary()
-	return fmt.Sprintf("scale: edges=%d rss_mib=%.0f idle_cpu_pct=%.1f cold_s=%.1f restart_s=%.1f route_p99_ms=%.2f route_p99_1_ms=%.2f hb_per_s=%.1f hb_lost=%d",
-		r.connectedAtEnd, rss, cpu, cold, restart, p99, p991, hbRate, hbLost)
+	f := r.fleets()
+	return fmt.Sprintf("scale: edges=%d rss_mib=%.0f idle_cpu_pct=%.1f cold_s=%.1f restart_s=%.1f route_p99_ms=%.2f route_p99_1_ms=%.2f hb_per_s=%.1f hb_lost=%d"+
+		" cold_edges=%d storm_edges=%d hb_edges=%d replica_edges=%d replica_s=%.1f replica_route_failed=%d",
+		r.connectedAtEnd, rss, cpu, cold, restart, p99, p991, hbRate, hbLost,
+		f.cold, f.storm, f.hb, f.replicas, f.replicaS, f.replicaFailed)
+}
+
+// fleetSizes are the edges each phase ran with, -1 for a phase not run,
+// and the replicas phase's figures.
+type fleetSizes struct {
+	cold, storm, hb, replicas int
+	replicaS                  float64 // the restarted replica had every edge again
+	replicaFailed             int     // routing requests failed meanwhile
+}
+
+func (r *results) fleets() fleetSizes {
+	f := fleetSizes{-1, -1, -1, -1, -1, -1}
+	if r.cold != nil {
+		f.cold = r.cold.want
+	}
+	if r.storm != nil {
+		f.storm = r.storm.reg.want
+	}
+	if r.hb != nil {
+		f.hb = r.hb.offline
+	}
+	if x := r.replicas; x != nil {
+		f.replicas = x.edges
+		if x.back.want > 0 && x.back.all() { // measured, and every edge came back
+			f.replicaS = x.back.took.Seconds()
+		}
+		if x.routing.reqs > 0 {
+			f.replicaFailed = x.routing.errs
+		}
+	}
+	return f
 }
 
 func printLaterPhases(o options, r *results) {

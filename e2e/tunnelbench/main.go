@@ -25,7 +25,9 @@
 // and CPU per byte, and new connections, all time-bounded (--wan-time);
 // then a link cut (heal time; a request in flight across a short cut) and
 // a NAT rebinding during a download. The last line printed sums it up in
-// a machine-readable form (wan: ...).
+// a machine-readable form (wan: ...). The text output and SVG plots of
+// the head-of-line p99 and the bulk throughput in each link scenario,
+// Tether beside Konnectivity, are written into --out.
 //
 // Metrics: new-connection request rate (one HTTPS GET /healthz per new TCP
 // connection) sequentially and with concurrent clients, with p50/p99
@@ -58,6 +60,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/e2e/benchkit"
+	"github.com/tether-edge/tether/e2e/benchplot"
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -81,6 +84,7 @@ type options struct {
 	holClients   int
 	konnectivity bool
 	tcpCC        string
+	outDir       string
 }
 
 func main() {
@@ -98,6 +102,7 @@ func main() {
 	flag.StringVar(&o.scenarioList, "scenarios", scenarioNames(), "comma-separated `list` of link scenarios to run, in this order whatever the list's: clean (the full measurement above plus head-of-line), rtt30, rtt80-loss1, rtt80-loss3, rate20-rtt80 (the site's uplink shaped in both directions), cut (30 s link cut, heal time; 3 s cut with a request in flight) and nat (NAT rebinding during a download)")
 	flag.DurationVar(&o.wanTime, "wan-time", 5*time.Second, "`duration` of each time-bounded measurement of a shaped scenario, per mode: head-of-line, bulk, and new connections (half sequential, half concurrent); also of the clean head-of-line one")
 	flag.IntVar(&o.holClients, "hol-clients", 8, "`clients` making new-connection requests during the head-of-line measurement")
+	flag.StringVar(&o.outDir, "out", "", benchplot.Help("tunnelbench"))
 	flag.BoolVar(&o.konnectivity, "konnectivity", true, "also measure Konnectivity (apiserver-network-proxy, built from its module by tools/build-konnectivity.sh) in the same world")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection, bare quic-go and Konnectivity, on a clean\nand on shaped WAN links (delay, loss, rate), through a link cut and a NAT rebinding, in network\nnamespaces on this machine (needs root). The last line printed is machine-readable (wan: ...).\n\n")
@@ -114,11 +119,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "tunnelbench: --scenarios: %v\n", err)
 		os.Exit(2)
 	}
-	world.RunBench("tunnelbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error { return run(ctx, s, o) })
+	world.RunBench("tunnelbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error {
+		out, err := benchplot.Open("tunnelbench", o.outDir)
+		if err != nil {
+			return err
+		}
+		defer out.Close()
+		return run(ctx, s, o, out)
+	})
 }
 
-func run(ctx context.Context, s *testenv.Session, o options) error {
-	printHeader(o)
+func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out) error {
+	printHeader(o, out.Dir)
 	setup := time.Now()
 
 	var prof *profiler
@@ -308,6 +320,9 @@ func run(ctx context.Context, s *testenv.Session, o options) error {
 	}
 	printNotes(ctx, w, gw, edge, o, prof)
 	printSummary(o, sum)
+	if err := out.Plots(charts(o, sum)); err != nil {
+		note("%v", err)
+	}
 	fmt.Printf("load average at the end: %s\n", world.LoadAvg())
 	fmt.Println(wanLine(sum))
 	return nil

@@ -33,7 +33,7 @@ func quicVersion() string {
 	return "unknown"
 }
 
-func printHeader(o options) {
+func printHeader(o options, outDir string) {
 	var eff []string
 	flag.VisitAll(func(f *flag.Flag) {
 		if f.Name != "v" {
@@ -45,7 +45,8 @@ func printHeader(o options) {
 	fmt.Printf("settings: %s\n", strings.Join(eff, " "))
 	fmt.Printf("machine:  %d CPUs (nproc), load average %s at start, Linux %s, %s, quic-go %s\n",
 		runtime.NumCPU(), world.LoadAvg(), kernel(), runtime.Version(), quicVersion())
-	fmt.Printf("date:     %s\n\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("date:     %s\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("output:   %s (this text and the plots)\n\n", outDir)
 }
 
 // median of the values f takes over runs.

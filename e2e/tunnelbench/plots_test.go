@@ -1,0 +1,84 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// fixedSummary: clean, rtt80-loss1 and rtt80-loss3 measured (Konnectivity
+// without a bulk figure in rtt80-loss3), rtt30 skipped, and the cut.
+func fixedSummary(t *testing.T) (options, summary) {
+	t.Helper()
+	scs, err := parseScenarios("clean,rtt30,rtt80-loss1,rtt80-loss3,cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fig := func(hol, bulk float64) *figures {
+		return &figures{hasHOL: true, holP99: hol, hasBulk: bulk > 0, bulk: bulk}
+	}
+	s := summary{scen: map[string]*scenResult{
+		"clean":       {fig: map[string]*figures{tetherMode: fig(3, 300), konnMode: fig(4, 250), directMode: fig(1, 900)}},
+		"rtt30":       {skipped: "no shaping", fig: map[string]*figures{}},
+		"rtt80-loss1": {fig: map[string]*figures{tetherMode: fig(250, 8), konnMode: fig(900, 3)}},
+		"rtt80-loss3": {fig: map[string]*figures{tetherMode: fig(400, 3), konnMode: fig(2500, 0)}},
+	}}
+	return options{scenarios: scs}, s
+}
+
+func TestCharts(t *testing.T) {
+	o, s := fixedSummary(t)
+	c := charts(o, s)
+	hol, bulk := c["wan-hol-p99"], c["wan-bulk"]
+	if len(c) != 2 || hol.Title == "" || bulk.Title == "" {
+		t.Fatalf("charts = %v, want wan-hol-p99 and wan-bulk", c)
+	}
+	wantGroups := []string{"clean", "rtt80-loss1", "rtt80-loss3"}
+	for name, ch := range c {
+		if !slices.Equal(ch.Groups, wantGroups) {
+			t.Errorf("%s: groups %v, want %v", name, ch.Groups, wantGroups)
+		}
+		if len(ch.Bars) != 2 || ch.Bars[0].Name != "Tether" || ch.Bars[1].Name != "Konnectivity" {
+			t.Errorf("%s: series %v, want Tether and Konnectivity", name, ch.Bars)
+		}
+	}
+	if got := hol.Bars[1].Values; !slices.Equal(got, []float64{4, 900, 2500}) {
+		t.Errorf("Konnectivity's hol p99 %v", got)
+	}
+	if got := bulk.Bars[1].Values; got[0] != 250 || got[1] != 3 || !math.IsNaN(got[2]) {
+		t.Errorf("Konnectivity's bulk %v, want 250, 3, NaN (not measured)", got)
+	}
+	for name, ch := range c {
+		svg, err := ch.SVG()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, want := range append(wantGroups, "Tether", "Konnectivity", ch.Y, "site uplink (scenario)") {
+			if !strings.Contains(string(svg), ">"+want+"<") {
+				t.Errorf("%s: no %q in the SVG", name, want)
+			}
+		}
+	}
+	// Without Konnectivity: Tether's bars alone.
+	for _, r := range s.scen {
+		delete(r.fig, konnMode)
+	}
+	if b := charts(o, s)["wan-bulk"].Bars; len(b) != 1 || b[0].Name != "Tether" {
+		t.Errorf("bulk series without Konnectivity: %v", b)
+	}
+	// Only the cut: no chart.
+	o.scenarios = o.scenarios[len(o.scenarios)-1:]
+	if c := charts(o, s); c != nil {
+		t.Errorf("charts of the cut alone = %v", c)
+	}
+}
+
+// TestWANLine: the wan: line keeps its keys and order.
+func TestWANLine(t *testing.T) {
+	_, s := fixedSummary(t)
+	want := "wan: hol_p99_ms_1pct=250.0/900.0 hol_p99_ms_3pct=400.0/2500.0 bulk_mbs_clean=300.0/250.0 bulk_mbs_1pct=8.0/3.0 cpu_ns_per_byte=0.00/- heal_s=- nat_rebind=-"
+	if got := wanLine(s); got != want {
+		t.Errorf("wanLine:\n got %s\nwant %s", got, want)
+	}
+}
