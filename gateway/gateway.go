@@ -462,14 +462,17 @@ func (g *Gateway) newDNS(client kubernetes.Interface) ([]component.Component, er
 		if err != nil {
 			return nil, err
 		}
-		g.dns, g.dnsPC, g.dnsLn = dns.New(dns.Options{
+		g.dnsPC, g.dnsLn = pc, ln
+		if g.dns, err = dns.New(dns.Options{
 			Zones:      cfg.DNSZones,
 			TTL:        cfg.DNSTTL.Duration,
 			Mode:       nodewatch.Mode(cfg.Mode),
 			CloudNodes: cfg.DNSCloudNodes,
 			Logger:     g.log,
 			Registerer: g.metrics,
-		}), pc, ln
+		}); err != nil {
+			return nil, err
+		}
 		g.watcher.Subscribe(g.dns.Update)
 		ps = append(ps, g.dnsPart())
 	}
