@@ -160,7 +160,7 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 	attrs := []any{"node", sender, "pool", req.Pool, "record", req.Record.String(), "op", req.Op.String()}
 	if err := h.limit.Allow(sender); err != nil {
 		r := poolcheck.AsRefusal(err)
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		h.log.Debug("election record write refused", append(attrs, "reason", r.Code.String(), "err", r.Msg)...)
 		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
 	}
@@ -173,7 +173,7 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 	}
 	r := poolcheck.AsRefusal(err)
 	if r != nil {
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		level := slog.LevelWarn
 		if r.Code == tunnel.Conflict {
 			level = slog.LevelInfo
@@ -184,7 +184,7 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 		}
 		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
 	}
-	h.results.WithLabelValues(tunnel.OK.String()).Inc()
+	h.result(tunnel.OK)
 	h.log.Debug("election record written", append(attrs, "resource_version", stored.ResourceVersion)...)
 	return tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.OK}, ConfigMap: body}
 }

@@ -24,3 +24,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, promreg.Register(reg, m.results)
 }
+
+// result counts one request's result: OK or the refusal's code.
+func (m *metrics) result(c tunnel.Code) { m.results.WithLabelValues(c.String()).Inc() }

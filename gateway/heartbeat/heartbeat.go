@@ -206,20 +206,20 @@ func New(o Options) (*Handler, error) {
 func (h *Handler) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
 	if err := h.limit.Allow(sender); err != nil {
 		r := poolcheck.AsRefusal(err)
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		h.log.Debug("delegated heartbeat refused", "node", req.Node, "sender", sender, "reason", r.Code.String(), "err", r.Msg)
 		return tunnel.Reply{Code: r.Code, Message: r.Msg}
 	}
 	pool, written, err := h.delegate(ctx, sender, req)
 	if r := poolcheck.AsRefusal(err); r != nil {
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		h.log.Warn("delegated heartbeat refused", "node", req.Node, "sender", sender, "pool", pool, "reason", r.Code.String(), "err", r.Msg)
 		if h.limit.Refused(sender, r.Code) {
 			h.log.Warn("sender refused too often: its delegated heartbeats are answered rate_limited for a while", "sender", sender, "pool", pool)
 		}
 		return tunnel.Reply{Code: r.Code, Message: r.Msg}
 	}
-	h.results.WithLabelValues(tunnel.OK.String()).Inc()
+	h.result(tunnel.OK)
 	h.log.Debug("delegated heartbeat", "node", req.Node, "sender", sender, "pool", pool, "written", written)
 	return tunnel.Reply{Code: tunnel.OK}
 }

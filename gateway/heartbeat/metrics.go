@@ -46,3 +46,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, promreg.Register(reg, m.results, m.clamped, m.reads, m.throttled)
 }
+
+// result counts one request's result: OK or the refusal's code.
+func (m *metrics) result(c tunnel.Code) { m.results.WithLabelValues(c.String()).Inc() }
