@@ -51,6 +51,7 @@ import (
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/component"
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/netrules/vip"
@@ -218,7 +219,7 @@ func (g *Gateway) loadCerts(client kubernetes.Interface) (*quic.StatelessResetKe
 	if g.certs, err = loadTLS(g.cfg, g.log, client, g.acmeLn); err != nil {
 		return nil, err
 	}
-	if err := g.metrics.Register(g.certs); err != nil {
+	if err := promreg.Register(g.metrics, g.certs); err != nil {
 		return nil, fmt.Errorf("register certificate metrics: %w", err)
 	}
 	// With --tls-cert, after the serving key was rotated, the next restart
@@ -239,7 +240,7 @@ func (g *Gateway) newWatcher(client kubernetes.Interface) ([]component.Component
 	}
 	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: g.log, ResyncPeriod: 10 * time.Minute,
 		Policy: g.cfg.routePolicy(), GatewayHost: hostAddrs})
-	if err := g.metrics.Register(g.watcher); err != nil {
+	if err := promreg.Register(g.metrics, g.watcher); err != nil {
 		return nil, fmt.Errorf("register node watcher metrics: %w", err)
 	}
 	ps := []component.Component{g.watcherPart()}
@@ -321,13 +322,7 @@ func (g *Gateway) newPoolHandlers(client kubernetes.Interface) (_ []component.Co
 func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Component, err error) {
 	cfg := g.cfg
 	g.registry = registry.New(registry.Options{MaxStreams: cfg.MaxStreamsPerEdge, Logger: g.log})
-	if err := g.metrics.Register(g.registry); err != nil {
-		return nil, fmt.Errorf("register registry metrics: %w", err)
-	}
-	if err := g.metrics.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tether_gateway_edges_without_tunnel",
-		Help: "Edge nodes in the cluster with no live tunnel to this gateway replica (0 until the node informer has synced).",
-	}, g.edgesWithoutTunnel)); err != nil {
+	if err := promreg.Register(g.metrics, g.registry, g.edgesWithoutTunnelGauge()); err != nil {
 		return nil, fmt.Errorf("register edge metrics: %w", err)
 	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
@@ -462,14 +457,17 @@ func (g *Gateway) newDNS(client kubernetes.Interface) ([]component.Component, er
 		if err != nil {
 			return nil, err
 		}
-		g.dns, g.dnsPC, g.dnsLn = dns.New(dns.Options{
+		g.dnsPC, g.dnsLn = pc, ln
+		if g.dns, err = dns.New(dns.Options{
 			Zones:      cfg.DNSZones,
 			TTL:        cfg.DNSTTL.Duration,
 			Mode:       nodewatch.Mode(cfg.Mode),
 			CloudNodes: cfg.DNSCloudNodes,
 			Logger:     g.log,
 			Registerer: g.metrics,
-		}), pc, ln
+		}); err != nil {
+			return nil, err
+		}
 		g.watcher.Subscribe(g.dns.Update)
 		ps = append(ps, g.dnsPart())
 	}
@@ -550,20 +548,4 @@ func kubeClientWithLimiter(c Config, limiter flowcontrol.RateLimiter) (kubernete
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return client, nil
-}
-
-// edgesWithoutTunnel counts the edge nodes of the latest snapshot that
-// have no tunnel to this replica (at scrape time: no series per node).
-func (g *Gateway) edgesWithoutTunnel() float64 {
-	snap := g.watcher.Snapshot()
-	if snap == nil {
-		return 0
-	}
-	n := 0
-	for name, node := range snap.Nodes {
-		if _, ok := g.registry.Lookup(name); node.Edge && !ok {
-			n++
-		}
-	}
-	return float64(n)
 }

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 
 	"github.com/caddyserver/certmagic"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 	"k8s.io/client-go/kubernetes"
 
@@ -188,30 +187,6 @@ func (s *tlsSource) serveCA(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/x-pem-file")
 	w.Write(s.ca.CAPEM())
-}
-
-var descNotAfter = prometheus.NewDesc("tether_gateway_certificate_expiry_timestamp_seconds",
-	"When a certificate the gateway uses expires (Unix time): cert=serving (--tls-cert, the self-managed or the ACME certificate: what edges verify; with several --acme-domain names the first to expire) or client-ca (the first of --client-ca's CAs to expire). Read from the files in use when scraped.",
-	[]string{"cert"}, nil)
-
-// Describe and Collect make tlsSource a Prometheus collector of its
-// certificates' expiry, so that an alert can fire before edges start
-// refusing the gateway, or it them.
-func (s *tlsSource) Describe(ch chan<- *prometheus.Desc) { ch <- descNotAfter }
-
-func (s *tlsSource) Collect(ch chan<- prometheus.Metric) {
-	if leaf := s.servingLeaf(); leaf != nil {
-		ch <- prometheus.MustNewConstMetric(descNotAfter, prometheus.GaugeValue, float64(leaf.NotAfter.Unix()), "serving")
-	}
-	var first *x509.Certificate
-	for _, c := range s.clientCAs.Certificates() {
-		if first == nil || c.NotAfter.Before(first.NotAfter) {
-			first = c
-		}
-	}
-	if first != nil {
-		ch <- prometheus.MustNewConstMetric(descNotAfter, prometheus.GaugeValue, float64(first.NotAfter.Unix()), "client-ca")
-	}
 }
 
 // servingLeaf is the serving certificate in use, nil while there is none

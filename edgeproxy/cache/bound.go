@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -61,10 +60,7 @@ type upkeep struct {
 	compactNow             chan chan error
 
 	fileBytes, usedBytes atomic.Int64
-	compactions          *prometheus.CounterVec
-	reclaimed            prometheus.Counter
-	evictions            *prometheus.CounterVec
-	expired              prometheus.Counter
+	*metrics
 }
 
 func (u *upkeep) init(o Options, now time.Time) {
@@ -76,38 +72,7 @@ func (u *upkeep) init(o Options, now time.Time) {
 	u.noCompact = o.noCompact
 	u.opened = now
 	u.compactNow = make(chan chan error)
-	const ns, sub = "tether", "edge_apiserver"
-	u.compactions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_compactions_total",
-		Help: "Compactions of the cache file (a compacted copy put in its place), by result: ok or failed (the file stays as it was)."},
-		[]string{"result"})
-	u.reclaimed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_compaction_reclaimed_bytes_total",
-		Help: "Bytes the cache file shrank by in compactions."})
-	u.evictions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_evictions_total",
-		Help: "Resources (all of a component's objects of one resource) dropped from the cache because it was over --cache-max-size, by component; each is served again once the component lists it completely."},
-		[]string{"component"})
-	u.expired = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_tombstones_expired_total",
-		Help: "Tombstones of deleted objects removed for their age."})
-}
-
-// Register registers the metrics of the cache file with reg.
-func (s *Store) Register(reg prometheus.Registerer) error {
-	const ns, sub = "tether", "edge_apiserver"
-	u := &s.upkeep
-	for _, c := range []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_file_bytes",
-			Help: "Size of the cache file (apiserver-cache.db)."}, func() float64 { return float64(u.fileBytes.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_used_bytes",
-			Help: "Bytes of the cache file's pages that hold data (objects, tombstones, queued writes); the rest are free pages, which later writes reuse and compaction gives back."},
-			func() float64 { return float64(u.usedBytes.Load()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "cache_max_bytes",
-			Help: "The bound of cache_used_bytes (--cache-max-size; 0: none)."}, func() float64 { return float64(u.maxSize) }),
-		u.compactions, u.reclaimed, u.evictions, u.expired, newLedgerCollector(s),
-	} {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
+	u.metrics = newMetrics()
 }
 
 // usage is the file's size as bbolt sees it (its pages), the bytes of the

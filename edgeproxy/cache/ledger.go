@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -329,38 +328,4 @@ func checkLedger(lb *bolt.Bucket) error {
 		}
 	}
 	return nil
-}
-
-// ledgerCollector exports the ledger, read from the file at each scrape.
-type ledgerCollector struct {
-	s    *Store
-	desc *prometheus.Desc
-}
-
-func newLedgerCollector(s *Store) *ledgerCollector {
-	return &ledgerCollector{s: s, desc: prometheus.NewDesc("tether_edge_apiserver_queue_ledger_total",
-		"The ledger of the queue of status writes made offline, kept in the cache file and updated in the transaction of each event, "+
-			"so that it survives restarts and kill -9 (it starts from 0 only with a new cache file), by event: "+
-			"enqueued (queued, coalescing replacements included), coalesced (a later patch of the object took its place), "+
-			"applied (dequeued after a 2xx), obsolete (dequeued as no longer wanted), rejected (dequeued after a final 4xx), "+
-			"resent (sent again after a send that may have applied it: a kill between send and dequeue, or no answer). "+
-			"enqueued = coalesced + applied + obsolete + rejected + tether_edge_apiserver_queue_length.",
-		[]string{"event"}, nil)}
-}
-
-func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
-	l, err := c.s.Ledger()
-	if err != nil { // closed, or a counter that does not read: no series rather than a failed scrape
-		c.s.log.Warn("cache: the queue's ledger does not read", "err", err)
-		return
-	}
-	for _, e := range []struct {
-		name string
-		v    uint64
-	}{{ledgerEnqueued, l.Enqueued}, {ledgerCoalesced, l.Coalesced}, {ledgerApplied, l.Applied},
-		{ledgerObsolete, l.Obsolete}, {ledgerRejected, l.Rejected}, {ledgerResent, l.Resent}} {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(e.v), e.name)
-	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -19,32 +20,25 @@ type metrics struct {
 	elections  *prometheus.CounterVec
 }
 
+// newMetrics builds the metrics of c and registers them with reg; a nil
+// reg gives a nil *metrics (nothing counted).
 func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	if reg == nil {
 		return nil, nil
 	}
 	streams := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tether", Subsystem: "edge_tunnel", Name: "streams_total",
-		Help: "Streams the gateways opened, by result: ok, or the reason code of the refusal (not_allowed, dial_failed, timeout, overloaded, bad_request).",
+		Name: "tether_edge_tunnel_streams_total",
+		Help: "Streams the gateways opened, by result: ok or the reason code of the refusal.",
 	}, []string{"result"})
-	if err := reg.Register(streams); err != nil {
-		return nil, err
-	}
 	heartbeats := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tether", Subsystem: "edge_tunnel", Name: "delegated_heartbeats_total",
-		Help: "Delegated heartbeats sent to a gateway replica (one per attempt), by result: ok, the gateway's refusal code (not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable, bad_request), or error (the stream failed).",
+		Name: "tether_edge_tunnel_delegated_heartbeats_total",
+		Help: "Delegated heartbeats sent to a gateway replica, one per attempt, by result: ok, the refusal's code or error.",
 	}, []string{"result"})
-	if err := reg.Register(heartbeats); err != nil {
-		return nil, err
-	}
 	elections := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tether", Subsystem: "edge_tunnel", Name: "election_writes_total",
-		Help: "Pool election and sync records sent to a gateway replica to write (one per attempt), by result: ok, the gateway's refusal code (conflict, bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, unavailable, bad_request), or error (the stream failed).",
+		Name: "tether_edge_tunnel_election_writes_total",
+		Help: "Pool election and sync records sent to a gateway replica to write, one per attempt, by result.",
 	}, []string{"result"})
-	if err := reg.Register(elections); err != nil {
-		return nil, err
-	}
-	if err := reg.Register(&collector{c: c}); err != nil {
+	if err := promreg.Register(reg, streams, heartbeats, elections, &collector{c: c}); err != nil {
 		return nil, err
 	}
 	m := &metrics{byCode: make(map[tunnel.Code]prometheus.Counter), other: streams, heartbeats: heartbeats, elections: elections}
@@ -107,7 +101,7 @@ func (m *metrics) result(code tunnel.Code) {
 
 var (
 	descConnected = prometheus.NewDesc("tether_edge_tunnel_gateway_connected",
-		"1 while the QUIC connection to this gateway replica is up, 0 while the edge is (re)connecting.",
+		"Whether the QUIC connection to this gateway replica is up: one while it is, zero while the edge reconnects.",
 		[]string{"gateway"}, nil)
 	descRTT = prometheus.NewDesc("tether_edge_tunnel_gateway_rtt_seconds",
 		"Smoothed round-trip time of the connection to this gateway replica (only while connected).",
@@ -119,10 +113,10 @@ var (
 		"Streams from this gateway replica being served now.",
 		[]string{"gateway"}, nil)
 	descDisconnects = prometheus.NewDesc("tether_edge_tunnel_gateway_disconnects_total",
-		"Connections to this gateway replica that were up and ended, by reason: stateless_reset (the replica no longer knew the connection: it restarted; noticed by a liveness probe), idle_timeout (nothing heard for the idle timeout), closed_by_gateway (shutdown, replaced, identity refused), other.",
+		"Connections to this gateway replica that were up and ended, by reason.",
 		[]string{"gateway", "reason"}, nil)
 	descProbes = prometheus.NewDesc("tether_edge_tunnel_gateway_probes_total",
-		"Liveness probes sent to this gateway replica: each after more than a keepalive period without a packet from it, padded so that a restarted replica answers with a stateless reset.",
+		"Liveness probes sent to this gateway replica, each after a keepalive period without a packet from it.",
 		[]string{"gateway"}, nil)
 	descBytes = prometheus.NewDesc("tether_edge_tunnel_gateway_bytes_total",
 		"Bytes relayed through this gateway replica; direction up is edge to cloud, down is cloud to edge.",

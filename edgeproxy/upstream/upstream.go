@@ -26,7 +26,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/utils/clock"
 
-	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/internal/statusapi"
 )
 
@@ -72,8 +71,7 @@ type Upstreams struct {
 	healthy bool
 	changed chan struct{} // closed and replaced when healthy changes
 
-	mHealthy *prometheus.GaugeVec
-	mProbes  *prometheus.CounterVec
+	metrics *metrics // nil without a Registerer
 }
 
 type server struct {
@@ -120,7 +118,12 @@ func New(o Options) (*Upstreams, error) {
 		u.reads = &bearer{token: o.BearerToken, rt: u.reads}
 		u.upgrade = &bearer{token: o.BearerToken, rt: u.upgrade}
 	}
-	if err := u.registerMetrics(o.Registerer); err != nil {
+	names := make([]string, len(u.servers))
+	for i, s := range u.servers {
+		names[i] = s.name
+	}
+	var err error
+	if u.metrics, err = newMetrics(o.Registerer, names); err != nil {
 		return nil, err
 	}
 	return u, nil
@@ -339,13 +342,9 @@ func (u *Upstreams) observe(s *server, err error) {
 	if !ok {
 		result = "fail"
 	}
-	if u.mProbes != nil {
-		u.mProbes.WithLabelValues(s.name, result).Inc()
-	}
+	u.metrics.probed(s.name, result)
 	if changed {
-		if u.mHealthy != nil {
-			u.mHealthy.WithLabelValues(s.name).Set(b2f(healthy))
-		}
+		u.metrics.setHealthy(s.name, healthy)
 		switch {
 		case healthy:
 			u.log.Info("apiserver healthy", "server", s.name)
@@ -450,32 +449,4 @@ func (u *Upstreams) Status() []statusapi.Upstream {
 		s.mu.Unlock()
 	}
 	return out
-}
-
-func (u *Upstreams) registerMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	u.mHealthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: "tether", Subsystem: "edge_apiserver", Name: "upstream_healthy",
-		Help: "1 while this cloud kube-apiserver passes its health checks (after the hysteresis), 0 while not.",
-	}, []string{"server"})
-	u.mProbes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tether", Subsystem: "edge_apiserver", Name: "upstream_probes_total",
-		Help: "Health probes of this cloud kube-apiserver, by result (ok or fail).",
-	}, []string{"server", "result"})
-	if err := promreg.Register(reg, u.mHealthy, u.mProbes); err != nil {
-		return err
-	}
-	for _, s := range u.servers {
-		u.mHealthy.WithLabelValues(s.name).Set(0)
-	}
-	return nil
-}
-
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }

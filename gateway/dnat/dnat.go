@@ -26,7 +26,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
-	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/netrules"
 )
 
@@ -55,9 +54,7 @@ type Reconciler struct {
 	kick   chan struct{}
 	ready  atomic.Bool
 
-	applies  *prometheus.CounterVec
-	duration prometheus.Histogram
-	edges    prometheus.Gauge
+	*metrics
 }
 
 // New returns a Reconciler; call Run to start it.
@@ -81,21 +78,9 @@ func New(o Options) (*Reconciler, error) {
 		o:    o,
 		log:  o.Logger.With("backend", o.Rules.Backend()),
 		kick: make(chan struct{}, 1),
-		applies: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_netrules_applies_total",
-			Help: "Applications of the DNAT rules by result (ok, error).",
-		}, []string{"result"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "tether_gateway_netrules_apply_seconds",
-			Help:    "Time to apply the DNAT rules.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
-		}),
-		edges: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tether_gateway_netrules_edges",
-			Help: "Edge nodes with DNAT rules in place.",
-		}),
 	}
-	if err := promreg.Register(o.Registerer, r.applies, r.duration, r.edges); err != nil {
+	var err error
+	if r.metrics, err = newMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("register netrules metrics: %w", err)
 	}
 	return r, nil

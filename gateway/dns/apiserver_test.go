@@ -28,7 +28,10 @@ func TestNodeToAnswer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 
 	w := nodewatch.New(c, nodewatch.Options{})
-	s := dns.New(dns.Options{Zones: []string{"tether.internal."}})
+	s, err := dns.New(dns.Options{Zones: []string{"tether.internal."}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	hw := dns.NewHostsWriter(c, dns.HostsOptions{Namespace: "kube-system", Name: "tether-nodes"})
 	w.Subscribe(s.Update)
 	w.Subscribe(hw.Update)

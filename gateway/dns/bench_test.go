@@ -22,7 +22,10 @@ func BenchmarkServeDNS(b *testing.B) {
 		snap.Nodes[name] = nodewatch.Node{Name: name, Edge: true,
 			InternalIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})}}
 	}
-	s := New(Options{Zones: []string{"tether.internal."}})
+	s, err := New(Options{Zones: []string{"tether.internal."}})
+	if err != nil {
+		b.Fatal(err)
+	}
 	s.Update(snap)
 	q := query("edge-04711.tether.internal.", dns.TypeA, 1232)
 	raw, err := q.Pack()

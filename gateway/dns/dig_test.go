@@ -85,7 +85,10 @@ func TestDig(t *testing.T) {
 	done := make(chan error, len(servers))
 	var nodeIP *dns.Server
 	for mode, port := range servers {
-		s := dns.New(dns.Options{Zones: []string{"tether.internal."}, Mode: mode})
+		s, err := dns.New(dns.Options{Zones: []string{"tether.internal."}, Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
 		s.Update(snap)
 		if mode == nodewatch.ModeNodeIP {
 			nodeIP = s

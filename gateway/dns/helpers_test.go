@@ -50,7 +50,10 @@ func newTestServer(t testing.TB, opts Options) *Server {
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s := New(opts)
+	s, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.Update(testSnapshot())
 	return s
 }

@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tether-edge/tether/internal/accept"
+	"github.com/tether-edge/tether/internal/promreg"
 )
 
 // The names of the server's sockets in tether_gateway_accept_errors_total.
@@ -25,46 +26,45 @@ type metrics struct {
 	acceptTCP, acceptUDP   prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics builds the metrics and registers them with reg; a nil reg
+// gives a nil *metrics.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
-		return nil
+		return nil, nil
 	}
-	v := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tether",
-		Subsystem: "gateway_dns",
-		Name:      "queries_total",
-		Help:      "DNS queries by response code; rcode=none counts messages that got no answer.",
+	queries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_gateway_dns_queries_total",
+		Help: "DNS queries by response code; rcode=none counts messages that got no answer.",
 	}, []string{"rcode"})
-	reg.MustRegister(v)
-	m := &metrics{other: v.WithLabelValues("other"), none: v.WithLabelValues("none")}
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tether_gateway_dns_tcp_refusals_total",
+		Help: "DNS TCP connections reset at once, by reason: the server's cap or the cap per client address.",
+	}, []string{"reason"})
+	m := &metrics{
+		other: queries.WithLabelValues("other"),
+		none:  queries.WithLabelValues("none"),
+		tcpOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tether_gateway_dns_tcp_connections",
+			Help: "Open DNS TCP connections.",
+		}),
+		refusedMax: refusals.WithLabelValues(ReasonMaxConns),
+		refusedSrc: refusals.WithLabelValues(ReasonMaxConnsPerSource),
+	}
 	for _, rc := range []int{dns.RcodeSuccess, dns.RcodeFormatError, dns.RcodeServerFailure,
 		dns.RcodeNameError, dns.RcodeNotImplemented, dns.RcodeRefused, dns.RcodeBadVers} {
-		m.byRcode[rc] = v.WithLabelValues(dns.RcodeToString[rc])
+		m.byRcode[rc] = queries.WithLabelValues(dns.RcodeToString[rc])
 	}
-
-	m.tcpOpen = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: "tether",
-		Subsystem: "gateway_dns",
-		Name:      "tcp_connections",
-		Help:      "Open DNS TCP connections.",
-	})
-	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "tether",
-		Subsystem: "gateway_dns",
-		Name:      "tcp_refusals_total",
-		Help:      "DNS TCP connections reset at once, by reason: max_connections (the server's cap) or max_connections_per_source (the cap per client address).",
-	}, []string{"reason"})
-	reg.MustRegister(m.tcpOpen, refusals)
-	m.refusedMax = refusals.WithLabelValues(ReasonMaxConns)
-	m.refusedSrc = refusals.WithLabelValues(ReasonMaxConnsPerSource)
+	if err := promreg.Register(reg, queries, m.tcpOpen, refusals); err != nil {
+		return nil, err
+	}
 	var err error
 	if m.acceptTCP, err = accept.Counter(reg, "tether_gateway", listenerTCP); err != nil {
-		panic(err) // as MustRegister does
+		return nil, err
 	}
 	if m.acceptUDP, err = accept.Counter(reg, "tether_gateway", listenerUDP); err != nil {
-		panic(err)
+		return nil, err
 	}
-	return m
+	return m, nil
 }
 
 // acceptErrors is the series of tether_gateway_accept_errors_total for

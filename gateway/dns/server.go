@@ -125,8 +125,9 @@ type Server struct {
 var _ dns.Handler = (*Server)(nil)
 
 // New returns a Server with an empty table (every node name is unknown
-// until the first Update). Options should have passed Validate.
-func New(opts Options) *Server {
+// until the first Update). Options should have passed Validate; New fails
+// only when the metrics cannot be registered.
+func New(opts Options) (*Server, error) {
 	if opts.TTL == 0 {
 		opts.TTL = DefaultTTL
 	}
@@ -162,12 +163,16 @@ func New(opts Options) *Server {
 		}
 	}
 	opts.Zones = zones
-	s := &Server{opts: opts, log: opts.Logger, metrics: newMetrics(opts.Registerer),
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register dns metrics: %w", err)
+	}
+	s := &Server{opts: opts, log: opts.Logger, metrics: m,
 		refusals:     newRefusalLog(opts.Logger, opts.Clock, opts.RefusalLogInterval),
 		connRefusals: newConnRefusalLog(opts.Logger, opts.Clock, opts.RefusalLogInterval),
 		tcp:          newTCPConns(opts.MaxTCPConns, opts.MaxTCPConnsPerSource)}
 	s.Update(&nodewatch.Snapshot{})
-	return s
+	return s, nil
 }
 
 // Update renders snap into a new table and swaps it in; the next query is

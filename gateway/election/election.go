@@ -90,7 +90,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
-	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -114,19 +113,19 @@ type Options struct {
 	Clock clock.PassiveClock
 	// Logger receives refusals and, at debug, writes; nil discards.
 	Logger *slog.Logger
-	// Registerer, if set, gets tether_gateway_election_writes_total.
+	// Registerer, if set, gets the handler's metrics (metrics.go).
 	Registerer prometheus.Registerer
 }
 
 // Handler answers the edges' election requests; it implements the tunnel
 // server's Elections.
 type Handler struct {
-	client  kubernetes.Interface
-	check   poolcheck.Checker
-	limit   *poolcheck.Limiter
-	clock   clock.PassiveClock
-	log     *slog.Logger
-	results *prometheus.CounterVec
+	client kubernetes.Interface
+	check  poolcheck.Checker
+	limit  *poolcheck.Limiter
+	clock  clock.PassiveClock
+	log    *slog.Logger
+	*metrics
 }
 
 // New returns a Handler.
@@ -140,10 +139,6 @@ func New(o Options) (*Handler, error) {
 	}
 	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: o.Nodes, Records: records},
-		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_election_writes_total",
-			Help: "Pool election records written for edges, by result: ok (created or updated), or the refusal: conflict (written since the version the edge based its write on), bad_record, not_holder, not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_request, unavailable (apiserver error), rate_limited (the sender was refused too often of late; not looked at).",
-		}, []string{"result"}),
 	}
 	if h.clock == nil {
 		h.clock = clock.RealClock{}
@@ -152,10 +147,8 @@ func New(o Options) (*Handler, error) {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.limit = poolcheck.NewLimiter(o.Limit, h.clock)
-	for _, c := range tunnel.ElectionCodes() {
-		h.results.WithLabelValues(c.String())
-	}
-	if err := promreg.Register(o.Registerer, h.results); err != nil {
+	var err error
+	if h.metrics, err = newMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("register election record metrics: %w", err)
 	}
 	return h, nil
@@ -167,7 +160,7 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 	attrs := []any{"node", sender, "pool", req.Pool, "record", req.Record.String(), "op", req.Op.String()}
 	if err := h.limit.Allow(sender); err != nil {
 		r := poolcheck.AsRefusal(err)
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		h.log.Debug("election record write refused", append(attrs, "reason", r.Code.String(), "err", r.Msg)...)
 		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
 	}
@@ -180,7 +173,7 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 	}
 	r := poolcheck.AsRefusal(err)
 	if r != nil {
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		level := slog.LevelWarn
 		if r.Code == tunnel.Conflict {
 			level = slog.LevelInfo
@@ -191,7 +184,7 @@ func (h *Handler) Elect(ctx context.Context, sender string, req tunnel.ElectionR
 		}
 		return tunnel.ElectionReply{Reply: tunnel.Reply{Code: r.Code, Message: r.Msg}}
 	}
-	h.results.WithLabelValues(tunnel.OK.String()).Inc()
+	h.result(tunnel.OK)
 	h.log.Debug("election record written", append(attrs, "resource_version", stored.ResourceVersion)...)
 	return tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.OK}, ConfigMap: body}
 }

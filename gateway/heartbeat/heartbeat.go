@@ -92,7 +92,6 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
-	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -129,26 +128,22 @@ type Options struct {
 	Clock clock.PassiveClock
 	// Logger receives refusals (warn) and writes (debug); nil discards.
 	Logger *slog.Logger
-	// Registerer, if set, gets tether_gateway_delegated_heartbeats_total
-	// and tether_gateway_delegated_heartbeats_clamped_total.
+	// Registerer, if set, gets the handler's metrics (metrics.go).
 	Registerer prometheus.Registerer
 }
 
 // Handler answers delegated heartbeats; it implements the tunnel server's
 // Heartbeats.
 type Handler struct {
-	client    kubernetes.Interface
-	leases    cache.SharedInformer // nil: no cache
-	requests  *rate.Limiter        // nil: no budget
-	maxWait   time.Duration
-	check     poolcheck.Checker
-	limit     *poolcheck.Limiter
-	clock     clock.PassiveClock
-	log       *slog.Logger
-	results   *prometheus.CounterVec
-	clamped   *prometheus.CounterVec
-	reads     *prometheus.CounterVec
-	throttled prometheus.Counter
+	client   kubernetes.Interface
+	leases   cache.SharedInformer // nil: no cache
+	requests *rate.Limiter        // nil: no budget
+	maxWait  time.Duration
+	check    poolcheck.Checker
+	limit    *poolcheck.Limiter
+	clock    clock.PassiveClock
+	log      *slog.Logger
+	*metrics
 
 	// throttledLogged is when a throttled renewal was last logged (unix
 	// nanoseconds): at most one line a minute.
@@ -188,22 +183,6 @@ func New(o Options) (*Handler, error) {
 	}
 	h := &Handler{client: o.Client, leases: o.Leases, requests: o.Requests, maxWait: o.MaxWait, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: nodes, Records: records},
-		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_delegated_heartbeats_total",
-			Help: "Delegated heartbeats (node Lease renewals a pool leader sent for a member) by result: ok (written), or the refusal: not_leader, leader_expired, not_in_pool, other_pool, unknown_node, bad_lease, unavailable (apiserver error), rate_limited (the sender was refused too often of late; not looked at).",
-		}, []string{"result"}),
-		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_delegated_heartbeats_clamped_total",
-			Help: "Delegated heartbeats whose times were later than the gateway's clock, by reason: sent_in_future (the sent renewTime, written as the gateway's now), stored_in_future (the Lease's own renewTime, overwritten rather than taken as newer).",
-		}, []string{"reason"}),
-		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_delegated_heartbeat_lease_reads_total",
-			Help: "Node Leases read with a GET to write a delegated heartbeat, by reason: not_cached (not in the gateway's Lease informer), conflict (the informer's resourceVersion was stale). In the steady state a renewal is one write and no read.",
-		}, []string{"reason"}),
-		throttled: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_gateway_delegated_heartbeats_throttled_total",
-			Help: "Delegated heartbeats answered unavailable because their apiserver request budget (--kube-api-qps, --kube-api-burst) had no token within a second; also counted as unavailable in tether_gateway_delegated_heartbeats_total.",
-		}),
 	}
 	if h.maxWait <= 0 {
 		h.maxWait = DefaultMaxWait
@@ -215,16 +194,8 @@ func New(o Options) (*Handler, error) {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	h.limit = poolcheck.NewLimiter(o.Limit, h.clock)
-	for _, c := range tunnel.DelegateCodes() {
-		h.results.WithLabelValues(c.String())
-	}
-	for _, r := range []string{clampedSent, clampedStored} {
-		h.clamped.WithLabelValues(r)
-	}
-	for _, r := range []string{readNotCached, readConflict} {
-		h.reads.WithLabelValues(r)
-	}
-	if err := promreg.Register(o.Registerer, h.results, h.clamped, h.reads, h.throttled); err != nil {
+	var err error
+	if h.metrics, err = newMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("register delegated heartbeat metrics: %w", err)
 	}
 	return h, nil
@@ -235,20 +206,20 @@ func New(o Options) (*Handler, error) {
 func (h *Handler) Delegate(ctx context.Context, sender string, req tunnel.DelegateRequest) tunnel.Reply {
 	if err := h.limit.Allow(sender); err != nil {
 		r := poolcheck.AsRefusal(err)
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		h.log.Debug("delegated heartbeat refused", "node", req.Node, "sender", sender, "reason", r.Code.String(), "err", r.Msg)
 		return tunnel.Reply{Code: r.Code, Message: r.Msg}
 	}
 	pool, written, err := h.delegate(ctx, sender, req)
 	if r := poolcheck.AsRefusal(err); r != nil {
-		h.results.WithLabelValues(r.Code.String()).Inc()
+		h.result(r.Code)
 		h.log.Warn("delegated heartbeat refused", "node", req.Node, "sender", sender, "pool", pool, "reason", r.Code.String(), "err", r.Msg)
 		if h.limit.Refused(sender, r.Code) {
 			h.log.Warn("sender refused too often: its delegated heartbeats are answered rate_limited for a while", "sender", sender, "pool", pool)
 		}
 		return tunnel.Reply{Code: r.Code, Message: r.Msg}
 	}
-	h.results.WithLabelValues(tunnel.OK.String()).Inc()
+	h.result(tunnel.OK)
 	h.log.Debug("delegated heartbeat", "node", req.Node, "sender", sender, "pool", pool, "written", written)
 	return tunnel.Reply{Code: tunnel.OK}
 }

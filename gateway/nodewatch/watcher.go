@@ -29,7 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -67,8 +66,7 @@ type Watcher struct {
 	resync time.Duration
 	opts   Options
 
-	refusalsNow   *prometheus.GaugeVec
-	refusalsTotal *prometheus.CounterVec
+	*metrics // its address refusals; the Watcher is their Collector
 	// Touched only by the publisher: the gateway host's addresses as last
 	// read, and the refusals of the last published snapshot.
 	local   []netip.Addr
@@ -108,18 +106,7 @@ func New(client kubernetes.Interface, opts Options) *Watcher {
 		kick:    make(chan struct{}, 1),
 		nodes:   make(map[string]Node),
 		refused: map[Refusal]bool{},
-		refusalsNow: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tether_gateway_address_refusals",
-			Help: "Addresses edge nodes claim that the gateway does not route to them now, by reason: conflict (another edge node claims it), cloud_node, gateway_host, outside_ranges, not_unicast.",
-		}, []string{"reason"}),
-		refusalsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_address_refusals_total",
-			Help: "Address claims of edge nodes the gateway refused to route, each counted once when it appears, by reason (see tether_gateway_address_refusals).",
-		}, []string{"reason"}),
-	}
-	for _, r := range Reasons() {
-		w.refusalsNow.WithLabelValues(string(r))
-		w.refusalsTotal.WithLabelValues(string(r))
+		metrics: newMetrics(),
 	}
 	if w.edge == nil {
 		w.edge = DefaultEdgeSelector()
@@ -129,18 +116,6 @@ func New(client kubernetes.Interface, opts Options) *Watcher {
 	}
 	w.snap.Store(&Snapshot{Nodes: map[string]Node{}, Routes: &Routes{mode: opts.Policy.Mode}})
 	return w
-}
-
-// Describe and Collect make the Watcher a prometheus.Collector of its
-// address refusal metrics.
-func (w *Watcher) Describe(ch chan<- *prometheus.Desc) {
-	w.refusalsNow.Describe(ch)
-	w.refusalsTotal.Describe(ch)
-}
-
-func (w *Watcher) Collect(ch chan<- prometheus.Metric) {
-	w.refusalsNow.Collect(ch)
-	w.refusalsTotal.Collect(ch)
 }
 
 // Snapshot returns the latest published snapshot; before the first sync it

@@ -87,7 +87,7 @@ type Controller struct {
 	ownLeases bool // Run runs leases
 	nodes     cache.SharedIndexInformer
 	queue     workqueue.TypedRateLimitingInterface[string] // node names
-	changes   *prometheus.CounterVec
+	*metrics
 
 	mu      sync.Mutex
 	streaks map[string]*streak // guarded by mu; by node name
@@ -110,10 +110,6 @@ func New(client kubernetes.Interface, o Options) (*Controller, error) {
 		nodes:     coreinformers.NewNodeInformer(client, 0, cache.Indexers{}),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "delegated-heartbeat-taint"}),
-		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_delegated_heartbeat_taint_changes_total",
-			Help: "Changes of the " + Taint.ToString() + " taint on Nodes whose heartbeats are delegated, by action (taint, untaint) and result (ok, error; an error is retried).",
-		}, []string{"action", "result"}),
 		streaks: make(map[string]*streak),
 	}
 	if c.threshold <= 0 {
@@ -121,11 +117,6 @@ func New(client kubernetes.Interface, o Options) (*Controller, error) {
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
-	}
-	for _, a := range []string{actionTaint, actionUntaint} {
-		for _, r := range []string{"ok", "error"} {
-			c.changes.WithLabelValues(a, r)
-		}
 	}
 	if c.leases == nil {
 		var err error
@@ -144,16 +135,9 @@ func New(client kubernetes.Interface, o Options) (*Controller, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("add lease event handler: %w", err)
 	}
-	if o.Registerer != nil {
-		tainted := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_gateway_delegated_heartbeat_tainted_nodes",
-			Help: "Nodes that carry the " + Taint.ToString() + " taint (their heartbeats are delegated), as the gateway's Node informer sees them.",
-		}, func() float64 { return float64(c.Tainted()) })
-		for _, col := range []prometheus.Collector{c.changes, tainted} {
-			if err := o.Registerer.Register(col); err != nil {
-				return nil, fmt.Errorf("register taint metrics: %w", err)
-			}
-		}
+	var err error
+	if c.metrics, err = newMetrics(o.Registerer, func() float64 { return float64(c.Tainted()) }); err != nil {
+		return nil, fmt.Errorf("register taint metrics: %w", err)
 	}
 	return c, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/internal/accept"
+	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -37,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_proxy_refusals_total",
-			Help: "Client connections reset without relaying, by reason: the gateway's (no_route, peek_timeout, no_tunnel, overloaded, open_failed, reply_timeout, stream_error) or the edge's reply code.",
+			Help: "Client connections reset without relaying, by reason: the gateway's or the edge's reply code.",
 		}, []string{"reason"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tether_gateway_proxy_active_connections",
@@ -57,16 +58,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range reasons {
 		m.refusals.WithLabelValues(r)
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.connections, m.refusals, m.active} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register proxy metrics: %w", err)
-			}
-		}
-		var err error
-		if m.acceptErrors, err = accept.Counter(reg, "tether_gateway", "proxy"); err != nil {
-			return nil, err
-		}
+	if err := promreg.Register(reg, m.connections, m.refusals, m.active); err != nil {
+		return nil, fmt.Errorf("register proxy metrics: %w", err)
+	}
+	var err error
+	if m.acceptErrors, err = accept.Counter(reg, "tether_gateway", "proxy"); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -165,25 +165,20 @@ type Server struct {
 	ln    *quic.Listener
 	grace time.Duration
 	log   *slog.Logger
-	conns *prometheus.CounterVec
 	now   func() time.Time
 	quiet logLimit // of refusal lines
+	*metrics
 
 	gate      *handshakeGate
-	shed      prometheus.Counter
-	quietShed logLimit // of its refusal lines
-	retries   prometheus.Counter
-	abandoned prometheus.Counter
+	quietShed logLimit   // of its refusal lines
 	flood     floodWatch // of abandoned handshakes: when to ask for Retry
 
 	clientCAs func() *x509.CertPool
 	recheck   time.Duration
-	evictions *prometheus.CounterVec
 	verified  verifiedLeaves // chains verified, and until when
 
-	heartbeats  Heartbeats
-	elections   Elections
-	edgeStreams *prometheus.CounterVec
+	heartbeats Heartbeats
+	elections  Elections
 
 	wg     sync.WaitGroup // connection handlers
 	mu     sync.Mutex
@@ -249,38 +244,14 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		now:   opts.Now,
 		live:  make(map[*quic.Conn]struct{}),
 
-		gate: newHandshakeGate(opts.MaxHandshakes, cmp.Or(opts.handshakeWait, handshakeMaxWait)),
-		shed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_handshakes_shed_total",
-			Help: "Tunnel handshakes refused because none of the --max-handshakes places freed within 3s: the gateway was saturated, as in a cold start or restart of thousands of edges. Each such edge dials again 2 to 4 s later, 4 to 8 s after further refusals.",
-		}),
+		gate:      newHandshakeGate(opts.MaxHandshakes, cmp.Or(opts.handshakeWait, handshakeMaxWait)),
 		quietShed: logLimit{burst: 1},
-		retries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_retries_total",
-			Help: "New tunnel handshakes asked to prove their source address with a QUIC Retry first (quic-go drops some under load; the client sends its Initial again): half or more of the --max-handshakes places were held, and handshakes had been abandoned in numbers within the last minute. One more round trip for an edge; a client behind a forged source address cannot answer, and takes no place.",
-		}),
-		abandoned: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_handshakes_abandoned_total",
-			Help: "Tunnel handshakes whose connection ended while they held a --max-handshakes place, before the client's certificate came: the client gave up or went silent, as ClientHellos from forged source addresses do. An eighth of --max-handshakes within 10s, and ten times as many as were answered, turn on address validation (tether_gateway_tunnel_retries_total) for a minute.",
-		}),
-		flood: floodWatch{threshold: cmp.Or(opts.floodThreshold, max(opts.MaxHandshakes/8, 8))},
+		flood:     floodWatch{threshold: cmp.Or(opts.floodThreshold, max(opts.MaxHandshakes/8, 8))},
 
-		clientCAs: clientCAs,
-		recheck:   opts.RecheckInterval,
-		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_evictions_total",
-			Help: "Live tunnels closed because their client certificate no longer verifies against the client CAs of the moment, by reason: expired, unknown_ca (its CA was removed from --client-ca), bad_certificate.",
-		}, []string{"reason"}),
-		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_connections_total",
-			Help: "Tunnel connections by result: registered; refused during the TLS handshake: no_certificate, unknown_ca, expired, bad_certificate; refused after it: not_a_node (verified certificate that names no node).",
-		}, []string{"result"}),
+		clientCAs:  clientCAs,
+		recheck:    opts.RecheckInterval,
 		heartbeats: opts.Heartbeats,
 		elections:  opts.Elections,
-		edgeStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_edge_streams_total",
-			Help: "Streams edges opened toward the gateway (delegated heartbeats, election record writes, liveness probes), by result: served (handed to the heartbeat or election handler, whose metrics say more), probe (a liveness probe of an edge that heard nothing for a keepalive period, answered), bad_request (malformed, another kind, or not sent within 5s), aborted (ended before its request).",
-		}, []string{"result"}),
 	}
 	if s.grace <= 0 {
 		s.grace = DefaultShutdownGrace
@@ -294,14 +265,9 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	if s.recheck <= 0 {
 		s.recheck = DefaultRecheckInterval
 	}
-	for _, r := range results {
-		s.conns.WithLabelValues(r)
-	}
-	for _, r := range []string{resultExpired, resultUnknownCA, resultBadCertificate} {
-		s.evictions.WithLabelValues(r)
-	}
-	for _, r := range []string{streamServed, streamProbe, streamBadRequest, streamAborted} {
-		s.edgeStreams.WithLabelValues(r)
+	if s.metrics, err = newMetrics(opts.Registerer, s, opts.Limits.ReceiveBudget); err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("register tunnel metrics: %w", err)
 	}
 	if s.gate != nil {
 		tr.VerifySourceAddress = s.verifySourceAddress
@@ -316,39 +282,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		// socket.
 		s.sizeBuffers(opts.UDPBuffer)
 	}
-	if opts.Registerer != nil {
-		collectors := []prometheus.Collector{s.conns, s.evictions, s.edgeStreams, s.udpDropsCollector(), s.shed}
-		collectors = append(collectors, s.gateCollectors()...)
-		if b := opts.Limits.ReceiveBudget; b != nil {
-			collectors = append(collectors, budgetCollectors(b)...)
-		}
-		for _, c := range collectors {
-			if err := opts.Registerer.Register(c); err != nil {
-				s.Close()
-				return nil, fmt.Errorf("register tunnel metrics: %w", err)
-			}
-		}
-	}
 	return s, nil
-}
-
-// budgetCollectors are the metrics of the receive budget
-// (--max-receive-memory).
-func budgetCollectors(b *tunnel.ReceiveBudget) []prometheus.Collector {
-	return []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_gateway_tunnel_receive_window_growth_bytes",
-			Help: "How far the live tunnels' QUIC receive windows have grown beyond their initial size, together: taken from --max-receive-memory, given back when a tunnel closes.",
-		}, func() float64 { return float64(b.Used()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_gateway_tunnel_receive_window_growth_limit_bytes",
-			Help: "--max-receive-memory: the most the tunnels' receive windows may grow beyond their initial size, together.",
-		}, func() float64 { return float64(b.Limit()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "tether_gateway_tunnel_receive_window_refusals_total",
-			Help: "Receive window increases refused because --max-receive-memory was spent: the tunnel kept its window (slower bulk transfers on long paths, nothing lost).",
-		}, func() float64 { return float64(b.Refused()) }),
-	}
 }
 
 // handshakeMaxWait is how long a handshake waits for a place in the gate
@@ -357,25 +291,6 @@ func budgetCollectors(b *tunnel.ReceiveBudget) []prometheus.Collector {
 // late still answers its client in time, and so that a client that gave
 // up is not let in.
 const handshakeMaxWait = 3 * time.Second
-
-// gateCollectors are the metrics of the handshake gate.
-func (s *Server) gateCollectors() []prometheus.Collector {
-	if s.gate == nil {
-		return nil
-	}
-	return []prometheus.Collector{
-		s.retries,
-		s.abandoned,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_gateway_tunnel_handshakes_in_progress",
-			Help: "Tunnel TLS handshakes the gateway works on, at most --max-handshakes: from the edge's ClientHello until its certificate is checked.",
-		}, func() float64 { in, _ := s.gate.counts(); return float64(in) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_gateway_tunnel_handshakes_waiting",
-			Help: "Tunnel handshakes waiting for one of the --max-handshakes places, the newest first, each for at most 3s.",
-		}, func() float64 { _, w := s.gate.counts(); return float64(w) }),
-	}
-}
 
 // Addr is the UDP address the server listens on.
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
@@ -571,17 +486,12 @@ func (s *Server) sizeBuffers(size int) {
 // mib formats a size in bytes for the logs.
 func mib(n int) string { return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20)) }
 
-// udpDropsCollector exports the datagrams the kernel dropped on the
-// listening socket (SO_MEMINFO), read when scraped.
-func (s *Server) udpDropsCollector() prometheus.Collector {
-	return prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "tether_gateway_tunnel_udp_drops_total",
-		Help: "Datagrams the kernel dropped on the tunnel listener's UDP socket because its receive buffer was full (the socket's drop count, SO_MEMINFO): the gateway did not read them fast enough, as in a cold start or restart storm of thousands of edges. Raise --udp-buffer (and net.core.rmem_max, unless the gateway has CAP_NET_ADMIN).",
-	}, func() float64 {
-		n, err := udpDrops(s.udp)
-		if err != nil {
-			return 0
-		}
-		return float64(n)
-	})
+// droppedDatagrams reads the datagrams the kernel dropped on the listening
+// socket (SO_MEMINFO); 0 when it cannot.
+func (s *Server) droppedDatagrams() float64 {
+	n, err := udpDrops(s.udp)
+	if err != nil {
+		return 0
+	}
+	return float64(n)
 }

@@ -15,7 +15,6 @@ package accept
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -155,31 +154,4 @@ func (l *listener) Close() error {
 
 func (l *listener) closedError() error {
 	return &net.OpError{Op: "accept", Net: l.Addr().Network(), Addr: l.Addr(), Err: net.ErrClosed}
-}
-
-// Counter returns the series of the counter <namespace>_accept_errors_total
-// for listener, registering the counter with reg the first time: every part
-// of a program that registers with one reg shares it. A nil reg gives a nil
-// Counter (nothing counted).
-func Counter(reg prometheus.Registerer, namespace, listener string) (prometheus.Counter, error) {
-	if reg == nil {
-		return nil, nil
-	}
-	v := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: namespace,
-		Name:      "accept_errors_total",
-		Help:      "Failed accepts (reads, for UDP) on a listener, by listener; each is retried after a backoff of at most 1 s, none stops the process.",
-	}, []string{"listener"})
-	if err := reg.Register(v); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, fmt.Errorf("register %s_accept_errors_total: %w", namespace, err)
-		}
-		existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-		if !ok {
-			return nil, fmt.Errorf("register %s_accept_errors_total: another collector has its name", namespace)
-		}
-		v = existing
-	}
-	return v.WithLabelValues(listener), nil
 }

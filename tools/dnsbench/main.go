@@ -101,7 +101,10 @@ func serve(n int, zone, listen string) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	s := dns.New(opts)
+	s, err := dns.New(opts)
+	if err != nil {
+		return err
+	}
 	s.Update(snap)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
