@@ -119,10 +119,11 @@ BENCH_SCALE_FLAGS ?=
 bench-scale: build testbins
 	$(GO) run ./e2e/scalebench --bin-dir $(BIN) $(BENCH_SCALE_FLAGS)
 
-# generate writes what is generated from the code: README.md's flag and
-# metric tables and packaging/config/*.yaml (from the flags and the metric
-# registrations; `make unit` fails when they differ). The metric table is
-# read from the programs' own registrations: it needs root and testbins.
+# generate writes what is generated from the code: the flag and metric
+# tables of docs/reference/ (flags.md, metrics.md) and packaging/config/*.yaml
+# (from the flags and the metric registrations; `make unit` fails when they
+# differ). The metric table is read from the programs' own registrations:
+# it needs root and testbins.
 .PHONY: generate
 generate: testbins
 	$(GO) generate ./...

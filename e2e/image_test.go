@@ -25,7 +25,7 @@ func podman(ctx context.Context, args ...string) *exec.Cmd {
 // TestContainerImage builds the tether-gateway image from the Dockerfile
 // (from this test's binary, built with CGO disabled) and runs the gateway
 // from it in the cloud namespace of the e2e world, on that namespace's
-// host network with NET_ADMIN as the README's `docker run` line does: a
+// host network with NET_ADMIN as docs/install.md's `docker run` line does: a
 // cloud client reaches each edge's kubelet through the containerised
 // gateway, and stopping the container removes the gateway's DNAT rules.
 func TestContainerImage(t *testing.T) {

@@ -264,7 +264,7 @@ func TestPackageDeb(t *testing.T) {
 		}
 		for _, p := range []string{"/etc/tether/edge.yaml", "/etc/tether/gateway.yaml", "/var/lib/tether/cache.db", operatorFile} {
 			if !pathExists(p) {
-				t.Errorf("%s is gone after dpkg --remove; the README says remove keeps it", p)
+				t.Errorf("%s is gone after dpkg --remove; docs/install.md says remove keeps it", p)
 			}
 		}
 	})

@@ -9,9 +9,9 @@ import (
 	"github.com/tether-edge/tether/internal/docgen"
 )
 
-var update = flag.Bool("update", false, "write README.md's generated metric table instead of checking it")
+var update = flag.Bool("update", false, "write docs/reference/metrics.md's generated metric table instead of checking it")
 
-// metricTable is README.md's metric table (the region "metrics"), from
+// metricTable is docs/reference/metrics.md's metric table (the region "metrics"), from
 // what the programs export: every tether_* metric with its type, labels
 // and help. A labelled metric with no series yet shows no type; the
 // names say it then: a counter's ends in _total, and no other's does

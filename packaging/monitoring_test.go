@@ -393,9 +393,10 @@ func TestDashboardQueries(t *testing.T) {
 var templateLabelRE = regexp.MustCompile(`\$labels\.([A-Za-z_][A-Za-z0-9_]*)`)
 
 // TestMetricNames fails when an alert or a dashboard names a metric, or a
-// label of one, that the program does not export, and when README.md's
-// metric table (generated: make generate writes it, by running this test
-// with -update) differs from what they export. What the programs export is
+// label of one, that the program does not export, and when
+// docs/reference/metrics.md's metric table (generated: make generate
+// writes it, by running this test with -update) differs from what they
+// export. What the programs export is
 // read from their own registrations (exported_test.go), not from any
 // document.
 func TestMetricNames(t *testing.T) {
@@ -441,12 +442,12 @@ func TestMetricNames(t *testing.T) {
 		}
 	})
 
-	t.Run("README", func(t *testing.T) {
+	t.Run("reference", func(t *testing.T) {
 		table, err := metricTable([]string{"tether-gateway", "tether-edge"}, programs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := docgen.UpdateRegion("../README.md", "metrics", table, *update); err != nil {
+		if err := docgen.UpdateRegion("../docs/reference/metrics.md", "metrics", table, *update); err != nil {
 			t.Error(err)
 		}
 	})

@@ -16,7 +16,7 @@ import (
 	"github.com/tether-edge/tether/internal/config"
 )
 
-// README.md's tether-edge flag table and packaging/config/edge.yaml are
+// docs/reference/flags.md's tether-edge table and packaging/config/edge.yaml are
 // generated from registerFlags by TestGeneratedDocsUpToDate (docs_test.go),
 // which fails when they differ from it.
 //go:generate go test -count=1 -run TestGeneratedDocsUpToDate . -args -update

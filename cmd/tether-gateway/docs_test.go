@@ -9,9 +9,9 @@ import (
 	"github.com/tether-edge/tether/internal/docgen"
 )
 
-var update = flag.Bool("update", false, "write the generated documentation (README.md's flag table, packaging/config/gateway.yaml) instead of checking it")
+var update = flag.Bool("update", false, "write the generated documentation (docs/reference/flags.md's table, packaging/config/gateway.yaml) instead of checking it")
 
-// program is what README.md's "tether-gateway flags" table and
+// program is what docs/reference/flags.md's "tether-gateway flags" table and
 // packaging/config/gateway.yaml are generated from: the flags, their help
 // and the defaults, as --help shows them.
 func program() (docgen.Program, []docgen.Flag, error) {
@@ -23,7 +23,7 @@ func program() (docgen.Program, []docgen.Flag, error) {
 		Name:       "tether-gateway",
 		Flags:      fs,
 		Config:     cfg,
-		README:     "../../README.md",
+		README:     "../../docs/reference/flags.md",
 		ConfigFile: "../../packaging/config/gateway.yaml",
 		ConfigHeader: `
 # tether-gateway settings: /etc/tether/gateway.yaml. Keys are tether-gateway's
@@ -72,8 +72,8 @@ func program() (docgen.Program, []docgen.Flag, error) {
 	}, flags, err
 }
 
-// TestGeneratedDocsUpToDate fails when README.md's tether-gateway flag
-// table or packaging/config/gateway.yaml differs from what the flags say
+// TestGeneratedDocsUpToDate fails when docs/reference/flags.md's
+// tether-gateway flag table or packaging/config/gateway.yaml differs from what the flags say
 // (run `make generate`); with -update it writes them. The config file must
 // load as it is and with every key uncommented.
 func TestGeneratedDocsUpToDate(t *testing.T) {

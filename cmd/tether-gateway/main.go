@@ -14,7 +14,7 @@ import (
 	"github.com/tether-edge/tether/internal/config"
 )
 
-// README.md's tether-gateway flag table and packaging/config/gateway.yaml are
+// docs/reference/flags.md's tether-gateway table and packaging/config/gateway.yaml are
 // generated from registerFlags by TestGeneratedDocsUpToDate (docs_test.go),
 // which fails when they differ from it.
 //go:generate go test -count=1 -run TestGeneratedDocsUpToDate . -args -update

@@ -1,7 +1,8 @@
 // Package docgen writes the parts of the documentation that the code
-// already says: the README's flag and metric tables and the commented
-// configuration files in packaging/config, from the programs' flag sets,
-// their config structs and their metric registrations. The programs' tests
+// already says: the flag and metric tables of docs/reference (flags.md,
+// metrics.md) and the commented configuration files in packaging/config,
+// from the programs' flag sets, their config structs and their metric
+// registrations. The programs' tests
 // (TestGeneratedDocsUpToDate, and packaging's TestMetricNames for the
 // metrics) render them and compare with the files; `make generate` (go
 // generate ./...) runs the same tests with -update to write them. So the
@@ -459,7 +460,7 @@ type Program struct {
 	Flags  *flag.FlagSet
 	Config any
 	// README is the Markdown file whose region "<Name> flags" gets the
-	// flag table.
+	// flag table (docs/reference/flags.md).
 	README string
 	// ConfigFile is the commented config file, made of ConfigHeader,
 	// Sections (keys in no section follow under Rest), Examples and Notes.
