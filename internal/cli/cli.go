@@ -49,6 +49,14 @@ type Program struct {
 	Run func(ctx context.Context, log *slog.Logger) error
 }
 
+// NewFlagSet returns a command's flag set with --config, the flag that
+// names its YAML file; file is the one the packages pass.
+func NewFlagSet(name, file string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass "+file)
+	return fs
+}
+
 // Main parses args into the program's config, then runs it, and returns
 // the exit code.
 func Main(p Program, args []string) int {
