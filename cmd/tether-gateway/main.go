@@ -25,13 +25,10 @@ func main() {
 func run(args []string) int {
 	cfg := gateway.DefaultConfig()
 	return cli.Main(cli.Program{
-		Name:        "tether-gateway",
-		Intro:       intro,
-		Flags:       flagSet(&cfg),
-		Config:      &cfg,
-		LogLevel:    &cfg.LogLevel,
-		LogFormat:   &cfg.LogFormat,
-		MemoryLimit: &cfg.MemoryLimit,
+		Name:   "tether-gateway",
+		Intro:  intro,
+		Flags:  flagSet(&cfg),
+		Config: &cfg,
 		Run: func(ctx context.Context, log *slog.Logger) error {
 			cfg.Logger = log
 			return gateway.Run(ctx, cfg)
