@@ -30,7 +30,9 @@ import (
 
 // Config is tether-gateway's configuration. The JSON names are the flag
 // names and the keys of the YAML file (/etc/tether/gateway.yaml);
-// durations are written as Go durations ("15s").
+// durations are written as Go durations ("15s"). RegisterFlags binds the
+// flags and Validate checks the settings, part by part (below); the
+// fields' order is the order of README.md's flag table.
 type Config struct {
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// KubeAPIQPS and KubeAPIBurst are the Kubernetes client's rate limit
