@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -29,7 +30,9 @@ import (
 
 // Config is tether-gateway's configuration. The JSON names are the flag
 // names and the keys of the YAML file (/etc/tether/gateway.yaml);
-// durations are written as Go durations ("15s").
+// durations are written as Go durations ("15s"). RegisterFlags binds the
+// flags and Validate checks the settings, part by part (below); the
+// fields' order is the order of README.md's flag table.
 type Config struct {
 	Kubeconfig string `json:"kubeconfig,omitempty"`
 	// KubeAPIQPS and KubeAPIBurst are the Kubernetes client's rate limit
@@ -181,6 +184,106 @@ func DefaultConfig() Config {
 	}
 }
 
+// The settings by part, in the order of the sections of
+// packaging/config/gateway.yaml: each part registers its flags (whose help
+// is the documentation: README.md's flag table and the YAML file are
+// generated from it) and checks its settings, side by side.
+
+// RegisterFlags binds a flag to each of c's settings, named as its YAML
+// key, with c's values as the defaults. The program adds --config.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.clusterFlags(fs)
+	c.servingFlags(fs)
+	c.acmeFlags(fs)
+	c.routingFlags(fs)
+	c.dnsFlags(fs)
+	c.poolFlags(fs)
+	c.limitFlags(fs)
+	c.processFlags(fs)
+}
+
+// Validate checks c and reports every problem at once.
+func (c *Config) Validate() error {
+	var p problems
+	c.validateCluster(&p)
+	c.validateServing(&p)
+	c.validateACME(&p)
+	c.validateRouting(&p)
+	c.validateDNS(&p)
+	c.validatePools(&p)
+	c.validateLimits(&p)
+	c.validateProcess(&p)
+	return errors.Join(p...)
+}
+
+// problems collects what Validate finds, each naming its flag.
+type problems []error
+
+func (p *problems) add(format string, args ...any) {
+	*p = append(*p, fmt.Errorf(format, args...))
+}
+
+// listenAddr checks a listen address that is set.
+func (p *problems) listenAddr(name, addr string) {
+	if addr == "" {
+		return
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		p.add("--%s %q: want host:port or :port", name, addr)
+	}
+}
+
+// Cluster: the Kubernetes client and the CA of the edges' certificates.
+
+func (c *Config) clusterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig `file` used to watch Nodes (default: the in-cluster service account)")
+	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, "average `requests` per second of each of two budgets of the Kubernetes client (client-go's default is 5): one for delegated heartbeats, one for everything else (taints, VIPs, election records, update trigger), so at most twice this in all. Each offline node whose heartbeat its pool's leader delegates costs one request every 10 s (an update of its Lease from the gateway's informer), so 100 carries about 1,000 such nodes per replica; a renewal that would wait over a second for a token is answered unavailable at once. kube-apiserver's API Priority and Fairness still protects the server")
+	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, "`requests` each budget of --kube-api-qps may send at once above its rate, as when a site goes offline and the renewals and taints of its nodes arrive together (client-go's default is 10)")
+	fs.StringVar(&c.ClientCA, "client-ca", c.ClientCA, "PEM `file` with the CA certificate(s) that sign the edges' node client certificates (CN=system:node:<name>, O=system:nodes), such as the cluster CA; read again when it changes; required")
+}
+
+func (c *Config) validateCluster(p *problems) {
+	if c.KubeAPIQPS <= 0 {
+		p.add("--kube-api-qps %g: want a positive rate", c.KubeAPIQPS)
+	}
+	if c.KubeAPIBurst < 1 {
+		p.add("--kube-api-burst %d: want at least 1", c.KubeAPIBurst)
+	}
+	if c.ClientCA == "" {
+		p.add("--client-ca is required: the CA that signs the edges' node certificates (the cluster CA when edges use their kubelet certificates)")
+	}
+}
+
+// Serving certificate: from files, from the gateway's own CA, or from an
+// ACME CA (below).
+
+func (c *Config) servingFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM `file` with the gateway's serving certificate (and its chain), which edges verify with their --gateway-ca; read again when it changes. Without --tls-cert and --tls-key the gateway's own CA in --data-dir issues and renews it")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM `file` with the private key of --tls-cert; may be the same file; read again when it changes")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "`directory` of the self-managed CA (used without --tls-cert/--tls-key and --acme-domain), and of the ACME state with --acme-storage=dir (acme/): ca.crt, which edges need as their --gateway-ca (`tetherctl ca` prints it), ca.key, and the serving certificate it issues and renews. Give replicas the same CA by copying ca.crt and ca.key into each one's directory before its first start")
+	fs.Var(config.NewStringList(&c.ServerNames), "server-name", "DNS `name`s and IP addresses (comma-separated or repeated) the self-managed serving certificate is issued for: what edges dial (their --gateway or --gateway-server-name); default the host name")
+}
+
+func (c *Config) validateServing(p *problems) {
+	switch {
+	case c.TLSCert != "" && c.TLSKey == "":
+		p.add("--tls-key is required with --tls-cert: the key of the gateway's serving certificate (it may be the same file)")
+	case c.TLSCert == "" && c.TLSKey != "":
+		p.add("--tls-cert is required with --tls-key: the gateway's serving certificate, which edges verify with their --gateway-ca")
+	case c.ACME() && (c.TLSCert != "" || c.TLSKey != ""):
+		p.add("--acme-domain and --tls-cert/--tls-key exclude each other: the serving certificate comes either from an ACME CA or from the files")
+	case c.SelfManagedTLS():
+		if c.DataDir == "" {
+			p.add("--data-dir is required without --tls-cert/--tls-key: the gateway's own CA lives there")
+		}
+	}
+	for _, n := range c.ServerNames {
+		if why := selfca.ValidName(n); why != "" {
+			p.add("--server-name %q: want a DNS name or an IP address: %s", n, why)
+		}
+	}
+}
+
 // SelfManagedTLS reports whether the gateway issues its own serving
 // certificate: neither --tls-cert nor --tls-key nor --acme-domain is given.
 func (c *Config) SelfManagedTLS() bool {
@@ -190,6 +293,49 @@ func (c *Config) SelfManagedTLS() bool {
 // ACME reports whether the serving certificate comes from an ACME CA
 // (--acme-domain).
 func (c *Config) ACME() bool { return len(c.ACMEDomains) > 0 }
+
+func (c *Config) acmeFlags(fs *flag.FlagSet) {
+	fs.Var(config.NewStringList(&c.ACMEDomains), "acme-domain", "ACME mode: DNS `name`s (comma-separated or repeated) edges dial, for which an ACME CA (--acme-ca) issues the serving certificate and the gateway renews it; giving it accepts the CA's subscriber agreement. Validation is HTTP-01: the CA must reach --acme-http-listen as TCP port 80 of each name's address. Excludes --tls-cert/--tls-key")
+	fs.StringVar(&c.ACMECA, "acme-ca", c.ACMECA, "ACME directory `URL` (with --acme-domain)")
+	fs.StringVar(&c.ACMEEmail, "acme-email", c.ACMEEmail, "contact `address` of the ACME account, for the CA's expiry and policy notices (with --acme-domain)")
+	fs.StringVar(&c.ACMECARoot, "acme-ca-root", c.ACMECARoot, "PEM `file` with the CA certificate(s) that verify the ACME server's own HTTPS, for a private ACME CA (default: the system roots)")
+	fs.StringVar(&c.ACMEStorage, "acme-storage", c.ACMEStorage, "`where` the ACME account, certificates and locks live: dir (--data-dir/acme) or secret:<namespace>/<name>, a Kubernetes Secret that replicas share so that they use one account and one certificate (needs get, create and update on it: packaging/kubernetes/gateway-rbac.yaml)")
+	fs.StringVar(&c.ACMEHTTPListen, "acme-http-listen", c.ACMEHTTPListen, "TCP `address` of the listener that answers ACME HTTP-01 challenges (with --acme-domain); the CA dials port 80 of the domain's address, so forward that here if it is another port")
+}
+
+func (c *Config) validateACME(p *problems) {
+	if !c.ACME() {
+		if c.ACMEEmail != "" || c.ACMECARoot != "" {
+			p.add("--acme-email and --acme-ca-root need --acme-domain")
+		}
+		return
+	}
+	for _, d := range c.ACMEDomains {
+		name := strings.ToLower(strings.TrimSuffix(d, "."))
+		switch {
+		case strings.HasPrefix(name, "*."):
+			p.add("--acme-domain %q: HTTP-01 cannot validate a wildcard name; give the names edges dial", d)
+		case net.ParseIP(name) != nil:
+			p.add("--acme-domain %q: want a DNS name, not an address", d)
+		default:
+			if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 || !strings.Contains(name, ".") {
+				p.add("--acme-domain %q: want a fully qualified DNS name: %s", d, strings.Join(msgs, "; "))
+			}
+		}
+	}
+	if u, err := url.Parse(c.ACMECA); err != nil || u.Scheme != "https" || u.Host == "" {
+		p.add("--acme-ca %q: want the https:// URL of an ACME directory", c.ACMECA)
+	}
+	if _, _, ok, err := c.ACMESecret(); err != nil {
+		p.add("%w", err)
+	} else if !ok && c.DataDir == "" {
+		p.add("--data-dir is required with --acme-storage=dir: the ACME account and certificates live in <data-dir>/acme")
+	}
+	if c.ACMEHTTPListen == "" {
+		p.add("--acme-http-listen is required with --acme-domain: the ACME server validates the domain over HTTP on port 80")
+	}
+	p.listenAddr("acme-http-listen", c.ACMEHTTPListen)
+}
 
 // ACMESecret returns the namespace and name of --acme-storage
 // secret:<namespace>/<name>; ok is false for dir.
@@ -214,128 +360,166 @@ func (c *Config) ACMESecret() (namespace, name string, ok bool, err error) {
 	return namespace, name, true, nil
 }
 
-// Validate checks c and reports every problem at once.
-func (c *Config) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+// Tunnels and routing: where edges dial, which nodes are edges, which of
+// their addresses and ports are redirected to the gateway.
 
-	// checkAddr checks a listen address that is set.
-	checkAddr := func(flag, addr string) {
-		if addr == "" {
-			return
-		}
-		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-			bad("--%s %q: want host:port or :port", flag, addr)
-		}
-	}
-	if c.KubeAPIQPS <= 0 {
-		bad("--kube-api-qps %g: want a positive rate", c.KubeAPIQPS)
-	}
-	if c.KubeAPIBurst < 1 {
-		bad("--kube-api-burst %d: want at least 1", c.KubeAPIBurst)
-	}
+func (c *Config) routingFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.TunnelListen, "tunnel-listen", c.TunnelListen, "UDP `address` of the QUIC listener that edges dial")
+	fs.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "TCP `port` of the transparent listener, on all addresses (IPv4 and IPv6), where DNAT sends connections for edge nodes. A client that dials this port directly is routed by TLS SNI or HTTP Host (a node name, bare or under a --dns-zone) to that node's port 10250")
+	fs.Var(&c.EdgePorts, "edge-ports", "edge `ports` (comma-separated) whose traffic to an edge node's address is redirected to --proxy-port; the edges' --allow-ports decide what they accept")
+	fs.StringVar(&c.EdgeSelector, "edge-selector", c.EdgeSelector, "label `selector` that tells edge nodes from cloud nodes")
+	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
+	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
+	fs.Var(config.NewStringList(&c.EdgeCIDRs), "edge-cidrs", "`prefixes` (comma-separated or repeated) the edge sites' node addresses lie in; in node-ip mode an edge node's address outside them is never redirected to it (default: any address that is not a cloud node's or the gateway host's)")
+	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")
+	fs.DurationVar(&c.ResyncPeriod.Duration, "resync-period", c.ResyncPeriod.Duration, "re-apply the DNAT rules this often even without a Node change, repairing rules someone else flushed (drift)")
+	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", c.CleanupOnExit, "remove the DNAT rules and the VIP interface tether0 on exit (what Tether created, nothing else)")
+}
+
+func (c *Config) validateRouting(p *problems) {
 	if c.TunnelListen == "" {
-		bad("--tunnel-listen is required")
+		p.add("--tunnel-listen is required")
 	}
-	checkAddr("tunnel-listen", c.TunnelListen)
-	checkAddr("dns-listen", c.DNSListen)
-	checkAddr("admin-listen", c.AdminListen)
+	p.listenAddr("tunnel-listen", c.TunnelListen)
 	if c.ProxyPort < 0 || c.ProxyPort > 65535 {
-		bad("--proxy-port %d: want a port from 1 to 65535 (0 picks a free one, for tests)", c.ProxyPort)
-	}
-	if c.ClientCA == "" {
-		bad("--client-ca is required: the CA that signs the edges' node certificates (the cluster CA when edges use their kubelet certificates)")
-	}
-	switch {
-	case c.TLSCert != "" && c.TLSKey == "":
-		bad("--tls-key is required with --tls-cert: the key of the gateway's serving certificate (it may be the same file)")
-	case c.TLSCert == "" && c.TLSKey != "":
-		bad("--tls-cert is required with --tls-key: the gateway's serving certificate, which edges verify with their --gateway-ca")
-	case c.ACME() && (c.TLSCert != "" || c.TLSKey != ""):
-		bad("--acme-domain and --tls-cert/--tls-key exclude each other: the serving certificate comes either from an ACME CA or from the files")
-	case c.SelfManagedTLS():
-		if c.DataDir == "" {
-			bad("--data-dir is required without --tls-cert/--tls-key: the gateway's own CA lives there")
-		}
-	}
-	c.validateACME(bad)
-	for _, n := range c.ServerNames {
-		if why := selfca.ValidName(n); why != "" {
-			bad("--server-name %q: want a DNS name or an IP address: %s", n, why)
-		}
-	}
-	for _, z := range c.DNSZones {
-		name := strings.ToLower(strings.Trim(z, "."))
-		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-			bad("--dns-zone %q: %s", z, strings.Join(msgs, "; "))
-		}
+		p.add("--proxy-port %d: want a port from 1 to 65535 (0 picks a free one, for tests)", c.ProxyPort)
 	}
 	mode, err := nodewatch.ParseMode(c.Mode)
 	if err != nil {
-		bad("--mode: %w", err)
+		p.add("--mode: %w", err)
 	}
 	if c.VIPCIDR != "" {
 		if _, err := netip.ParsePrefix(c.VIPCIDR); err != nil {
-			bad("--vip-cidr %q: %w", c.VIPCIDR, err)
+			p.add("--vip-cidr %q: %w", c.VIPCIDR, err)
 		}
 	} else if mode == nodewatch.ModeVIP {
-		bad("--vip-cidr is required with --mode=vip")
+		p.add("--vip-cidr is required with --mode=vip")
 	}
 	if _, err := c.edgeCIDRs(); err != nil {
-		bad("%w", err)
+		p.add("%w", err)
 	}
 	switch c.NetRules {
 	case netrules.KindAuto, netrules.KindNFTables, netrules.KindIPTables, netrules.KindNone:
 	default:
-		bad("--netrules %q: want auto, nftables, iptables or none", c.NetRules)
+		p.add("--netrules %q: want auto, nftables, iptables or none", c.NetRules)
 	}
 	if _, err := labels.Parse(c.EdgeSelector); err != nil {
-		bad("--edge-selector %q: %w", c.EdgeSelector, err)
+		p.add("--edge-selector %q: %w", c.EdgeSelector, err)
 	} else if strings.TrimSpace(c.EdgeSelector) == "" {
-		bad("--edge-selector is empty: it would make every node an edge node")
+		p.add("--edge-selector is empty: it would make every node an edge node")
 	}
 	if len(c.EdgePorts) == 0 && c.NetRules != netrules.KindNone {
-		bad("--edge-ports is empty: no edge port would be redirected to the gateway")
+		p.add("--edge-ports is empty: no edge port would be redirected to the gateway")
 	}
 	if c.ResyncPeriod.Duration <= 0 {
-		bad("--resync-period %s: want a positive duration", c.ResyncPeriod.Duration)
+		p.add("--resync-period %s: want a positive duration", c.ResyncPeriod.Duration)
+	}
+}
+
+// edgeCIDRs parses EdgeCIDRs.
+func (c Config) edgeCIDRs() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.EdgeCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, fmt.Errorf("--edge-cidrs %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// routePolicy is what the node watcher accepts as an edge node's address.
+func (c Config) routePolicy() nodewatch.Policy {
+	p := nodewatch.Policy{Mode: nodewatch.Mode(c.Mode)}
+	p.EdgeCIDRs, _ = c.edgeCIDRs() // checked by Validate
+	if v, err := netip.ParsePrefix(c.VIPCIDR); err == nil {
+		p.VIPCIDR = v.Masked()
+	}
+	return p
+}
+
+// DNS: the node-name server and the hosts ConfigMap.
+
+func (c *Config) dnsFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.DNSListen, "dns-listen", c.DNSListen, "UDP and TCP `address` of the DNS server that answers edge node names; empty disables it")
+	fs.Var(config.NewStringList(&c.DNSZones), "dns-zone", "DNS `zone`s (comma-separated or repeated) under which node names are answered (edge-1.<zone>) and accepted in TLS SNI and HTTP Host")
+	fs.DurationVar(&c.DNSTTL.Duration, "dns-ttl", c.DNSTTL.Duration, "TTL of DNS answers, positive and negative")
+	fs.BoolVar(&c.DNSCloudNodes, "dns-cloud-nodes", c.DNSCloudNodes, "also answer the names of cloud (non-edge) nodes, with their own InternalIPs")
+	fs.StringVar(&c.HostsConfigMap, "hosts-configmap", c.HostsConfigMap, "also keep `namespace/name`, a ConfigMap with \"<ip>\\t<node>\" lines (key tunnel-nodes), for CoreDNS's hosts plugin as OpenYurt's yurt-tunnel-dns uses it; needs RBAC to get, create and update that ConfigMap")
+}
+
+func (c *Config) validateDNS(p *problems) {
+	p.listenAddr("dns-listen", c.DNSListen)
+	for _, z := range c.DNSZones {
+		name := strings.ToLower(strings.Trim(z, "."))
+		if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+			p.add("--dns-zone %q: %s", z, strings.Join(msgs, "; "))
+		}
 	}
 	if err := (dns.Options{Zones: c.DNSZones, TTL: c.DNSTTL.Duration}).Validate(); err != nil {
-		bad("--dns-zone/--dns-ttl: %w", err)
+		p.add("--dns-zone/--dns-ttl: %w", err)
 	}
 	if c.HostsConfigMap != "" {
 		if _, _, err := dns.ParseConfigMapRef(c.HostsConfigMap); err != nil {
-			bad("--hosts-configmap: %w", err)
+			p.add("--hosts-configmap: %w", err)
 		}
 	}
+}
+
+// Node pools and service topology: the controllers that write what
+// OpenYurt's edges expect.
+
+func (c *Config) poolFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&c.DelegatedHeartbeatTaint, "delegated-heartbeat-taint", c.DelegatedHeartbeatTaint, "taint node.openyurt.io/unschedulable=true:NoSchedule the nodes whose Lease renewals reach the cloud only through their pool's leader (openyurt.io/delegate-heartbeat), and clear the taint once they renew it themselves (needs patch of Nodes, list/watch of Leases in kube-node-lease)")
+	fs.IntVar(&c.DelegatedHeartbeatTaintRenewals, "delegated-heartbeat-taint-renewals", c.DelegatedHeartbeatTaintRenewals, "taint a node after this many `n` delegated Lease renewals in a row (with --delegated-heartbeat-taint)")
+	fs.BoolVar(&c.EnableUpdateTrigger, "enable-update-trigger", c.EnableUpdateTrigger, "stamp openyurt.io/update-trigger on the EndpointSlices and Endpoints a Service's openyurt.io/topologyKeys change or a node's pool change affects, so that YurtHub edges filter them again (needs list/watch of Services and EndpointSlices/Endpoints, patch of them)")
+}
+
+func (c *Config) validatePools(p *problems) {
 	if c.DelegatedHeartbeatTaintRenewals < 1 {
-		bad("--delegated-heartbeat-taint-renewals %d: want at least 1", c.DelegatedHeartbeatTaintRenewals)
+		p.add("--delegated-heartbeat-taint-renewals %d: want at least 1", c.DelegatedHeartbeatTaintRenewals)
 	}
+}
+
+// Limits: streams, handshakes, memory and timeouts.
+
+func (c *Config) limitFlags(fs *flag.FlagSet) {
+	fs.IntVar(&c.MaxStreamsPerEdge, "max-streams-per-edge", c.MaxStreamsPerEdge, "at most `n` connections relayed at once per edge; more wait a second, then are refused as overloaded. Keep it at most the edges' --max-streams")
+	fs.IntVar(&c.MaxHandshakes, "max-handshakes", c.MaxHandshakes, "work on at most `n` tunnel handshakes at once; more wait, the newest first, and one that waited 3s is refused (its edge dials again in 2 to 4 s, 4 to 8 s after further refusals), so that thousands of edges dialling together, as in a cold start or restart, do not share the CPU so thinly that none finishes in time (README, Sizing). Waiting: tether_gateway_tunnel_handshakes_waiting. 0: no bound")
+	fs.Var(config.Quantity{Q: &c.MaxReceiveMemory}, "max-receive-memory", "bound the memory that data edges sent and cloud clients have not read yet may take: each tunnel's QUIC receive window starts at 768KiB and grows with fast transfers up to 8MiB, and together they may grow by at most this `size` (such as 256Mi or 2Gi); a tunnel that finds it spent keeps its window, its transfers go on, slower on long paths. Worst case: tunnels x 768KiB + this (tunnel/README.md). 0: no bound (tunnels x 8MiB)")
+	fs.Var(config.Quantity{Q: &c.UDPBuffer}, "udp-buffer", "`size` of the tunnel listener's UDP receive and send buffers (such as 32Mi), where datagrams wait while the gateway is busy, as in a cold start or restart of thousands of edges; set with SO_RCVBUFFORCE when the gateway has CAP_NET_ADMIN, else capped by the kernel at net.core.rmem_max and wmem_max (the gateway warns when it got less; README, Sizing). Drops: tether_gateway_tunnel_udp_drops_total. 0: quic-go's 7Mi")
+	fs.StringVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft `limit` of the Go runtime's own memory (heap and stacks), a quantity such as 1Gi; near it the garbage collector runs more often (never taking more than about half the CPU) instead of letting the heap grow to twice what is live; it is never a reason to fail. Leave room above the working set (README, Sizing: give the gateway at least 150 KiB per edge; a limit near what it uses makes the collector run without pause); auto: 90 % of the memory limit of the process's cgroup (a container's resources.limits.memory, a unit's MemoryMax=), none without one; empty or 0: none; GOMEMLIMIT in the environment wins")
+	fs.DurationVar(&c.IdleTimeout.Duration, "idle-timeout", c.IdleTimeout.Duration, "close a tunnel silent for this `duration` (a tunnel's is the lower of this and the edge's, 15 s); edges send a keepalive every half of it and the gateway answers, so only a dead path is silent that long")
+	fs.DurationVar(&c.StreamIdleTimeout.Duration, "stream-idle-timeout", c.StreamIdleTimeout.Duration, "close a relayed connection that moved no byte either way for this `duration` (the kubelet's own streaming limit is 4h); 0 disables it")
+	fs.DurationVar(&c.ShutdownGrace.Duration, "shutdown-grace", c.ShutdownGrace.Duration, "on SIGTERM or SIGINT, let relayed connections finish for up to this `duration` before the tunnels are closed (edges then use the other replicas)")
+}
+
+func (c *Config) validateLimits(p *problems) {
 	if c.MaxStreamsPerEdge < 1 {
-		bad("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)
+		p.add("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)
 	}
 	if c.MaxHandshakes < 0 {
-		bad("--max-handshakes %d: want 0 (no bound) or more", c.MaxHandshakes)
-	}
-	if _, err := cli.ParseMemoryLimit(c.MemoryLimit); err != nil {
-		bad("--memory-limit: %v", err)
+		p.add("--max-handshakes %d: want 0 (no bound) or more", c.MaxHandshakes)
 	}
 	if c.MaxReceiveMemory.Sign() < 0 {
-		bad("--max-receive-memory %s: want 0 (no bound) or a positive size", c.MaxReceiveMemory.String())
+		p.add("--max-receive-memory %s: want 0 (no bound) or a positive size", c.MaxReceiveMemory.String())
 	}
 	if c.UDPBuffer.Sign() < 0 || c.UDPBuffer.Value() > maxUDPBuffer {
-		bad("--udp-buffer %s: want 0 (quic-go's 7Mi) or a size up to 1Gi", c.UDPBuffer.String())
+		p.add("--udp-buffer %s: want 0 (quic-go's 7Mi) or a size up to 1Gi", c.UDPBuffer.String())
+	}
+	if _, err := cli.ParseMemoryLimit(c.MemoryLimit); err != nil {
+		p.add("--memory-limit: %v", err)
 	}
 	if c.IdleTimeout.Duration <= 0 {
-		bad("--idle-timeout %s: want a positive duration", c.IdleTimeout.Duration)
+		p.add("--idle-timeout %s: want a positive duration", c.IdleTimeout.Duration)
 	}
 	if c.StreamIdleTimeout.Duration < 0 {
-		bad("--stream-idle-timeout %s: want 0 (none) or a positive duration", c.StreamIdleTimeout.Duration)
+		p.add("--stream-idle-timeout %s: want 0 (none) or a positive duration", c.StreamIdleTimeout.Duration)
 	}
 	if c.ShutdownGrace.Duration < 0 {
-		bad("--shutdown-grace %s: want 0 or a positive duration", c.ShutdownGrace.Duration)
+		p.add("--shutdown-grace %s: want 0 or a positive duration", c.ShutdownGrace.Duration)
 	}
-	return errors.Join(errs...)
 }
 
 // DefaultMaxHandshakes is --max-handshakes' default. A handshake holds its
@@ -369,61 +553,16 @@ func (c *Config) receiveBudget() *tunnel.ReceiveBudget {
 	return tunnel.NewReceiveBudget(c.MaxReceiveMemory.Value())
 }
 
-// validateACME checks the --acme-* settings.
-func (c *Config) validateACME(bad func(string, ...any)) {
-	if !c.ACME() {
-		if c.ACMEEmail != "" || c.ACMECARoot != "" {
-			bad("--acme-email and --acme-ca-root need --acme-domain")
-		}
-		return
-	}
-	for _, d := range c.ACMEDomains {
-		name := strings.ToLower(strings.TrimSuffix(d, "."))
-		switch {
-		case strings.HasPrefix(name, "*."):
-			bad("--acme-domain %q: HTTP-01 cannot validate a wildcard name; give the names edges dial", d)
-		case net.ParseIP(name) != nil:
-			bad("--acme-domain %q: want a DNS name, not an address", d)
-		default:
-			if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 || !strings.Contains(name, ".") {
-				bad("--acme-domain %q: want a fully qualified DNS name: %s", d, strings.Join(msgs, "; "))
-			}
-		}
-	}
-	if u, err := url.Parse(c.ACMECA); err != nil || u.Scheme != "https" || u.Host == "" {
-		bad("--acme-ca %q: want the https:// URL of an ACME directory", c.ACMECA)
-	}
-	if _, _, ok, err := c.ACMESecret(); err != nil {
-		bad("%w", err)
-	} else if !ok && c.DataDir == "" {
-		bad("--data-dir is required with --acme-storage=dir: the ACME account and certificates live in <data-dir>/acme")
-	}
-	if c.ACMEHTTPListen == "" {
-		bad("--acme-http-listen is required with --acme-domain: the ACME server validates the domain over HTTP on port 80")
-	} else if _, port, err := net.SplitHostPort(c.ACMEHTTPListen); err != nil || port == "" {
-		bad("--acme-http-listen %q: want host:port or :port", c.ACMEHTTPListen)
-	}
+// Process: the admin endpoints and the log.
+
+func (c *Config) processFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes); empty disables them")
+	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "also serve the Go runtime's profiles (CPU, heap, goroutines, execution trace) under /debug/pprof/ on the admin address; whoever reaches that address can read them and load the process, so keep it off or the address private")
+	fs.StringVar(&c.Replica, "replica", c.Replica, "`name` of this replica on /status (default: the host name)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn or error (debug also logs every routed or refused connection)")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log `format`: text or json")
 }
 
-// edgeCIDRs parses EdgeCIDRs.
-func (c Config) edgeCIDRs() ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range c.EdgeCIDRs {
-		p, err := netip.ParsePrefix(strings.TrimSpace(s))
-		if err != nil {
-			return nil, fmt.Errorf("--edge-cidrs %q: %w", s, err)
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
-}
-
-// routePolicy is what the node watcher accepts as an edge node's address.
-func (c Config) routePolicy() nodewatch.Policy {
-	p := nodewatch.Policy{Mode: nodewatch.Mode(c.Mode)}
-	p.EdgeCIDRs, _ = c.edgeCIDRs() // checked by Validate
-	if v, err := netip.ParsePrefix(c.VIPCIDR); err == nil {
-		p.VIPCIDR = v.Masked()
-	}
-	return p
+func (c *Config) validateProcess(p *problems) {
+	p.listenAddr("admin-listen", c.AdminListen)
 }

@@ -37,15 +37,9 @@ const (
 	ElectionUpdate ElectionOp = 2 // update it from the version the request names
 )
 
-func (o ElectionOp) String() string {
-	switch o {
-	case ElectionCreate:
-		return "create"
-	case ElectionUpdate:
-		return "update"
-	}
-	return fmt.Sprintf("op_%d", uint8(o))
-}
+var electionOpNames = []string{ElectionCreate: "create", ElectionUpdate: "update"}
+
+func (o ElectionOp) String() string { return enumName(electionOpNames, uint8(o), "op") }
 
 // RecordKind says which of its pool's records an ElectionRequest writes.
 type RecordKind uint8
@@ -57,15 +51,9 @@ const (
 	RecordSync     RecordKind = 2 // the leader's sync record (leader-informer-sync)
 )
 
-func (k RecordKind) String() string {
-	switch k {
-	case RecordElection:
-		return "election"
-	case RecordSync:
-		return "sync"
-	}
-	return fmt.Sprintf("record_%d", uint8(k))
-}
+var recordKindNames = []string{RecordElection: "election", RecordSync: "sync"}
+
+func (k RecordKind) String() string { return enumName(recordKindNames, uint8(k), "record") }
 
 // ElectionRequest is what the edge asks of the gateway on a stream it
 // opens: create or update a record of the sender's pool, which a node

@@ -290,3 +290,24 @@ func FuzzReadElectionReply(f *testing.F) {
 		}
 	})
 }
+
+// The ops and record kinds are named in logs and metric labels; a value
+// without a name says which it is.
+func TestElectionNames(t *testing.T) {
+	for _, tc := range []struct {
+		got, want string
+	}{
+		{ElectionCreate.String(), "create"},
+		{ElectionUpdate.String(), "update"},
+		{ElectionOp(0).String(), "op_0"},
+		{ElectionOp(9).String(), "op_9"},
+		{RecordElection.String(), "election"},
+		{RecordSync.String(), "sync"},
+		{RecordKind(0).String(), "record_0"},
+		{RecordKind(200).String(), "record_200"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%q, want %q", tc.got, tc.want)
+		}
+	}
+}

@@ -217,11 +217,14 @@ var codeNames = [...]string{"ok", "not_allowed", "dial_failed", "timeout", "over
 	"conflict", "bad_record", "not_holder", "rate_limited"}
 
 // String is the code's metric label ("not_allowed", ...).
-func (c Code) String() string {
-	if int(c) < len(codeNames) {
-		return codeNames[c]
+func (c Code) String() string { return enumName(codeNames[:], uint8(c), "code") }
+
+// enumName is v's name in names, or kind_<v> for a value without one.
+func enumName(names []string, v uint8, kind string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return fmt.Sprintf("code_%d", uint8(c))
+	return fmt.Sprintf("%s_%d", kind, v)
 }
 
 // Codes lists the codes of a reply to a Request, for pre-creating metric

@@ -30,13 +30,10 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("tether-edge", flag.ContinueOnError)
 	registerFlags(fs, &cfg)
 	return cli.Main(cli.Program{
-		Name:        "tether-edge",
-		Intro:       intro,
-		Flags:       fs,
-		Config:      &cfg,
-		LogLevel:    &cfg.LogLevel,
-		LogFormat:   &cfg.LogFormat,
-		MemoryLimit: &cfg.MemoryLimit,
+		Name:   "tether-edge",
+		Intro:  intro,
+		Flags:  fs,
+		Config: &cfg,
 		Run: func(ctx context.Context, log *slog.Logger) error {
 			cfg.Logger = log
 			return edgeproxy.Run(ctx, cfg)

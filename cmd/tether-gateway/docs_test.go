@@ -16,8 +16,7 @@ var update = flag.Bool("update", false, "write the generated documentation (docs
 // and the defaults, as --help shows them.
 func program() (docgen.Program, []docgen.Flag, error) {
 	cfg := gateway.DefaultConfig()
-	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
-	registerFlags(fs, &cfg)
+	fs := flagSet(&cfg)
 	flags, err := docgen.Flags(fs, cfg)
 	return docgen.Program{
 		Name:       "tether-gateway",
@@ -30,7 +29,7 @@ func program() (docgen.Program, []docgen.Flag, error) {
 # flag names (` + "`tether-gateway --help`" + ` explains each, as below); a flag on the
 # command line overrides the key. An unknown key is an error, never ignored.
 # This file is generated from the flags (make generate): edit the flags'
-# help in cmd/tether-gateway, not this file.
+# help in gateway/config.go, not this file.
 #
 # Every key is commented out and shows an example or its default. Set at
 # least kubeconfig and client-ca (and tls-cert and tls-key, or server-name,

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,8 +16,7 @@ import (
 // Every key of the YAML file is a flag of the same name, with help.
 func TestEveryConfigKeyIsAFlag(t *testing.T) {
 	cfg := gateway.DefaultConfig()
-	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
-	registerFlags(fs, &cfg)
+	fs := flagSet(&cfg)
 	if err := cli.CheckFlags(fs, cfg); err != nil {
 		t.Error(err)
 	}
@@ -28,9 +26,8 @@ func TestFileAndFlags(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "gateway.yaml")
 	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\ndns-zone: [tether.internal]\nidle-timeout: 30s\nmode: vip\nvip-cidr: 100.64.0.0/16\nkube-api-qps: 250\nkube-api-burst: 300\n"), 0o600)
 	cfg := gateway.DefaultConfig()
-	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs := flagSet(&cfg)
 	fs.SetOutput(io.Discard)
-	registerFlags(fs, &cfg)
 	if err := config.Parse(fs, []string{"--config", path, "--proxy-port", "10300", "--shutdown-grace=3s", "--kube-api-burst", "400"}, &cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +55,8 @@ func TestMaxReceiveMemory(t *testing.T) {
 		if got := cfg.MaxReceiveMemory.Value(); got != 256<<20 {
 			t.Fatalf("default %d, want 256Mi", got)
 		}
-		fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+		fs := flagSet(&cfg)
 		fs.SetOutput(io.Discard)
-		registerFlags(fs, &cfg)
 		if err := config.Parse(fs, append([]string{"--config", path}, tc.args...), &cfg); err != nil {
 			t.Fatalf("%q: %v", tc.args, err)
 		}
@@ -69,17 +65,15 @@ func TestMaxReceiveMemory(t *testing.T) {
 		}
 	}
 	cfg := gateway.DefaultConfig()
-	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs := flagSet(&cfg)
 	fs.SetOutput(io.Discard)
-	registerFlags(fs, &cfg)
 	if err := config.Parse(fs, []string{"--config", path, "--max-receive-memory", "-1Gi"}, &cfg); err == nil {
 		t.Error("--max-receive-memory -1Gi accepted")
 	}
 	os.WriteFile(path, []byte("client-ca: /ca.pem\ntls-cert: /gw.pem\ntls-key: /gw.key\nmax-receive-memory: -5Mi\n"), 0o600)
 	cfg = gateway.DefaultConfig()
-	fs = flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs = flagSet(&cfg)
 	fs.SetOutput(io.Discard)
-	registerFlags(fs, &cfg)
 	if err := config.Parse(fs, []string{"--config", path}, &cfg); err == nil || !strings.Contains(err.Error(), "--max-receive-memory") {
 		t.Errorf("max-receive-memory: -5Mi in the file: %v, want a refusal naming it", err)
 	}
@@ -90,9 +84,8 @@ func TestMemoryLimit(t *testing.T) {
 	if cfg.MemoryLimit != cli.AutoMemoryLimit {
 		t.Fatalf("default %q, want %q (a share of the cgroup's limit)", cfg.MemoryLimit, cli.AutoMemoryLimit)
 	}
-	fs := flag.NewFlagSet("tether-gateway", flag.ContinueOnError)
+	fs := flagSet(&cfg)
 	fs.SetOutput(io.Discard)
-	registerFlags(fs, &cfg)
 	if err := config.Parse(fs, []string{"--memory-limit", "900Mi", "--client-ca", "/ca.pem", "--tls-cert", "/gw.pem", "--tls-key", "/gw.key"}, &cfg); err != nil {
 		t.Fatal(err)
 	}

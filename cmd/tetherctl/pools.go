@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -214,12 +213,7 @@ func writePoolsTable(w io.Writer, ps []cloudPool, now time.Time, wide bool) {
 		fmt.Fprintf(w, "no node pools: no Node has the label %s\n", poolstore.PoolLabel)
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	header := "POOL\tMEMBERS\tLEADER\tRENEWED\tLAST SYNC\tDELEGATED\tTAINTED"
-	if wide {
-		header += "\tNODES"
-	}
-	fmt.Fprintln(tw, header)
+	tw := newTable(w, wide, "POOL\tMEMBERS\tLEADER\tRENEWED\tLAST SYNC\tDELEGATED\tTAINTED", "NODES")
 	for _, p := range ps {
 		leader, renewed := "none", "-"
 		if e := p.Election; e != nil {

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/tether-edge/tether/internal/statusapi"
@@ -102,12 +101,7 @@ func fetchEdgePool(ctx context.Context, client *http.Client, edge string) (edgeP
 // writeEdgePoolsTable prints a line per edge. wide adds the follower's
 // connection, resyncs and last error and prints the whole digest.
 func writeEdgePoolsTable(w io.Writer, eps []edgePool, now time.Time, wide bool) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	header := "NODE\tPOOL\tROLE\tLEADER\tEPOCH\tREV\tOBJECTS\tLAST SYNC\tFRESH\tLAG\tDIGEST"
-	if wide {
-		header += "\tCONNECTED\tRESYNCS\tLAST ERROR"
-	}
-	fmt.Fprintln(tw, header)
+	tw := newTable(w, wide, "NODE\tPOOL\tROLE\tLEADER\tEPOCH\tREV\tOBJECTS\tLAST SYNC\tFRESH\tLAG\tDIGEST", "CONNECTED\tRESYNCS\tLAST ERROR")
 	for _, ep := range eps {
 		p := ep.Pool
 		if p == nil {

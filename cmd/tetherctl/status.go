@@ -206,8 +206,7 @@ func writeRefusals(w io.Writer, gws []gatewayStatus) {
 		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.node, b.node), cmp.Compare(a.reason, b.reason))
 	})
 	fmt.Fprintf(w, "\n%d address claims not routed (a node claims an address that is not uniquely its own edge address):\n", len(keys))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ADDRESS\tCLAIMED BY\tREASON\tROUTED TO\tREPLICAS")
+	tw := newTable(w, false, "ADDRESS\tCLAIMED BY\tREASON\tROUTED TO\tREPLICAS", "")
 	for _, k := range keys {
 		holder := k.holder
 		if holder == "" {
@@ -220,8 +219,7 @@ func writeRefusals(w io.Writer, gws []gatewayStatus) {
 
 // writeEdges prints the table of edge connections.
 func writeEdges(w io.Writer, rows []edgeRow, now time.Time) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tPOOL\tREPLICA\tRTT\tSTREAMS\tBYTES UP\tBYTES DOWN\tCONNECTED SINCE")
+	tw := newTable(w, false, "NODE\tPOOL\tREPLICA\tRTT\tSTREAMS\tBYTES UP\tBYTES DOWN\tCONNECTED SINCE", "")
 	for _, r := range rows {
 		e := r.e
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
@@ -229,6 +227,18 @@ func writeEdges(w io.Writer, rows []edgeRow, now time.Time) {
 			formatBytes(e.BytesUp), formatBytes(e.BytesDown), formatSince(e.ConnectedSince, now))
 	}
 	tw.Flush()
+}
+
+// newTable returns a writer that aligns the tab-separated columns of
+// tetherctl's tables, its header line written: the columns, and with wide
+// the wide ones after them.
+func newTable(w io.Writer, wide bool, columns, wideColumns string) *tabwriter.Writer {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if wide {
+		columns += "\t" + wideColumns
+	}
+	fmt.Fprintln(tw, columns)
+	return tw
 }
 
 func orDash(s string) string {

@@ -55,6 +55,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
+
+	"github.com/tether-edge/tether/internal/ticker"
 )
 
 // Annotations of the Secret.
@@ -502,14 +504,7 @@ func (s *Secret) tryLock(ctx context.Context, name, token string) (bool, error) 
 // Unlock stops it or the lock is found taken.
 func (s *Secret) refresh(ctx context.Context, name string, h *heldLock) {
 	defer close(h.done)
-	t := s.clock.NewTicker(s.opts.LockTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
+	ticker.Every(ctx, s.clock, s.opts.LockTTL/3, func() bool {
 		lost := false
 		err := s.modify(ctx, func(sec *corev1.Secret) (bool, error) {
 			r, ok := readLock(sec, name)
@@ -524,11 +519,12 @@ func (s *Secret) refresh(ctx context.Context, name string, h *heldLock) {
 		switch {
 		case lost:
 			s.log.Error("ACME storage: a lock this replica holds was taken over (it was not refreshed in time)", "lock", name)
-			return
+			return false
 		case err != nil && ctx.Err() == nil:
 			s.log.Warn("ACME storage: refreshing a lock", "lock", name, "err", err)
 		}
-	}
+		return true
+	})
 }
 
 // Unlock releases a lock Lock acquired.

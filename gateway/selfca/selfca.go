@@ -54,6 +54,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/certfile"
+	"github.com/tether-edge/tether/internal/ticker"
 )
 
 // File names in Options.Dir.
@@ -161,18 +162,13 @@ func (a *Authority) CAKey() crypto.Signer { return a.caKey }
 // CheckInterval, until ctx ends. A failed renewal is logged and tried again
 // at the next check; the certificate in use stays.
 func (a *Authority) Run(ctx context.Context) error {
-	t := a.clock.NewTicker(a.opts.CheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-			if _, err := a.Renew(); err != nil {
-				a.log.Error("cannot renew the serving certificate; will try again", "err", err, "in", a.opts.CheckInterval)
-			}
+	ticker.Every(ctx, a.clock, a.opts.CheckInterval, func() bool {
+		if _, err := a.Renew(); err != nil {
+			a.log.Error("cannot renew the serving certificate; will try again", "err", err, "in", a.opts.CheckInterval)
 		}
-	}
+		return true
+	})
+	return nil
 }
 
 // Renew issues a new serving certificate if the current one is due (see

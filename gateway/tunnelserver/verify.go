@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -254,16 +255,10 @@ func (l *logLimit) allow(now time.Time) (ok bool, dropped int) {
 // recheckLoop verifies the certificates of the live tunnels every
 // s.recheck until ctx ends.
 func (s *Server) recheckLoop(ctx context.Context) {
-	t := time.NewTicker(s.recheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.recheckLive()
-		}
-	}
+	ticker.Every(ctx, nil, s.recheck, func() bool {
+		s.recheckLive()
+		return true
+	})
 }
 
 // recheckLive closes, with tunnel.CloseNotAllowed, every live tunnel

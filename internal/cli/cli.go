@@ -34,19 +34,25 @@ type Program struct {
 	Name string
 	// Intro is the text of --help between the usage line and the flags.
 	Intro string
-	// Flags are bound to Config's fields; Main adds --version.
+	// Flags are bound to Config's fields; Main adds --version. Main logs
+	// at the level and in the format of the flags named log-level and
+	// log-format, and, if there is a flag named memory-limit, applies it
+	// (ApplyMemoryLimit) and, while the program runs, gives the heap a
+	// quiet process grew back to the kernel (internal/memtrim): after a
+	// burst (a big list, a resync, thousands of handshakes) the next
+	// collection may be many minutes away.
 	Flags  *flag.FlagSet
 	Config config.Validator
-	// LogLevel and LogFormat point into Config.
-	LogLevel, LogFormat *string
-	// MemoryLimit, if set, points into Config at the --memory-limit
-	// setting: Main applies it (ApplyMemoryLimit) and, while the program
-	// runs, gives the heap a quiet process grew back to the kernel
-	// (internal/memtrim): after a burst (a big list, a resync, thousands
-	// of handshakes) the next collection may be many minutes away.
-	MemoryLimit *string
 	// Run runs the program until ctx ends (SIGINT, SIGTERM).
 	Run func(ctx context.Context, log *slog.Logger) error
+}
+
+// NewFlagSet returns a command's flag set with --config, the flag that
+// names its YAML file; file is the one the packages pass.
+func NewFlagSet(name, file string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.String(config.FlagName, "", "read settings from this YAML `file` first (keys are these flag names; unknown keys are an error); flags on the command line override it. The packages pass "+file)
+	return fs
 }
 
 // Main parses args into the program's config, then runs it, and returns
@@ -67,7 +73,7 @@ func Main(p Program, args []string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
 		return ExitConfig
 	}
-	log, err := logging.New(*p.LogLevel, *p.LogFormat)
+	log, err := logging.New(flagValue(p.Flags, "log-level"), flagValue(p.Flags, "log-format"))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", p.Name, err)
 		return ExitConfig
@@ -75,8 +81,8 @@ func Main(p Program, args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if p.MemoryLimit != nil {
-		if err := ApplyMemoryLimit(*p.MemoryLimit, log); err != nil {
+	if f := p.Flags.Lookup("memory-limit"); f != nil {
+		if err := ApplyMemoryLimit(f.Value.String(), log); err != nil {
 			log.Error(p.Name+" failed", "err", err)
 			return ExitConfig
 		}
@@ -87,6 +93,14 @@ func Main(p Program, args []string) int {
 		return ExitFailed
 	}
 	return ExitOK
+}
+
+// flagValue is the value of fs's flag name; "" if there is none.
+func flagValue(fs *flag.FlagSet, name string) string {
+	if f := fs.Lookup(name); f != nil {
+		return f.Value.String()
+	}
+	return ""
 }
 
 // Usage writes the --help text: the usage line, intro, and every flag with

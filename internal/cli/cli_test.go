@@ -1,7 +1,10 @@
 package cli
 
 import (
+	"context"
 	"flag"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -29,3 +32,36 @@ func TestCheckFlags(t *testing.T) {
 		t.Errorf("error %q names a documented or hidden key", err)
 	}
 }
+
+// Main logs with the program's --log-level and --log-format and applies
+// its --memory-limit: a bad value of each is a configuration error, found
+// before the program runs.
+func TestMainReadsProcessFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"--log-level", "debug", "--log-format", "json"}, ExitOK},
+		{[]string{"--log-level", "loud"}, ExitConfig},
+		{[]string{"--log-format", "xml"}, ExitConfig},
+		{[]string{"--memory-limit", "lots"}, ExitConfig},
+	} {
+		ran := false
+		fs := NewFlagSet("t", "/etc/t.yaml")
+		fs.SetOutput(io.Discard)
+		fs.String("log-level", "info", "log `level`")
+		fs.String("log-format", "text", "log `format`")
+		fs.String("memory-limit", "0", "memory `limit`")
+		code := Main(Program{Name: "t", Flags: fs, Config: noConfig{}, Run: func(context.Context, *slog.Logger) error {
+			ran = true
+			return nil
+		}}, tc.args)
+		if code != tc.want || ran != (tc.want == ExitOK) {
+			t.Errorf("%q: exit %d, ran %v; want %d", tc.args, code, ran, tc.want)
+		}
+	}
+}
+
+type noConfig struct{}
+
+func (noConfig) Validate() error { return nil }
