@@ -257,7 +257,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 			t.Fatalf("offline status write %d: %v", i+1, err)
 		}
 	}
-	if n := e.Proxy.queueLen(); n != 3 {
+	if n := e.Proxy.queue.Len(); n != 3 {
 		t.Fatalf("%d writes queued, want 3", n)
 	}
 
@@ -267,7 +267,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	e = e.restart()
 	e.waitHealthy(false, 30*time.Second)
 	checkOfflineReads(e, "after restart")
-	if n := e.Proxy.queueLen(); n != 3 {
+	if n := e.Proxy.queue.Len(); n != 3 {
 		t.Fatalf("after restart %d writes queued, want 3", n)
 	}
 	eventually(t, 30*time.Second, func() error {
@@ -283,7 +283,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	t.Logf("cloud healed; healthy after %v", e.waitHealthy(true, 60*time.Second).Round(time.Millisecond))
 	healthy := time.Now()
 	eventually(t, 30*time.Second, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d writes still queued", n)
 		}
 		return nil
@@ -748,7 +748,7 @@ func testOfflineDetails(t *testing.T, cp *testenv.ControlPlane, edgeHost *testen
 	}
 	offline.set(false)
 	eventually(t, 20*time.Second, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d queued", n)
 		}
 		return nil

@@ -84,7 +84,7 @@ func TestOfflinePatchesCoalesce(t *testing.T) {
 			t.Fatalf("offline JSON patch %s: %v", patch, err)
 		}
 	}
-	if n := e.Proxy.queueLen(); n != 4 {
+	if n := e.Proxy.queue.Len(); n != 4 {
 		t.Fatalf("%d writes queued, want 4: one per object for the node and pod-merge, two JSON patches", n)
 	}
 	if c := e.metric("tether_edge_apiserver_queue_replayed_total", "result", "coalesced"); c != nodePatches-1+mergePatches-1 {
@@ -93,7 +93,7 @@ func TestOfflinePatchesCoalesce(t *testing.T) {
 
 	offline.set(false)
 	eventually(t, 2*time.Minute, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d still queued", n)
 		}
 		return nil

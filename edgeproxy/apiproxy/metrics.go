@@ -24,7 +24,6 @@ type metrics struct {
 	hits, misses  *prometheus.CounterVec
 	bytesUp       prometheus.Counter
 	bytesDown     prometheus.Counter
-	replayed      *prometheus.CounterVec
 	watchesOpen   *prometheus.GaugeVec
 	cacheFailures prometheus.Counter
 	delegated     *prometheus.CounterVec
@@ -33,7 +32,9 @@ type metrics struct {
 	poolWatchesEnded prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
+// The queue's metrics (queue_length, queue_replayed_total) are package
+// writequeue's.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "tether", "edge_apiserver"
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bytes_total",
 		Help: "Bytes of request and response bodies between the proxy and the cloud kube-apiservers; up is to the cloud, down from it."},
@@ -50,9 +51,6 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 			[]string{"component"}),
 		bytesUp:   bytes.WithLabelValues("up"),
 		bytesDown: bytes.WithLabelValues("down"),
-		replayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queue_replayed_total",
-			Help: "Queued status writes handled, by result: applied, obsolete (the object is gone or was written since) or rejected (the apiserver refused it) after the cloud came back, or coalesced (a later patch of the object took its place in the queue)."},
-			[]string{"result"}),
 		watchesOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "watches_open",
 			Help: "Watches of node components open now, by mode: upstream (relayed from the cloud) or held (offline: open, without events, until the cloud is back)."},
 			[]string{"mode"}),
@@ -64,9 +62,7 @@ func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, e
 		poolWatchesEnded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pool_watches_ended_total",
 			Help: "Watches served from the node pool's replica that were ended because the replica stopped serving (the leader's sync went stale while the cloud is reachable); their clients watch again, from the cloud."}),
 	}
-	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
-		Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen)
-	return m, promreg.Register(reg, m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded, queue)
+	return m, promreg.Register(reg, m.requests, m.hits, m.misses, bytes, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded)
 }
 
 // countingReader counts the bytes read through it.

@@ -176,7 +176,7 @@ func TestReplayThroughFaults(t *testing.T) {
 		t.Fatalf("offline update of pod-bad: %v", err)
 	}
 	// pod-stuck's second patch took the place of its first (coalesce.go).
-	if n := e.Proxy.queueLen(); n != 3 {
+	if n := e.Proxy.queue.Len(); n != 3 {
 		t.Fatalf("%d writes queued, want 3", n)
 	}
 
@@ -196,8 +196,8 @@ func TestReplayThroughFaults(t *testing.T) {
 			return fmt.Errorf("pod-ok upstream at step %q", podStep(ok))
 		case e.metric("tether_edge_apiserver_queue_replayed_total", "result", "rejected") != 1:
 			return fmt.Errorf("pod-bad's write not rejected yet")
-		case e.Proxy.queueLen() != 1:
-			return fmt.Errorf("%d queued, want pod-stuck's 1", e.Proxy.queueLen())
+		case e.Proxy.queue.Len() != 1:
+			return fmt.Errorf("%d queued, want pod-stuck's 1", e.Proxy.queue.Len())
 		case front.hitCount("/pods/pod-stuck") < 2:
 			return fmt.Errorf("pod-stuck tried %d times", front.hitCount("/pods/pod-stuck"))
 		}
@@ -236,7 +236,7 @@ func TestReplayThroughFaults(t *testing.T) {
 
 	front.heal("/pods/pod-stuck")
 	eventually(t, 3*time.Minute, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d still queued", n)
 		}
 		return nil
@@ -338,7 +338,7 @@ func TestReplayResent(t *testing.T) {
 
 	e = e.restart()
 	eventually(t, time.Minute, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d still queued", n)
 		}
 		return nil
@@ -356,23 +356,5 @@ func TestReplayResent(t *testing.T) {
 	}
 	if n := strings.Count(e.logs.String(), "queued status write sent again"); n != 2 {
 		t.Errorf("%d writes logged as sent again, want 2:\n%s", n, e.logs.String())
-	}
-}
-
-func TestReplayBackoff(t *testing.T) {
-	for failures := 1; failures <= 40; failures++ {
-		full := min(replayBackoffBase<<min(failures-1, 20), replayBackoffMax)
-		for range 50 {
-			if d := replayBackoff(failures, 0); d < full/2 || d > full {
-				t.Fatalf("failure %d: waits %v, want within [%v, %v]", failures, d, full/2, full)
-			}
-		}
-	}
-	// Retry-After is honoured, up to the bound.
-	if d := replayBackoff(1, 30*time.Second); d != 30*time.Second {
-		t.Errorf("Retry-After 30s after one failure: %v", d)
-	}
-	if d := replayBackoff(1, time.Hour); d != replayBackoffMax {
-		t.Errorf("Retry-After 1h: %v, want %v", d, replayBackoffMax)
 	}
 }
