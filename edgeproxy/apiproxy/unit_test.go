@@ -158,7 +158,7 @@ func TestUpstreamRequests(t *testing.T) {
 	get(kubeletUA, "application/vnd.kubernetes.protobuf,application/json") // for the cache check below
 	// Gets and lists go over HTTP/1.1 connections of their own once one
 	// is made (package upstream, Reads), watches over HTTP/2.
-	eventually(t, 5*time.Second, func() error {
+	testenv.EventuallyNoError(t, "a list over HTTP/1.1", func() error {
 		get(kubeletUA, "application/json")
 		if p := f.header(kubeletUA).Get("X-Test-Proto"); p != "1" {
 			return fmt.Errorf("kubelet's list went over HTTP/%s", p)
@@ -174,7 +174,7 @@ func TestUpstreamRequests(t *testing.T) {
 	if h := f.header("kubectl/v1.36"); h.Get("Accept") != "application/vnd.kubernetes.protobuf" || h.Get("Authorization") != "" {
 		t.Errorf("kubectl's request upstream: Accept %q, Authorization %q", h.Get("Accept"), h.Get("Authorization"))
 	}
-	eventually(t, 5*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the pod cached", func() error {
 		if o, _ := e.Store.Get("kubelet", podsGVR, "ns", "p"); o == nil {
 			return io.ErrUnexpectedEOF
 		}
