@@ -246,7 +246,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 
 	// Status writes are accepted, answered as the apiserver would, and
 	// kept in order; pod-a's second patch takes the place of its first
-	// (coalesce.go).
+	// (writequeue).
 	for i, w := range []func() error{
 		func() error { return checkStep(patchPodStep(ctx, kubelet, "pod-a", "1")) },
 		func() error { return patchNodeStep(ctx, kubelet, node, "2") },

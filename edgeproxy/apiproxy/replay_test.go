@@ -176,7 +176,7 @@ func TestReplayThroughFaults(t *testing.T) {
 	if _, err := kubelet.CoreV1().Pods(workNS).UpdateStatus(ctx, bad, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("offline update of pod-bad: %v", err)
 	}
-	// pod-stuck's second patch took the place of its first (coalesce.go).
+	// pod-stuck's second patch took the place of its first (writequeue).
 	if n := e.Proxy.queue.Len(); n != 3 {
 		t.Fatalf("%d writes queued, want 3", n)
 	}
