@@ -113,7 +113,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	if _, err := patchPodStep(ctx, kubelet, "pod-a", "online"); err != nil {
 		t.Fatalf("pod status online: %v", err)
 	}
-	eventually(t, 10*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the online writes in the cache", func() error {
 		for _, k := range []struct {
 			gvr       string
 			ns, name  string
@@ -215,7 +215,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	// The raw watch stays open, without events, without a busy loop:
 	// once the upstream connection is found dead (HTTP/2 ping), the
 	// proxy holds it (and the informer's).
-	eventually(t, 10*time.Second, func() error {
+	testenv.EventuallyNoError(t, "both watches held", func() error {
 		if n := e.metric("tether_edge_apiserver_watches_open", "mode", "held"); n < 2 {
 			return fmt.Errorf("%v watches held, want the informer's and the raw one", n)
 		}
@@ -234,7 +234,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 		}
 	}
 	// Lease renewals keep succeeding, locally.
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "Lease renewals answered locally after the cut", func() error {
 		if n := renewer.okSince(cutAt.Add(3 * time.Second)); n < 3 {
 			return fmt.Errorf("%d renewals after the cut", n)
 		}
@@ -246,7 +246,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 
 	// Status writes are accepted, answered as the apiserver would, and
 	// kept in order; pod-a's second patch takes the place of its first
-	// (coalesce.go).
+	// (writequeue).
 	for i, w := range []func() error{
 		func() error { return checkStep(patchPodStep(ctx, kubelet, "pod-a", "1")) },
 		func() error { return patchNodeStep(ctx, kubelet, node, "2") },
@@ -257,7 +257,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 			t.Fatalf("offline status write %d: %v", i+1, err)
 		}
 	}
-	if n := e.Proxy.queueLen(); n != 3 {
+	if n := e.Proxy.queue.Len(); n != 3 {
 		t.Fatalf("%d writes queued, want 3", n)
 	}
 
@@ -267,10 +267,10 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	e = e.restart()
 	e.waitHealthy(false, 30*time.Second)
 	checkOfflineReads(e, "after restart")
-	if n := e.Proxy.queueLen(); n != 3 {
+	if n := e.Proxy.queue.Len(); n != 3 {
 		t.Fatalf("after restart %d writes queued, want 3", n)
 	}
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "a Lease renewal after the restart", func() error {
 		if n := renewer.okSince(restarted); n < 1 {
 			return fmt.Errorf("no renewal since the restart: %v", renewer.lastErr())
 		}
@@ -282,8 +282,8 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	site.Heal()
 	t.Logf("cloud healed; healthy after %v", e.waitHealthy(true, 60*time.Second).Round(time.Millisecond))
 	healthy := time.Now()
-	eventually(t, 30*time.Second, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+	testenv.EventuallyNoError(t, "the queue replayed", func() error {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d writes still queued", n)
 		}
 		return nil
@@ -291,7 +291,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	if a, o := e.metric("tether_edge_apiserver_queue_replayed_total", "result", "applied"), e.metric("tether_edge_apiserver_queue_replayed_total", "result", "obsolete"); a != 2 || o != 1 {
 		t.Errorf("replayed: %v applied, %v obsolete; want 2 and 1 (pod-b is gone)\n%s", a, o, e.logs.String())
 	}
-	eventually(t, 10*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the status writes upstream in order", func() error {
 		if got := steps.sequence(); !slices.Equal(got, []string{"node:2", "pod-a:3"}) {
 			return fmt.Errorf("status writes arrived as %v, want node:2 pod-a:3 in that order", got)
 		}
@@ -300,7 +300,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	// Caches catch up: pod-c is there, pod-b is not, in the kubelet's
 	// informer and in the proxy's cache.
 	waitKeys(t, "kubelet's informer after heal", podInformer, "work/pod-a", "work/pod-c")
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the proxy's cache caught up", func() error {
 		items, _, _, err := e.Store.List("kubelet", podsGVR, edgecache.Scope{})
 		if err != nil {
 			return err
@@ -318,7 +318,7 @@ func testKubeletThroughCut(t *testing.T, cp *testenv.ControlPlane, site *testenv
 	// The node's Lease is renewed in the cloud again: a renewal made
 	// since the proxy found the cloud back (offline ones were answered
 	// locally, never queued).
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the Lease renewed in the cloud again", func() error {
 		l, err := admin.CoordinationV1().Leases("kube-node-lease").Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -408,7 +408,7 @@ func startPodInformer(t *testing.T, c kubernetes.Interface, fieldSelector, label
 
 func waitKeys(t *testing.T, what string, inf cache.SharedIndexInformer, want ...string) {
 	t.Helper()
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the informer to hold its keys", func() error {
 		if !inf.HasSynced() {
 			return fmt.Errorf("%s not synced", what)
 		}
@@ -701,7 +701,7 @@ func testOfflineDetails(t *testing.T, cp *testenv.ControlPlane, edgeHost *testen
 			t.Fatalf("pod %s at resourceVersion %s, not below the list's %s", p.Name, p.ResourceVersion, list.ResourceVersion)
 		}
 	}
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the cache at the list's resourceVersion", func() error {
 		if info, _ := e.Store.Info("kubelet", podsGVR); info.MaxRV < listRV {
 			return fmt.Errorf("cache at resourceVersion %d, the list's is %d", info.MaxRV, listRV)
 		}
@@ -742,13 +742,18 @@ func testOfflineDetails(t *testing.T, cp *testenv.ControlPlane, edgeHost *testen
 	if err := updatePodStep(ctx, kubelet, "pod-x", "b"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1100 * time.Millisecond) // managedFields keep whole seconds
+	// managedFields keep whole seconds: the admin's write comes in a
+	// later second than the queued patch.
+	queued := time.Now()
+	testenv.Eventually(t, "the next second", func() bool {
+		return time.Now().Truncate(time.Second).After(queued.Truncate(time.Second))
+	})
 	if _, err := patchPodStep(ctx, cp.Client, "pod-y", "by-admin"); err != nil {
 		t.Fatal(err)
 	}
 	offline.set(false)
-	eventually(t, 20*time.Second, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
+	testenv.EventuallyNoError(t, "the queue replayed", func() error {
+		if n := e.Proxy.queue.Len(); n != 0 {
 			return fmt.Errorf("%d queued", n)
 		}
 		return nil
@@ -803,11 +808,8 @@ func testSlowCloud(t *testing.T, cp *testenv.ControlPlane, cloud, edgeHost *test
 	// as many as the failure threshold several times over.
 	const probes = 16
 	before := e.metric("tether_edge_apiserver_upstream_probes_total", "result", "ok")
-	eventually(t, 2*time.Minute, func() error {
-		if n := e.metric("tether_edge_apiserver_upstream_probes_total", "result", "ok") - before; n < probes {
-			return fmt.Errorf("%v probes passed over the slow link, want %d", n, probes)
-		}
-		return nil
+	testenv.EventuallyWithin(t, 2*time.Minute, fmt.Sprintf("%d probes passed over the slow link", probes), func() bool {
+		return e.metric("tether_edge_apiserver_upstream_probes_total", "result", "ok")-before >= probes
 	})
 	select {
 	case <-changed:

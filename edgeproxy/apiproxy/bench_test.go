@@ -90,7 +90,7 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 		}
 		return nil
 	}
-	eventually(b, 30*time.Second, ready)
+	testenv.EventuallyNoError(b, "the edge proxy ready", ready)
 
 	_, nodeCfg, _ := cp.NodeClient(b, node)
 	nodeCfg.Dial = edgeHost.DialContext // direct: from the edge host, across the site router
@@ -199,7 +199,7 @@ func BenchmarkAPIServerProxy(b *testing.B) {
 
 	// Offline: lists served from the cache.
 	site.Cut()
-	eventually(b, 30*time.Second, func() error {
+	testenv.EventuallyNoError(b, "the proxy offline", func() error {
 		resp, err := (&http.Client{Transport: &http.Transport{DialContext: edgeHost.DialContext}}).Get("http://127.0.0.1:10267/metrics")
 		if err != nil {
 			return err

@@ -44,7 +44,7 @@ func TestOfflinePatchesCoalesce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the pods and the node cached", func() error {
 		for _, p := range []string{"pod-merge", "pod-jsonpatch"} {
 			if o, _ := e.Store.Get("kubelet", podsGVR, workNS, p); o == nil {
 				return fmt.Errorf("%s not cached yet", p)
@@ -84,7 +84,7 @@ func TestOfflinePatchesCoalesce(t *testing.T) {
 			t.Fatalf("offline JSON patch %s: %v", patch, err)
 		}
 	}
-	if n := e.Proxy.queueLen(); n != 4 {
+	if n := e.Proxy.queue.Len(); n != 4 {
 		t.Fatalf("%d writes queued, want 4: one per object for the node and pod-merge, two JSON patches", n)
 	}
 	if c := e.metric("tether_edge_apiserver_queue_replayed_total", "result", "coalesced"); c != nodePatches-1+mergePatches-1 {
@@ -92,12 +92,7 @@ func TestOfflinePatchesCoalesce(t *testing.T) {
 	}
 
 	offline.set(false)
-	eventually(t, 2*time.Minute, func() error {
-		if n := e.Proxy.queueLen(); n != 0 {
-			return fmt.Errorf("%d still queued", n)
-		}
-		return nil
-	})
+	testenv.EventuallyWithin(t, 2*time.Minute, "the queue replayed", func() bool { return e.Proxy.queue.Len() == 0 })
 	n, err := cp.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

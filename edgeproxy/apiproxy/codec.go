@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strings"
 
-	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -18,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tether-edge/tether/internal/localapi"
@@ -163,43 +161,6 @@ func bodyJSON(contentType string, body []byte) ([]byte, error) {
 		return json.Marshal(obj)
 	default:
 		return nil, fmt.Errorf("cannot read a %s body offline", mt)
-	}
-}
-
-// patchTypes are the Go types strategic merge patches of status writes
-// need, by resource.
-var patchTypes = map[string]any{"pods": corev1.Pod{}, "nodes": corev1.Node{}}
-
-// applyPatch applies a patch body to the JSON of an object of resource.
-// The patch libraries are those kube-apiserver uses, and like it the edge
-// turns a panic of theirs on a malformed patch (a JSON patch "replace" of
-// the root without a value dereferences nil in json-patch v4) into an
-// error instead of a crash.
-func applyPatch(contentType string, original, patch []byte, resource string) (out []byte, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			out, err = nil, fmt.Errorf("malformed patch: %v", r)
-		}
-	}()
-	switch mt := mediaType(contentType); mt {
-	case string("application/strategic-merge-patch+json"):
-		t, ok := patchTypes[resource]
-		if !ok {
-			return nil, fmt.Errorf("no strategic merge patch of %s offline", resource)
-		}
-		return strategicpatch.StrategicMergePatch(original, patch, t)
-	case "application/merge-patch+json":
-		return jsonpatch.MergePatch(original, patch)
-	case "application/json-patch+json":
-		p, err := jsonpatch.DecodePatch(patch)
-		if err != nil {
-			return nil, err
-		}
-		return p.Apply(original)
-	case "application/apply-patch+yaml", "application/apply-patch+cbor":
-		return nil, fmt.Errorf("server-side apply needs the apiserver")
-	default:
-		return nil, fmt.Errorf("unknown patch type %q", mt)
 	}
 }
 

@@ -106,7 +106,7 @@ func TestDiskFull(t *testing.T) {
 		!strings.Contains(st.Message, "no space left on device") {
 		t.Fatalf("write on a full disk: %d %q", code, st.Message)
 	}
-	if n := e.Proxy.queueLen(); n != 1 {
+	if n := e.Proxy.queue.Len(); n != 1 {
 		t.Fatalf("%d writes queued after the refusal, want 1", n)
 	}
 
@@ -116,12 +116,12 @@ func TestDiskFull(t *testing.T) {
 	if code, st := put(); code != http.StatusOK {
 		t.Fatalf("write once there is room again: %d %s", code, st.Message)
 	}
-	if n, _ := e.Store.QueueUsage(); n != 2 || e.Proxy.queueLen() != 2 {
-		t.Errorf("queue holds %d writes (proxy counts %d), want 2", n, e.Proxy.queueLen())
+	if n, _ := e.Store.QueueUsage(); n != 2 || e.Proxy.queue.Len() != 2 {
+		t.Errorf("queue holds %d writes (proxy counts %d), want 2", n, e.Proxy.queue.Len())
 	}
 	// The file is whole: it opens again with both writes.
 	e = e.restart()
-	if n := e.Proxy.queueLen(); n != 2 || e.Store.MovedAside != "" {
+	if n := e.Proxy.queue.Len(); n != 2 || e.Store.MovedAside != "" {
 		t.Errorf("after restart: %d queued, moved aside %q", n, e.Store.MovedAside)
 	}
 }

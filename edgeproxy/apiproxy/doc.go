@@ -5,8 +5,9 @@
 // a bbolt cache (package cache), and while the cloud is unreachable
 // answers them from that cache: reads, watches held open, the node's
 // Lease renewed locally, pod and node status writes queued and replayed
-// in order when the cloud is back.
+// in order when the cloud is back (package writequeue).
 //
-// README.md describes the data flow, the behaviour of each kind of
-// request online and offline, and the invariants.
+// README.md describes the data flow, how a request is classified, the
+// behaviour of each kind of request online and offline, and the
+// invariants.
 package apiproxy

@@ -83,6 +83,9 @@ type edge struct {
 	cancel context.CancelFunc
 	done   sync.WaitGroup
 	logs   *lockedBuffer
+	// records are the proxy's log records, for tests of what an
+	// operator is told.
+	records *logRecords
 }
 
 func startEdge(t testing.TB, spec edgeSpec) *edge {
@@ -93,8 +96,9 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 	if spec.dataDir == "" {
 		spec.dataDir = t.TempDir()
 	}
-	e := &edge{t: t, spec: spec, Reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(e.logs, testWriter(t)), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e := &edge{t: t, spec: spec, Reg: prometheus.NewRegistry(), logs: &lockedBuffer{}, records: &logRecords{}}
+	log := slog.New(slog.NewMultiHandler(
+		slog.NewTextHandler(io.MultiWriter(e.logs, testWriter(t)), &slog.HandlerOptions{Level: slog.LevelDebug}), e.records))
 	roots := spec.rootCAs
 	if roots == nil {
 		roots = spec.ca.Pool()
@@ -125,15 +129,10 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 		addr = "127.0.0.1:0"
 	}
 	var ln net.Listener
-	for range 50 { // after a restart the port may take a moment
-		if ln, err = spec.net.Listen("tcp", addr); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	testenv.EventuallyNoError(t, "the listen address", func() (err error) { // after a restart the port may take a moment
+		ln, err = spec.net.Listen("tcp", addr)
+		return err
+	})
 	e.Addr = ln.Addr().String()
 	var topo Topology
 	var loop *Loopback
@@ -258,29 +257,10 @@ func (e *edge) metric(name string, labels ...string) float64 {
 func (e *edge) waitHealthy(want bool, within time.Duration) time.Duration {
 	e.t.Helper()
 	start := time.Now()
-	eventually(e.t, within, func() error {
-		if e.Proxy.up.Healthy() != want {
-			return fmt.Errorf("healthy is not %v: %+v", want, e.Ups.Status())
-		}
-		return nil
+	testenv.EventuallyWithin(e.t, within, fmt.Sprintf("the cloud's health to be %v", want), func() bool {
+		return e.Proxy.up.Healthy() == want
 	})
 	return time.Since(start)
-}
-
-// eventually retries f every 50 ms until it returns nil or within ends.
-func eventually(t testing.TB, within time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // switchable is an Upstream whose health can be forced to unhealthy.
@@ -361,6 +341,43 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// logRecords is a slog.Handler that keeps the records it is given.
+type logRecords struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecords) WithGroup(string) slog.Handler            { return l }
+
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r.Clone())
+	return nil
+}
+
+// find returns the attributes, as strings, of the records of level
+// with message msg.
+func (l *logRecords) find(level slog.Level, msg string) []map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var found []map[string]string
+	for _, r := range l.recs {
+		if r.Level != level || r.Message != msg {
+			continue
+		}
+		attrs := map[string]string{}
+		r.Attrs(func(a slog.Attr) bool {
+			attrs[a.Key] = a.Value.String()
+			return true
+		})
+		found = append(found, attrs)
+	}
+	return found
 }
 
 // testWriter sends logs to stderr when TETHER_TEST_LOGS is set.

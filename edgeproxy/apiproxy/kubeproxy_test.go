@@ -2,6 +2,7 @@ package apiproxy
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -66,20 +67,24 @@ func TestTopologyKubeProxy(t *testing.T) {
 	waitRules := func(what string, svc string, want []string) time.Duration {
 		t.Helper()
 		start := time.Now()
-		var got map[string][]string
-		for time.Since(start) < 30*time.Second {
-			if got = endpoints(); slices.Equal(got[svc], want) {
-				return time.Since(start)
+		defer func() {
+			if !t.Failed() {
+				return
 			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		full, _ := host.Command(ctx, "nft", "list", "ruleset").CombinedOutput()
-		var out []byte
-		for _, l := range regexp.MustCompile(`(?m)^.*(chain|dnat).*$`).FindAll(full, 40) {
-			out = append(append(out, l...), '\n')
-		}
-		t.Fatalf("%s: kube-proxy's endpoints %v, want %s: %v; ruleset:\n%s", what, got, svc, want, out)
-		return 0
+			full, _ := host.Command(ctx, "nft", "list", "ruleset").CombinedOutput()
+			var out []byte
+			for _, l := range regexp.MustCompile(`(?m)^.*(chain|dnat).*$`).FindAll(full, 40) {
+				out = append(append(out, l...), '\n')
+			}
+			t.Logf("%s: ruleset:\n%s", what, out)
+		}()
+		testenv.EventuallyNoError(t, what+": kube-proxy's endpoints of "+svc, func() error {
+			if got := endpoints(); !slices.Equal(got[svc], want) {
+				return fmt.Errorf("endpoints %v, want %s: %v", got, svc, want)
+			}
+			return nil
+		})
+		return time.Since(start)
 	}
 	waitRules("start", "host", []string{"10.1.0.1"})
 	waitRules("start", "pool", []string{"10.1.0.1", "10.1.0.2"})
@@ -99,12 +104,10 @@ func TestTopologyKubeProxy(t *testing.T) {
 	// (ServiceCIDRs) has synced, its log has no "forbidden".
 	const synced = `Caches are synced" controller="serviceCIDR config"`
 	var kpLog string
-	for start := time.Now(); !strings.Contains(kpLog, synced) && time.Since(start) < 30*time.Second; time.Sleep(50 * time.Millisecond) {
+	testenv.Eventually(t, "kube-proxy's caches synced", func() bool {
 		kpLog = kubeProxy.Log()
-	}
-	if !strings.Contains(kpLog, synced) {
-		t.Errorf("kube-proxy's log has no %s after 30 s", synced)
-	}
+		return strings.Contains(kpLog, synced)
+	})
 	for l := range strings.Lines(kpLog) {
 		if strings.Contains(l, "forbidden") {
 			t.Errorf("kube-proxy was refused a request (edge-rbac.yaml lacks a grant): %s", l)

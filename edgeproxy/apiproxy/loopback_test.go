@@ -2,6 +2,7 @@ package apiproxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // TestLoopback: tether-edge's own clients reach the proxy in process and
@@ -59,11 +62,11 @@ func TestLoopback(t *testing.T) {
 	// just after the client has read the last byte of a response of known
 	// length: wait for the count.
 	for _, comp := range []string{PoolMembersClient.Name, PoolClient.Name, "other"} {
-		n := e.metric("tether_edge_apiserver_requests_total", "component", comp, "verb", "list", "served", "upstream")
-		for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			n = e.metric("tether_edge_apiserver_requests_total", "component", comp, "verb", "list", "served", "upstream")
+		lists := func() float64 {
+			return e.metric("tether_edge_apiserver_requests_total", "component", comp, "verb", "list", "served", "upstream")
 		}
-		if n != 1 {
+		testenv.Eventually(t, comp+"'s list counted", func() bool { return lists() > 0 })
+		if n := lists(); n != 1 {
 			t.Errorf("%s: %v lists counted", comp, n)
 		}
 	}
@@ -71,15 +74,13 @@ func TestLoopback(t *testing.T) {
 	offline.set(true)
 	e.waitHealthy(false, 30*time.Second)
 	// The online answer is copied into the cache in the background.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testenv.EventuallyNoError(t, "an offline list of the Node informer's client, from the cache", func() error {
 		l, err := members.CoreV1().Pods("ns").List(ctx, metav1.ListOptions{})
-		if err == nil && len(l.Items) == 1 && l.Items[0].Name == "p" {
-			break
+		if err == nil && (len(l.Items) != 1 || l.Items[0].Name != "p") {
+			err = fmt.Errorf("listed %v", l.Items)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("offline list of the Node informer's client, from the cache: %v, %v", l, err)
-		}
-	}
+		return err
+	})
 	if n := e.metric("tether_edge_apiserver_requests_total", "component", PoolMembersClient.Name, "verb", "list", "served", "cache"); n == 0 {
 		t.Error("the offline list was not counted as served from the cache")
 	}

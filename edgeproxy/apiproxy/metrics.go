@@ -22,9 +22,9 @@ const (
 type metrics struct {
 	requests      *prometheus.CounterVec
 	hits, misses  *prometheus.CounterVec
+	bytes         *prometheus.CounterVec
 	bytesUp       prometheus.Counter
 	bytesDown     prometheus.Counter
-	replayed      *prometheus.CounterVec
 	watchesOpen   *prometheus.GaugeVec
 	cacheFailures prometheus.Counter
 	delegated     *prometheus.CounterVec
@@ -33,40 +33,35 @@ type metrics struct {
 	poolWatchesEnded prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
-	const ns, sub = "tether", "edge_apiserver"
-	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "bytes_total",
-		Help: "Bytes of request and response bodies between the proxy and the cloud kube-apiservers; up is to the cloud, down from it."},
-		[]string{"direction"})
+// The queue's metrics (queue_length, queue_replayed_total) are package
+// writequeue's.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "requests_total",
-			Help: "Requests of node components, by component (User-Agent), verb and how they were served: upstream, pool (the node pool's replica), cache, local (the node's Lease offline), queued (status writes offline), refused (503 offline) or error."},
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_requests_total",
+			Help: "Requests of node components, by component, verb and how served: upstream, pool, cache, local, queued, refused or error."},
 			[]string{"component", "verb", "served"}),
-		hits: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_hits_total",
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_cache_hits_total",
 			Help: "Reads answered from the cache (offline, or after the cloud failed to answer), by component."},
 			[]string{"component"}),
-		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_misses_total",
+		misses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_cache_misses_total",
 			Help: "Reads the cache could not answer (the object or resource was never cached for this component), by component."},
 			[]string{"component"}),
-		bytesUp:   bytes.WithLabelValues("up"),
-		bytesDown: bytes.WithLabelValues("down"),
-		replayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "queue_replayed_total",
-			Help: "Queued status writes handled, by result: applied, obsolete (the object is gone or was written since) or rejected (the apiserver refused it) after the cloud came back, or coalesced (a later patch of the object took its place in the queue)."},
-			[]string{"result"}),
-		watchesOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "watches_open",
-			Help: "Watches of node components open now, by mode: upstream (relayed from the cloud) or held (offline: open, without events, until the cloud is back)."},
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_bytes_total",
+			Help: "Bytes of request (up) and response (down) bodies between the proxy and the cloud kube-apiservers."},
+			[]string{"direction"}),
+		watchesOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tether_edge_apiserver_watches_open",
+			Help: "Watches of node components open now, by mode: upstream (relayed) or held (offline, without events)."},
 			[]string{"mode"}),
-		cacheFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_update_failures_total",
+		cacheFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_edge_apiserver_cache_update_failures_total",
 			Help: "Responses that passed through but could not be cached (undecodable, or the store failed)."}),
-		delegated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "heartbeats_delegated_total",
-			Help: "Renewals of the node's Lease made while the cloud was unreachable and sent to the pool leader, by result: ok, failed, or dropped (one was still in flight)."},
+		delegated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_heartbeats_delegated_total",
+			Help: "Renewals of the node's Lease made offline and sent to the pool leader, by result: ok, failed or dropped."},
 			[]string{"result"}),
-		poolWatchesEnded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "pool_watches_ended_total",
-			Help: "Watches served from the node pool's replica that were ended because the replica stopped serving (the leader's sync went stale while the cloud is reachable); their clients watch again, from the cloud."}),
+		poolWatchesEnded: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_edge_apiserver_pool_watches_ended_total",
+			Help: "Watches served from the node pool's replica that were ended because the replica stopped serving."}),
 	}
-	queue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_length",
-		Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen)
-	return m, promreg.Register(reg, m.requests, m.hits, m.misses, bytes, m.replayed, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded, queue)
+	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("up"), m.bytes.WithLabelValues("down")
+	return m, promreg.Register(reg, m.requests, m.hits, m.misses, m.bytes, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded)
 }
 
 // countingReader counts the bytes read through it.

@@ -10,23 +10,25 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/internal/statuspatch"
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/writequeue"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // serveRead answers a get or list from the cache. why is why the cloud
 // does not answer it (unreachableMessage, or noAnswer); a refusal says it.
-func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, comp string, why string) string {
+func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, why string) string {
 	if req.Verb == localapi.VerbGet {
-		o, err := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
+		o, err := p.store.Get(req.comp, req.GVR, req.Namespace, req.Name)
 		if err != nil {
 			writeStatus(w, http.StatusInternalServerError, metav1.StatusReasonInternalError, nil, "tether-edge: read cache: %v", err)
 			return servedError
 		}
 		if o == nil {
-			p.m.misses.WithLabelValues(comp).Inc()
-			if _, found := p.store.Info(comp, req.GVR); !found {
-				refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
+			p.m.misses.WithLabelValues(req.comp).Inc()
+			if _, found := p.store.Info(req.comp, req.GVR); !found {
+				refuse(w, why, "%s were never cached for %s", req.GVR.Resource, req.comp)
 				return servedRefused
 			}
 			writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound,
@@ -34,20 +36,19 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 				"%s %q not found", req.GVR.Resource, req.Name)
 			return servedCache
 		}
-		p.m.hits.WithLabelValues(comp).Inc()
+		p.m.hits.WithLabelValues(req.comp).Inc()
 		localapi.WriteJSON(w, http.StatusOK, o.Raw)
 		return servedCache
 	}
 
-	scope, err := req.scope(r)
-	if err != nil {
-		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
+	if req.scopeErr != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", req.scopeErr)
 		return servedError
 	}
 	// The items are copied out of the store inside the read transaction
 	// (a memory copy, no I/O).
 	var items [][]byte
-	info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *localapi.Object) {
+	info, found, err := p.store.Scan(req.comp, req.GVR, req.scope, func(o *localapi.Object) {
 		items = append(items, bytes.Clone(o.Raw))
 	})
 	if err != nil {
@@ -55,11 +56,11 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, c
 		return servedError
 	}
 	if !found {
-		p.m.misses.WithLabelValues(comp).Inc()
-		refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
+		p.m.misses.WithLabelValues(req.comp).Inc()
+		refuse(w, why, "%s were never cached for %s", req.GVR.Resource, req.comp)
 		return servedRefused
 	}
-	p.m.hits.WithLabelValues(comp).Inc()
+	p.m.hits.WithLabelValues(req.comp).Inc()
 	localapi.WriteList(w, info.Kind+"List", info.APIVersion, info.MaxRV, items)
 	return servedCache
 }
@@ -83,25 +84,24 @@ const (
 // until hold lets it end. cloud is why the cloud is not asked (the
 // health checks failed, or it did not answer); why says so to a client
 // that is refused, as for serveRead.
-func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, comp string, start time.Time, cloud cloudState, why string) string {
-	scope, err := req.scope(r)
-	if err != nil {
-		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", err)
+func (p *Proxy) serveWatch(w http.ResponseWriter, r *http.Request, req request, start time.Time, cloud cloudState, why string) string {
+	if req.scopeErr != nil {
+		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "%v", req.scopeErr)
 		return servedError
 	}
 	var events []byte
 	if localapi.IsTrue(r.URL.Query().Get("sendInitialEvents")) {
-		info, found, err := p.store.Scan(comp, req.GVR, scope, func(o *localapi.Object) {
+		info, found, err := p.store.Scan(req.comp, req.GVR, req.scope, func(o *localapi.Object) {
 			events = localapi.AppendEvent(events, localapi.Added, o.Raw)
 		})
 		if err != nil || !found {
-			p.m.misses.WithLabelValues(comp).Inc()
-			refuse(w, why, "%s were never cached for %s", req.GVR.Resource, comp)
+			p.m.misses.WithLabelValues(req.comp).Inc()
+			refuse(w, why, "%s were never cached for %s", req.GVR.Resource, req.comp)
 			return servedRefused
 		}
 		events = localapi.AppendBookmark(events, info.Kind, info.APIVersion, info.MaxRV, localapi.InitialEventsEnd)
 	}
-	p.m.hits.WithLabelValues(comp).Inc()
+	p.m.hits.WithLabelValues(req.comp).Inc()
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)
 	w.Write(events)
@@ -164,31 +164,31 @@ wait:
 // answered locally and status writes are queued. A status write of an
 // object that still has queued writes is queued behind them, so that the
 // object's writes reach the cloud in order, without waiting for them.
-func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp string, healthy bool) string {
+func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, healthy bool) string {
 	body, err := readBody(r)
 	if err != nil {
 		writeStatus(w, http.StatusRequestEntityTooLarge, metav1.StatusReasonRequestEntityTooLarge, nil, "%v", err)
 		return servedError
 	}
-	lease := p.isNodeLease(req)
-	if healthy && !lease && p.hasQueued(requestKey(req)) {
-		p.kickReplay()
-		return p.queueStatus(w, r, req, comp, body, "earlier status writes of this object are still queued for the cloud")
+	lease := req.kind == kindLease
+	if healthy && !lease && p.queue.Queued(writequeue.Object{Group: req.GVR.Group, Resource: req.GVR.Resource, Namespace: req.Namespace, Name: req.Name}) {
+		p.queue.Kick()
+		return p.queueStatus(w, r, req, body, "earlier status writes of this object are still queued for the cloud")
 	}
 	if healthy {
-		up := p.upstreamRequest(r, body, answerFor(p.cached[comp]), req.GVR.GroupVersion())
+		up := p.upstreamRequest(r, body, answerFor(req.cacheWrites), req.GVR.GroupVersion())
 		if lease {
 			// Renewed by the node itself: no longer delegated.
 			if b := withoutDelegateAnnotation(r.Header.Get("Content-Type"), body); b != nil {
-				up = p.upstreamRequest(r, b, answerFor(p.cached[comp]), req.GVR.GroupVersion())
+				up = p.upstreamRequest(r, b, answerFor(req.cacheWrites), req.GVR.GroupVersion())
 				up.Header.Set("Content-Type", "application/json")
 			}
 		}
 		resp, err := p.rt.RoundTrip(up)
 		if err == nil {
 			defer resp.Body.Close()
-			if b := p.relay(w, resp, answerFor(p.cached[comp] && resp.StatusCode < 300)); b != nil {
-				go p.cacheResponse(comp, req, cache.Scope{}, false, resp.Header.Get("Content-Type"), b)
+			if b := p.relay(w, resp, answerFor(req.cacheWrites && resp.StatusCode < 300)); b != nil {
+				go p.cacheResponse(req, false, resp.Header.Get("Content-Type"), b)
 			}
 			return servedUpstream
 		}
@@ -196,15 +196,15 @@ func (p *Proxy) write(w http.ResponseWriter, r *http.Request, req request, comp 
 			return servedError
 		}
 		p.up.Kick()
-		p.log.Debug("apiserver did not answer a write; answering it locally", "component", comp, "path", r.URL.Path, "err", err)
+		p.log.Debug("apiserver did not answer a write; answering it locally", "component", req.comp, "path", r.URL.Path, "err", err)
 	}
 	if lease {
 		if j, err := bodyJSON(r.Header.Get("Content-Type"), body); err == nil {
 			p.delegate(j)
 		}
-		return p.answerLease(w, r, req, comp, body)
+		return p.answerLease(w, r, req, body)
 	}
-	return p.queueStatus(w, r, req, comp, body, unreachableMessage)
+	return p.queueStatus(w, r, req, body, unreachableMessage)
 }
 
 func readBody(r *http.Request) ([]byte, error) {
@@ -224,7 +224,7 @@ func readBody(r *http.Request) ([]byte, error) {
 // renewal to succeed; the cloud sees the node's Lease again when it is
 // back (kubelet's next renewal conflicts once, reads the Lease again and
 // renews it upstream).
-func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request, comp string, body []byte) string {
+func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request, body []byte) string {
 	j, err := bodyJSON(r.Header.Get("Content-Type"), body)
 	if err != nil {
 		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, nil, "tether-edge: %v", err)
@@ -239,7 +239,7 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 		return servedError
 	}
 	rv := sent.RV
-	if old, _ := p.store.Get(comp, leasesGVR, req.Namespace, req.Name); old != nil {
+	if old, _ := p.store.Get(req.comp, leasesGVR, req.Namespace, req.Name); old != nil {
 		rv = max(rv, old.RV)
 	}
 	out, err := localapi.WithResourceVersion(sent.Raw, rv+1, "Lease", leasesGVR.GroupVersion().String())
@@ -248,7 +248,7 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 		return servedError
 	}
 	if o, err := localapi.DecodeObject(out, "", ""); err == nil {
-		p.store.PutLocal(comp, leasesGVR, o)
+		p.store.PutLocal(req.comp, leasesGVR, o)
 		p.store.Sync() // a get right after sees it
 		p.lastGet.Clear()
 	}
@@ -261,12 +261,12 @@ func (p *Proxy) answerLease(w http.ResponseWriter, r *http.Request, req request,
 // status of an update put in, or the patch applied; resourceVersion
 // bumped. why is why the write is not relayed (unreachableMessage, or
 // earlier writes of the object are queued); refusals say it first.
-func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request, comp string, body []byte, why string) string {
+func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request, body []byte, why string) string {
 	refused := func(format string, args ...any) string {
 		refuse(w, why, format, args...)
 		return servedRefused
 	}
-	cached, _ := p.store.Get(comp, req.GVR, req.Namespace, req.Name)
+	cached, _ := p.store.Get(req.comp, req.GVR, req.Namespace, req.Name)
 	ct := r.Header.Get("Content-Type")
 	var result, keep []byte
 	var err error
@@ -286,10 +286,10 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		}
 	case localapi.VerbPatch:
 		if cached == nil {
-			p.m.misses.WithLabelValues(comp).Inc()
+			p.m.misses.WithLabelValues(req.comp).Inc()
 			return refused("%s is not cached, so a patch of its status cannot be kept", describe(req, r))
 		}
-		if result, err = applyPatch(ct, cached.Raw, body, req.GVR.Resource); err != nil {
+		if result, err = statuspatch.Apply(ct, cached.Raw, body, req.GVR.Resource); err != nil {
 			return refused("the patch of %s cannot be applied by the edge: %v", describe(req, r), err)
 		}
 		keep = body
@@ -316,28 +316,29 @@ func (p *Proxy) queueStatus(w http.ResponseWriter, r *http.Request, req request,
 		return servedError
 	}
 	qw := &cache.QueuedWrite{
-		Component: comp, UserAgent: r.UserAgent(),
+		Component: req.comp, UserAgent: r.UserAgent(),
 		Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, ContentType: ct, Body: keep,
 		Group: req.GVR.Group, Version: req.GVR.Version, Resource: req.GVR.Resource,
 		Namespace: req.Namespace, Name: req.Name, UID: uid, QueuedAt: p.clock.Now(),
 	}
-	if req.Verb == localapi.VerbPatch && coalescible(ct) {
-		qw.Base = cached.Raw
+	var base []byte
+	if cached != nil {
+		base = cached.Raw
 	}
-	if err := p.enqueue(qw, result); err != nil {
-		p.log.Warn("status write refused: it cannot be queued", "component", comp, "object", describe(req, r), "err", err)
+	if err := p.queue.Enqueue(qw, base, result); err != nil {
+		p.log.Warn("status write refused: it cannot be queued", "component", req.comp, "object", describe(req, r), "err", err)
 		if errors.Is(err, cache.ErrQueueFull) {
 			return refused("the queue of status writes is full, this one is refused: %v", err)
 		}
 		return refused("the status write cannot be kept on disk: %v", err)
 	}
 	if o, err := localapi.DecodeObject(result, "", ""); err == nil {
-		p.store.PutLocal(comp, req.GVR, o)
+		p.store.PutLocal(req.comp, req.GVR, o)
 		p.store.Sync() // the next write of the object starts from this one
 		p.lastGet.Clear()
 	}
-	p.kickReplay()
-	p.log.Debug("status write queued", "component", comp, "object", describe(req, r), "seq", qw.Seq)
+	p.queue.Kick()
+	p.log.Debug("status write queued", "component", req.comp, "object", describe(req, r), "seq", qw.Seq)
 	localapi.WriteJSON(w, http.StatusOK, result)
 	return servedQueued
 }
@@ -353,75 +354,4 @@ func notTheURLs(o *localapi.Object, req request) error {
 		return fmt.Errorf("the namespace of the object (%q) does not match the namespace on the URL (%q)", o.Namespace, req.Namespace)
 	}
 	return nil
-}
-
-func (p *Proxy) queueLen() int {
-	p.qmu.Lock()
-	defer p.qmu.Unlock()
-	return p.qlen
-}
-
-// hasQueued reports whether writes of the object are queued.
-func (p *Proxy) hasQueued(key string) bool {
-	p.qmu.Lock()
-	defer p.qmu.Unlock()
-	return p.pending[key] != nil
-}
-
-// lastPut is the seq of the latest queued update (PUT) of the object.
-func (p *Proxy) lastPut(key string) uint64 {
-	p.qmu.Lock()
-	defer p.qmu.Unlock()
-	if o := p.pending[key]; o != nil {
-		return o.lastPut
-	}
-	return 0
-}
-
-// noteQueued counts a write that is in the queue.
-func (p *Proxy) noteQueued(q cache.QueuedWrite) {
-	p.qmu.Lock()
-	defer p.qmu.Unlock()
-	p.qlen++
-	key := objectKey(q)
-	o := p.pending[key]
-	if o == nil {
-		o = &pendingObject{}
-		p.pending[key] = o
-	}
-	o.writes++
-	if q.Method == http.MethodPut {
-		o.lastPut = max(o.lastPut, q.Seq)
-	}
-	if q.Seq > o.last {
-		o.noteLast(q)
-	}
-}
-
-// dequeue removes a write from the queue, counted in the ledger as
-// outcome says.
-func (p *Proxy) dequeue(q cache.QueuedWrite, outcome cache.Outcome) error {
-	if err := p.store.Dequeue(q.Seq, outcome); err != nil {
-		return err
-	}
-	delete(p.retries, q.Seq)
-	p.qmu.Lock()
-	defer p.qmu.Unlock()
-	p.qlen--
-	key := objectKey(q)
-	if o := p.pending[key]; o != nil {
-		if o.writes--; o.writes <= 0 {
-			delete(p.pending, key)
-		} else if o.last == q.Seq {
-			o.last = 0
-		}
-	}
-	return nil
-}
-
-func (p *Proxy) kickReplay() {
-	select {
-	case p.replayCh <- struct{}{}:
-	default:
-	}
 }

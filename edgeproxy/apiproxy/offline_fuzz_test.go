@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/writequeue"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/internal/localapi"
 )
@@ -118,9 +119,9 @@ func FuzzOfflineWrite(f *testing.F) {
 		if err != nil {
 			return // not a request line the server reads
 		}
-		req := parseRequest(r)
 		p := proxies[healthy]
-		if !isStatusWrite(req) && !p.isNodeLease(req) {
+		req := p.classify(r)
+		if req.kind != kindStatus && req.kind != kindLease {
 			return // FuzzParseRequest's ground; reads and watches do not write
 		}
 		seed(t)
@@ -131,7 +132,7 @@ func FuzzOfflineWrite(f *testing.F) {
 			t.Fatal(err)
 		}
 		statsBefore := store.Stats()
-		queued := p.queueLen()
+		queued := p.queue.Len()
 
 		w := httptest.NewRecorder()
 		p.ServeHTTP(w, r)
@@ -150,7 +151,7 @@ func FuzzOfflineWrite(f *testing.F) {
 			qs = append(qs, q)
 		}
 		for _, q := range qs { // the next input starts from an empty queue
-			if err := p.dequeue(q, cache.OutcomeObsolete); err != nil {
+			if err := p.queue.(*writequeue.Queue).Dequeue(q, cache.OutcomeObsolete); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -185,7 +186,7 @@ func FuzzOfflineWrite(f *testing.F) {
 		if after == nil || !bytes.Equal(after.Raw, w.Body.Bytes()) {
 			t.Fatalf("%s %s answered %s, the cache holds %s", method, target, w.Body, raw(after))
 		}
-		if p.isNodeLease(req) {
+		if req.kind == kindLease {
 			if len(qs) != queued {
 				t.Fatalf("a Lease renewal was queued")
 			}

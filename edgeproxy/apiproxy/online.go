@@ -30,26 +30,25 @@ const (
 // forwardRead relays a get or list from the cloud or the node pool's
 // replica (via) and caches the answer. When that does not answer at all
 // it is served from the cache.
-func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, comp string, via readVia) string {
-	scope, scopeErr := req.scope(r)
+func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request, via readVia) string {
 	resp, err := p.readTrip(r, req, via)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return servedError
 		}
 		p.up.Kick()
-		p.log.Debug("apiserver did not answer; serving from the cache", "component", comp, "path", r.URL.Path, "err", err)
-		return p.serveRead(w, r, req, comp, noAnswer(err))
+		p.log.Debug("apiserver did not answer; serving from the cache", "component", req.comp, "path", r.URL.Path, "err", err)
+		return p.serveRead(w, r, req, noAnswer(err))
 	}
 	defer resp.Body.Close()
-	getKey := comp + " " + r.URL.Path
+	getKey := req.comp + " " + r.URL.Path
 	if resp.StatusCode == http.StatusNotFound && req.Verb == localapi.VerbGet {
-		p.store.Forget(comp, req.GVR, req.Namespace, req.Name)
+		p.store.Forget(req.comp, req.GVR, req.Namespace, req.Name)
 		p.lastGet.Delete(getKey)
 	}
-	cacheIt := resp.StatusCode == http.StatusOK && scopeErr == nil
+	cacheIt := resp.StatusCode == http.StatusOK && req.scopeErr == nil
 	var body []byte
-	if p.filtered(req, r, comp) {
+	if req.filtered {
 		// Filters run before the cache: it holds what the client got.
 		if body = p.relayFiltered(w, resp); !cacheIt {
 			body = nil
@@ -66,7 +65,7 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 			}
 		}
 		complete := !r.URL.Query().Has("continue")
-		go p.cacheResponse(comp, req, scope, complete, resp.Header.Get("Content-Type"), body)
+		go p.cacheResponse(req, complete, resp.Header.Get("Content-Type"), body)
 	}
 	return servedUpstream
 }
@@ -142,11 +141,11 @@ func (l *limitedBuffer) Write(b []byte) (int, error) {
 }
 
 // cacheResponse caches the body of a get, list, or write response.
-func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, complete bool, contentType string, body []byte) {
+func (p *Proxy) cacheResponse(req request, complete bool, contentType string, body []byte) {
 	d, err := decodeBody(contentType, body)
 	if err != nil {
 		p.m.cacheFailures.Inc()
-		p.log.Debug("response not cached", "component", comp, "resource", req.GVR.String(), "err", err)
+		p.log.Debug("response not cached", "component", req.comp, "resource", req.GVR.String(), "err", err)
 		return
 	}
 	if !d.list {
@@ -155,7 +154,7 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 		}
 		o, err := localapi.DecodeObject(d.object, d.kind, d.apiVersion)
 		if err == nil {
-			err = p.store.Put(comp, req.GVR, o)
+			err = p.store.Put(req.comp, req.GVR, o)
 		}
 		if err != nil {
 			p.m.cacheFailures.Inc()
@@ -163,7 +162,7 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 		return
 	}
 	list := cache.List{Kind: d.kind, APIVersion: d.apiVersion, RV: localapi.ParseRV(d.rv),
-		Scope: scope, Complete: complete && d.cont == "", Items: make([]*localapi.Object, 0, len(d.items))}
+		Scope: req.scope, Complete: complete && d.cont == "", Items: make([]*localapi.Object, 0, len(d.items))}
 	for _, raw := range d.items {
 		o, err := localapi.DecodeObject(raw, d.kind, d.apiVersion)
 		if err != nil {
@@ -173,7 +172,7 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 		}
 		list.Items = append(list.Items, o)
 	}
-	if err := p.store.ApplyList(comp, req.GVR, list); err != nil {
+	if err := p.store.ApplyList(req.comp, req.GVR, list); err != nil {
 		p.m.cacheFailures.Inc()
 	}
 }
@@ -182,27 +181,26 @@ func (p *Proxy) cacheResponse(comp string, req request, scope cache.Scope, compl
 // event. If the cloud goes away mid-watch, the client's watch is held
 // open without events (see hold) instead of being broken; if the cloud
 // does not answer at all, the watch is served offline.
-func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, comp string, via readVia) string {
+func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request, via readVia) string {
 	start := p.clock.Now()
 	if via == viaPool {
 		ctx, stop := p.whilePoolServes(r.Context(), req.GVR)
 		defer stop()
 		r = r.WithContext(ctx)
 	}
-	scope, scopeErr := req.scope(r)
 	resp, err := p.readTrip(r, req, via)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return servedError
 		}
 		p.up.Kick()
-		p.log.Debug("apiserver did not answer a watch; serving it offline", "component", comp, "path", r.URL.Path, "err", err)
-		return p.serveWatch(w, r, req, comp, start, cloudSilent, noAnswer(err))
+		p.log.Debug("apiserver did not answer a watch; serving it offline", "component", req.comp, "path", r.URL.Path, "err", err)
+		return p.serveWatch(w, r, req, start, cloudSilent, noAnswer(err))
 	}
 	defer resp.Body.Close()
 	rc := http.NewResponseController(w)
 	mt := mediaType(resp.Header.Get("Content-Type"))
-	if resp.StatusCode != http.StatusOK || scopeErr != nil || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
+	if resp.StatusCode != http.StatusOK || req.scopeErr != nil || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
 		copyHeader(w.Header(), resp.Header)
 		w.WriteHeader(resp.StatusCode)
 		rc.Flush()
@@ -217,7 +215,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 	open := p.m.watchesOpen.WithLabelValues("upstream")
 	open.Inc()
 	defer open.Dec()
-	wc := &watchCacher{p: p, comp: comp, gvr: req.GVR, scope: scope}
+	wc := &watchCacher{p: p, comp: req.comp, gvr: req.GVR, scope: req.scope}
 	if localapi.IsTrue(r.URL.Query().Get("sendInitialEvents")) {
 		wc.seen = map[string]bool{}
 	}
@@ -233,8 +231,8 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 		return err
 	}
 	var tw *topoWatch
-	if p.filtered(req, r, comp) {
-		tw = &topoWatch{p: p, gvr: req.GVR, scope: scope, codec: objCodec{proto: mt == runtime.ContentTypeProtobuf},
+	if req.filtered {
+		tw = &topoWatch{p: p, gvr: req.GVR, scope: req.scope, codec: objCodec{proto: mt == runtime.ContentTypeProtobuf},
 			wc: wc, write: send, hwm: localapi.ParseRV(r.URL.Query().Get("resourceVersion")), sent: map[string]uint64{}}
 		ctx, cancel := context.WithCancel(r.Context())
 		done := make(chan struct{})
@@ -252,7 +250,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 				return servedUpstream // client gone, or the apiserver ended the watch
 			}
 			p.up.Kick()
-			p.log.Debug("watch from the apiserver broke; holding the client's watch open", "component", comp, "path", r.URL.Path, "err", err)
+			p.log.Debug("watch from the apiserver broke; holding the client's watch open", "component", req.comp, "path", r.URL.Path, "err", err)
 			open.Dec()
 			p.hold(r, start, cloudSilent)
 			open.Inc()

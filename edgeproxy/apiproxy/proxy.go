@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/writequeue"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/localapi"
@@ -98,34 +99,22 @@ var (
 
 // Proxy is the kube-apiserver proxy for node components.
 type Proxy struct {
-	up       Upstream
-	store    *cache.Store
-	node     string
-	cached   map[string]bool
-	recheck  time.Duration
-	jitter   time.Duration
-	clock    clock.WithTicker
-	log      *slog.Logger
-	m        *metrics
-	reverse  *httputil.ReverseProxy
-	upgrade  *httputil.ReverseProxy
-	rt       http.RoundTripper // counting bytes
-	reads    http.RoundTripper // for gets and lists, counting bytes
-	replayCh chan struct{}
+	up      Upstream
+	store   *cache.Store
+	node    string
+	cached  map[string]bool
+	recheck time.Duration
+	jitter  time.Duration
+	clock   clock.WithTicker
+	log     *slog.Logger
+	m       *metrics
+	reverse *httputil.ReverseProxy
+	upgrade *httputil.ReverseProxy
+	rt      http.RoundTripper // counting bytes
+	reads   http.RoundTripper // for gets and lists, counting bytes
 
-	// queueMu makes a patch taking a queued write's place (coalesce.go)
-	// one step, against the replay starting to send that write.
-	queueMu sync.Mutex
-
-	qmu      sync.Mutex
-	qlen     int
-	pending  map[string]*pendingObject // by objectKey
-	replaced map[uint64]uint64         // queued writes coalesced since the last replay: the seq of the one in their place
-	inflight uint64                    // the queued write being replayed
-
-	// retries are the backoffs of queued writes by seq, and of the
-	// replay under 0 (Run's goroutine only).
-	retries map[uint64]*retryState
+	// queue keeps the status writes made offline and replays them.
+	queue writeQueue
 
 	topo      Topology
 	topoComps map[string]bool
@@ -146,7 +135,6 @@ func New(o Options) (*Proxy, error) {
 	}
 	p := &Proxy{up: o.Upstream, store: o.Store, node: o.NodeName, cached: map[string]bool{},
 		recheck: o.HeldWatchRecheck, jitter: o.ReleaseJitter, clock: o.Clock, log: o.Logger,
-		replayCh: make(chan struct{}, 1), pending: map[string]*pendingObject{}, replaced: map[uint64]uint64{}, retries: map[uint64]*retryState{},
 		pool: o.Pool, delegating: make(chan struct{}, 1)}
 	if p.recheck <= 0 {
 		p.recheck = 30 * time.Second
@@ -169,17 +157,15 @@ func New(o Options) (*Proxy, error) {
 			p.topoComps[c] = true
 		}
 	}
-	for q, err := range o.Store.QueuedWrites(0) {
-		if err != nil {
-			return nil, fmt.Errorf("apiproxy: %w", err)
-		}
-		p.noteQueued(q)
-	}
 	var err error
-	if p.m, err = newMetrics(o.Registerer, func() float64 { return float64(p.queueLen()) }); err != nil {
+	if p.m, err = newMetrics(o.Registerer); err != nil {
 		return nil, err
 	}
 	p.rt = &countingTransport{rt: p.up.Transport(), m: p.m}
+	if p.queue, err = writequeue.New(writequeue.Options{Store: o.Store, Upstream: o.Upstream, Transport: p.rt,
+		Clock: p.clock, Logger: p.log, Registerer: o.Registerer}); err != nil {
+		return nil, fmt.Errorf("apiproxy: %w", err)
+	}
 	p.reads = &countingTransport{rt: p.up.ReadTransport(), m: p.m}
 	rewrite := func(pr *httputil.ProxyRequest) {
 		srv, _ := p.up.Server()
@@ -194,6 +180,31 @@ func New(o Options) (*Proxy, error) {
 		FlushInterval: -1, ErrorHandler: p.proxyError, ErrorLog: errLog}
 	return p, nil
 }
+
+// writeQueue is what the proxy needs of the queue of status writes made
+// offline (package writequeue).
+type writeQueue interface {
+	// Enqueue keeps w on disk, coalesced with the object's latest queued
+	// patch where they coalesce; base is the object as cached before w,
+	// result as the edge answers it.
+	Enqueue(w *cache.QueuedWrite, base, result []byte) error
+	// Queued reports whether writes of the object are queued.
+	Queued(o writequeue.Object) bool
+	// Len is the number of queued writes.
+	Len() int
+	// Ledger is the queue's ledger, nil if it does not read.
+	Ledger() *statusapi.QueueLedger
+	// Kick has Run look at the queue now.
+	Kick()
+	// Run replays queued writes whenever the cloud is healthy.
+	Run(ctx context.Context) error
+}
+
+var _ writeQueue = (*writequeue.Queue)(nil)
+
+// Run replays the status writes queued offline whenever the cloud is
+// healthy, until ctx ends (package writequeue).
+func (p *Proxy) Run(ctx context.Context) error { return p.queue.Run(ctx) }
 
 // Serve serves clients on ln until ctx ends; requests in flight (held
 // watches too) end with ctx.
@@ -225,83 +236,56 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 
 // ServeHTTP serves one request of a node component.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	req := parseRequest(r)
-	comp := component(r.UserAgent())
-	in := internalOf(r)
-	if in != nil {
-		comp = in.Name
-	}
+	req := p.classify(r)
 	p.up.WaitKnown(r.Context())
-	served := p.serve(w, r, req, comp)
-	label := comp
-	if in == nil && !p.cached[comp] && !slices.Contains(DefaultComponents, comp) {
-		label = "other"
-	}
-	p.m.requests.WithLabelValues(label, req.Verb, served).Inc()
+	served := p.serve(w, r, req)
+	p.m.requests.WithLabelValues(req.label, req.Verb, served).Inc()
 }
 
-func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request, comp string) string {
+// serve is the proxy's decision table: req's kind, and whether the cloud
+// (or the node pool's replica) answers now.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request) string {
 	healthy := p.up.Healthy()
-	filtered := p.filtered(req, r, comp)
-	cached := (p.caches(r, comp) || filtered) && req.cacheable(r)
-	pool := cached && p.fromPool(req, r, comp, healthy)
-	if filtered && (healthy || pool) && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
+	pool := req.pool && p.pool.Serves(req.GVR, healthy)
+	if req.filtered && (healthy || pool) && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
 		topologyNotSynced(w)
 		return servedRefused
 	}
 	switch {
 	case pool && req.Verb == localapi.VerbWatch:
-		p.forwardWatch(w, r, req, comp, viaPool)
+		p.forwardWatch(w, r, req, viaPool)
 		return servedPool
 	case pool:
-		p.forwardRead(w, r, req, comp, viaPool)
+		p.forwardRead(w, r, req, viaPool)
 		return servedPool
-	case isUpgrade(r):
+	}
+	switch req.kind {
+	case kindUpgrade:
 		if !healthy {
 			unreachable(w, "%s %s cannot be relayed offline", r.Method, r.URL.Path)
 			return servedRefused
 		}
 		p.upgrade.ServeHTTP(w, r)
 		return servedUpstream
-	case cached && req.Verb == localapi.VerbWatch:
+	case kindWatch:
 		if !healthy {
-			return p.serveWatch(w, r, req, comp, p.clock.Now(), cloudOffline, unreachableMessage)
+			return p.serveWatch(w, r, req, p.clock.Now(), cloudOffline, unreachableMessage)
 		}
-		return p.forwardWatch(w, r, req, comp, viaCloud)
-	case cached:
+		return p.forwardWatch(w, r, req, viaCloud)
+	case kindRead:
 		if !healthy {
-			return p.serveRead(w, r, req, comp, unreachableMessage)
+			return p.serveRead(w, r, req, unreachableMessage)
 		}
-		return p.forwardRead(w, r, req, comp, viaCloud)
-	case p.isNodeLease(req) || isStatusWrite(req):
-		return p.write(w, r, req, comp, healthy)
-	case !healthy:
+		return p.forwardRead(w, r, req, viaCloud)
+	case kindLease, kindStatus:
+		return p.write(w, r, req, healthy)
+	}
+	if !healthy {
 		unreachable(w, "%s of %s is not possible offline", req.Verb, describe(req, r))
 		return servedRefused
 	}
 	p.reverse.ServeHTTP(w, r)
 	return servedUpstream
-}
-
-// caches reports whether comp's reads are cached: a component of
-// --cache-components, or an internal client that asks for it.
-func (p *Proxy) caches(r *http.Request, comp string) bool {
-	if in := internalOf(r); in != nil {
-		return in.Cached
-	}
-	return p.cached[comp]
-}
-
-// isNodeLease reports whether req renews this node's Lease.
-func (p *Proxy) isNodeLease(req request) bool {
-	return p.node != "" && req.Verb == localapi.VerbUpdate && req.GVR == leasesGVR && req.Subresource == "" &&
-		req.Namespace == "kube-node-lease" && req.Name == p.node
-}
-
-// isStatusWrite reports whether req writes the status of a Pod or a Node.
-func isStatusWrite(req request) bool {
-	return (req.Verb == localapi.VerbUpdate || req.Verb == localapi.VerbPatch) && req.Subresource == "status" &&
-		(req.GVR == podsGVR || req.GVR == nodesGVR)
 }
 
 func describe(req request, r *http.Request) string {
@@ -345,7 +329,7 @@ func (p *Proxy) Ready() error {
 // Status reports the proxy's state, its part of /status (without the
 // servers: the upstreams' Status).
 func (p *Proxy) Status() statusapi.APIServer {
-	return statusapi.APIServer{Healthy: p.up.Healthy(), QueuedWrites: p.queueLen(), CachedObjects: p.store.Stats(), QueueLedger: p.queueLedger()}
+	return statusapi.APIServer{Healthy: p.up.Healthy(), QueuedWrites: p.queue.Len(), CachedObjects: p.store.Stats(), QueueLedger: p.queue.Ledger()}
 }
 
 // countingTransport counts request and response body bytes.

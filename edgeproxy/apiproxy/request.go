@@ -1,34 +1,119 @@
 package apiproxy
 
 import (
-	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/internal/statuspatch"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/internal/localapi"
 )
 
-// request is what the proxy reads from a client's request: the API path
-// parsed into verb, resource and object (localapi.ParseRequest), with
-// what the proxy asks of it.
-type request struct{ localapi.Request }
+// kind is what the proxy does with a request, online and offline.
+type kind uint8
+
+const (
+	// kindOther: relayed as it is (a reverse proxy); refused offline.
+	kindOther kind = iota
+	// kindUpgrade: a protocol upgrade (exec, attach, port-forward),
+	// relayed over HTTP/1.1; refused offline.
+	kindUpgrade
+	// kindRead: a get or list whose answer is cached: relayed and
+	// cached; answered from the cache offline.
+	kindRead
+	// kindWatch: a watch whose events are cached: relayed event by event
+	// and cached; held open offline.
+	kindWatch
+	// kindLease: a renewal of this node's Lease: relayed; answered
+	// locally offline.
+	kindLease
+	// kindStatus: a status write of a pod or a node: relayed; queued
+	// offline, or while earlier writes of the object are queued.
+	kindStatus
+)
+
+// request is a client's request, classified once (Proxy.classify): the
+// API path parsed into verb, resource and object (localapi.ParseRequest),
+// who sent it, and what the proxy does with it. The rest of the proxy
+// reads it; nothing after classify looks at the User-Agent, the
+// context's Internal or the Accept header to learn what the request is.
+type request struct {
+	localapi.Request
+	kind kind
+	// comp is the component that sent it: an internal client's name, or
+	// the first word of the User-Agent.
+	comp string
+	// label is comp in metrics: "other" for a client of the listener
+	// whose reads are not cached and that is not one of the defaults.
+	label string
+	// filtered: a get, list or watch of EndpointSlices or Endpoints by a
+	// topology component, filtered before the cache (topology.go).
+	filtered bool
+	// pool: a list or watch that the node pool's replica answers while
+	// it serves the resource (viapool.go).
+	pool bool
+	// cacheWrites: comp is one of the cached components
+	// (Options.Components): the answer to its write is cached.
+	cacheWrites bool
+	// scope is the namespace and selectors of a cached read or watch;
+	// scopeErr says they do not parse (answered 400 offline, relayed
+	// but not cached online).
+	scope    cache.Scope
+	scopeErr error
+}
 
 // parseRequest parses an API path as localapi.ParseRequest does:
 // anything but a resource request is verb "proxy", relayed as it is and
 // refused offline. A watch of one object (the legacy watch path with a
-// name) is covered by its scope (see scope).
-func parseRequest(r *http.Request) request {
-	return request{localapi.ParseRequest(r)}
+// name) is covered by its scope (see localapi.ParseScope).
+func parseRequest(r *http.Request) localapi.Request {
+	return localapi.ParseRequest(r)
+}
+
+// classify reads r once into what the proxy does with it.
+func (p *Proxy) classify(r *http.Request) request {
+	req := request{Request: parseRequest(r), comp: component(r.UserAgent())}
+	in := internalOf(r)
+	caches := p.cached[req.comp]
+	if in != nil {
+		req.comp, caches = in.Name, in.Cached
+	}
+	req.label = req.comp
+	if in == nil && !p.cached[req.comp] && !slices.Contains(DefaultComponents, req.comp) {
+		req.label = "other"
+	}
+	req.cacheWrites = p.cached[req.comp]
+	cacheable := cacheable(req.Request, r)
+	req.filtered = cacheable && p.topo != nil && p.topoComps[req.comp] && (req.GVR == endpointSlicesGVR || req.GVR == endpointsGVR)
+	cached := cacheable && (caches || req.filtered)
+	req.pool = cached && p.pool != nil && (in == nil || !in.NotFromPool) &&
+		(req.Verb == localapi.VerbList || req.Verb == localapi.VerbWatch)
+	if cached {
+		req.scope, req.scopeErr = localapi.ParseScope(req.Namespace, req.Name, r.URL.Query())
+	}
+	switch {
+	case isUpgrade(r):
+		req.kind = kindUpgrade
+	case cached && req.Verb == localapi.VerbWatch:
+		req.kind = kindWatch
+	case cached:
+		req.kind = kindRead
+	case p.isNodeLease(req.Request):
+		req.kind = kindLease
+	case isStatusWrite(req.Request):
+		req.kind = kindStatus
+	}
+	return req
 }
 
 // cacheable reports whether the response to req can be cached and the
 // request answered from the cache: a get, list or watch of a resource
 // itself (no subresource) that asks for whole objects (not a Table or
 // PartialObjectMetadata view).
-func (req request) cacheable(r *http.Request) bool {
+func cacheable(req localapi.Request, r *http.Request) bool {
 	if !req.IsResource || req.Subresource != "" {
 		return false
 	}
@@ -40,9 +125,16 @@ func (req request) cacheable(r *http.Request) bool {
 	return !strings.Contains(r.Header.Get("Accept"), "as=")
 }
 
-// scope returns the namespace and selectors of a list or watch.
-func (req request) scope(r *http.Request) (cache.Scope, error) {
-	return localapi.ParseScope(req.Namespace, req.Name, r.URL.Query())
+// isNodeLease reports whether req renews this node's Lease.
+func (p *Proxy) isNodeLease(req localapi.Request) bool {
+	return p.node != "" && req.Verb == localapi.VerbUpdate && req.GVR == leasesGVR && req.Subresource == "" &&
+		req.Namespace == "kube-node-lease" && req.Name == p.node
+}
+
+// isStatusWrite reports whether req writes the status of a Pod or a Node.
+func isStatusWrite(req localapi.Request) bool {
+	return (req.Verb == localapi.VerbUpdate || req.Verb == localapi.VerbPatch) && req.Subresource == "status" &&
+		(req.GVR == podsGVR || req.GVR == nodesGVR)
 }
 
 // watchTimeout is the watch's timeoutSeconds (0 if none).
@@ -64,13 +156,7 @@ func component(userAgent string) string {
 }
 
 // mediaType is a Content-Type without its parameters.
-func mediaType(contentType string) string {
-	mt, _, err := mime.ParseMediaType(contentType)
-	if err != nil {
-		return contentType
-	}
-	return mt
-}
+func mediaType(contentType string) string { return statuspatch.MediaType(contentType) }
 
 // isUpgrade reports whether r asks for a protocol upgrade (exec, attach,
 // port-forward over SPDY or WebSocket).

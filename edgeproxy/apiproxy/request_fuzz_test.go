@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/tether-edge/tether/internal/localapi"
 )
 
 // FuzzParseRequest reads arbitrary request lines and headers as the
@@ -26,18 +28,31 @@ func FuzzParseRequest(f *testing.F) {
 	} {
 		f.Add(s.method, s.target, s.accept)
 	}
+	p := &Proxy{node: "n", cached: map[string]bool{"kubelet": true}}
 	f.Fuzz(func(t *testing.T, method, target, accept string) {
 		raw := method + " " + target + " HTTP/1.1\r\nHost: x\r\nAccept: " + accept + "\r\nUser-Agent: kubelet/v1\r\n\r\n"
 		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
 		if err != nil {
 			return // the server answers 400 before the proxy sees it
 		}
-		req := parseRequest(r) // its own invariants: localapi's FuzzParseRequest
-		if isStatusWrite(req) && (req.Name == "" || req.Subresource != "status") {
-			t.Fatalf("%s %s: a status write of no object: %+v", method, target, req)
+		req := p.classify(r) // the parse's own invariants: localapi's FuzzParseRequest
+		switch req.kind {
+		case kindStatus:
+			if req.Name == "" || req.Subresource != "status" {
+				t.Fatalf("%s %s: a status write of no object: %+v", method, target, req)
+			}
+		case kindRead, kindWatch:
+			if !cacheable(req.Request, r) || (req.kind == kindWatch) != (req.Verb == localapi.VerbWatch) {
+				t.Fatalf("%s %s: answered from the cache as %v: %+v", method, target, req.kind, req)
+			}
+		case kindLease:
+			if req.Name != "n" || req.Namespace != "kube-node-lease" {
+				t.Fatalf("%s %s: a renewal of another Lease: %+v", method, target, req)
+			}
 		}
-		req.cacheable(r)
-		req.scope(r) // an error is answered 400
+		if req.comp != "kubelet" || req.label != "kubelet" || req.pool || req.filtered {
+			t.Fatalf("%s %s: from kubelet, classified as %+v", method, target, req)
+		}
 		watchTimeout(r)
 		describe(req, r)
 		component(r.UserAgent())

@@ -66,12 +66,6 @@ const (
 	topologyRetry    = "1"
 )
 
-// filtered reports whether the answer to req is filtered by topology.
-func (p *Proxy) filtered(req request, r *http.Request, comp string) bool {
-	return p.topo != nil && p.topoComps[comp] && req.cacheable(r) &&
-		(req.GVR == endpointSlicesGVR || req.GVR == endpointsGVR)
-}
-
 // topologyNotSynced answers 503 with Retry-After: the filter cannot say
 // yet which endpoints this node may see.
 func topologyNotSynced(w http.ResponseWriter) {

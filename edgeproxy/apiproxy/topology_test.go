@@ -141,7 +141,7 @@ func testTopologyWatch(t *testing.T, ctx context.Context, admin, c kubernetes.In
 	patchService(t, ctx, admin, "plain", "")
 	patchNodePool(t, ctx, admin, "b", "p2")
 	var l *discoveryv1.EndpointSliceList
-	eventually(t, 30*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the filtered EndpointSlices", func() error {
 		var err error
 		if l, err = c.DiscoveryV1().EndpointSlices(topoNS).List(ctx, metav1.ListOptions{}); err != nil {
 			return err

@@ -67,33 +67,6 @@ func TestBodyJSONFromProtobuf(t *testing.T) {
 	}
 }
 
-func TestApplyPatch(t *testing.T) {
-	pod := []byte(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","uid":"u1"},"status":{"phase":"Running","conditions":[{"type":"Ready","status":"False"},{"type":"X","status":"True"}]}}`)
-	smp := []byte(`{"metadata":{"uid":"u1"},"status":{"conditions":[{"type":"Ready","status":"True"}]}}`)
-	out, err := applyPatch("application/strategic-merge-patch+json", pod, smp, "pods")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Conditions merge by type: Ready changes, X stays.
-	if !strings.Contains(string(out), `{"status":"True","type":"Ready"}`) || !strings.Contains(string(out), `"type":"X"`) {
-		t.Errorf("strategic merge: %s", out)
-	}
-	out, err = applyPatch("application/merge-patch+json", pod, []byte(`{"status":{"phase":"Failed"}}`), "pods")
-	if err != nil || !strings.Contains(string(out), `"phase":"Failed"`) {
-		t.Errorf("merge patch: %s %v", out, err)
-	}
-	out, err = applyPatch("application/json-patch+json", pod, []byte(`[{"op":"replace","path":"/status/phase","value":"Succeeded"}]`), "pods")
-	if err != nil || !strings.Contains(string(out), `"phase":"Succeeded"`) {
-		t.Errorf("json patch: %s %v", out, err)
-	}
-	if _, err := applyPatch("application/apply-patch+yaml", pod, []byte(`{}`), "pods"); err == nil {
-		t.Error("server-side apply applied offline")
-	}
-	if _, err := applyPatch("application/strategic-merge-patch+json", pod, smp, "configmaps"); err == nil {
-		t.Error("strategic merge of an unknown type applied")
-	}
-}
-
 // fakeAPIServer is an apiserver that answers /readyz, a pod list, and
 // upgrades of ".../exec" to an echo protocol; it records the headers it
 // was sent.
@@ -185,7 +158,7 @@ func TestUpstreamRequests(t *testing.T) {
 	get(kubeletUA, "application/vnd.kubernetes.protobuf,application/json") // for the cache check below
 	// Gets and lists go over HTTP/1.1 connections of their own once one
 	// is made (package upstream, Reads), watches over HTTP/2.
-	eventually(t, 5*time.Second, func() error {
+	testenv.EventuallyNoError(t, "a list over HTTP/1.1", func() error {
 		get(kubeletUA, "application/json")
 		if p := f.header(kubeletUA).Get("X-Test-Proto"); p != "1" {
 			return fmt.Errorf("kubelet's list went over HTTP/%s", p)
@@ -201,7 +174,7 @@ func TestUpstreamRequests(t *testing.T) {
 	if h := f.header("kubectl/v1.36"); h.Get("Accept") != "application/vnd.kubernetes.protobuf" || h.Get("Authorization") != "" {
 		t.Errorf("kubectl's request upstream: Accept %q, Authorization %q", h.Get("Accept"), h.Get("Authorization"))
 	}
-	eventually(t, 5*time.Second, func() error {
+	testenv.EventuallyNoError(t, "the pod cached", func() error {
 		if o, _ := e.Store.Get("kubelet", podsGVR, "ns", "p"); o == nil {
 			return io.ErrUnexpectedEOF
 		}

@@ -10,7 +10,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/openyurt"
 )
 
@@ -53,15 +52,6 @@ const servedPool = "pool"
 
 // delegateTimeout bounds one delegated heartbeat.
 const delegateTimeout = 5 * time.Second
-
-// fromPool reports whether req is answered from the pool replica.
-func (p *Proxy) fromPool(req request, r *http.Request, comp string, healthy bool) bool {
-	if in := internalOf(r); in != nil && in.NotFromPool {
-		return false
-	}
-	return p.pool != nil && (req.Verb == localapi.VerbList || req.Verb == localapi.VerbWatch) &&
-		req.Subresource == "" && (p.caches(r, comp) || p.filtered(req, r, comp)) && p.pool.Serves(req.GVR, healthy)
-}
 
 // whilePoolServes returns a context that ends when ctx does or when the
 // pool's replica stops being the answer for gvr: the leader's sync went

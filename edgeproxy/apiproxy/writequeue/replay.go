@@ -1,4 +1,4 @@
-package apiproxy
+package writequeue
 
 import (
 	"bytes"
@@ -17,11 +17,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/internal/localapi"
-	"github.com/tether-edge/tether/internal/statusapi"
 )
 
 // Results of a replayed write, the "result" label of
@@ -43,6 +41,9 @@ const (
 	replayBackoffBase = time.Second
 	replayBackoffMax  = 2 * time.Minute
 )
+
+// maxAnswer bounds the apiserver's answers the replay reads.
+const maxAnswer = 256 << 20
 
 // errNotHealthy stops a replay when the cloud goes away again.
 var errNotHealthy = errors.New("no apiserver is healthy")
@@ -87,142 +88,98 @@ func replayBackoff(failures int, retryAfter time.Duration) time.Duration {
 	return d
 }
 
-// pendingObject is what the queue holds of one object.
-type pendingObject struct {
-	writes  int
-	lastPut uint64 // seq of the latest update (PUT), 0 if none
-
-	// The latest queued write (0 once it is replayed), and whether a
-	// patch may take its place (coalesce.go).
-	last            uint64
-	lastCoalescible bool
-	lastComponent   string
-	lastContentType string
-}
-
-// Run replays queued status writes whenever the cloud is healthy, until
-// ctx ends. A write the cloud answers 5xx or 429 backs off on its own
-// (jittered, bounded by replayBackoffMax) while the writes of other
-// objects go on; later writes of the same object wait behind it, unless
-// a later update (PUT) replaces it.
-func (p *Proxy) Run(ctx context.Context) error {
-	for {
-		changed := p.up.Changed()
-		var wake clock.Timer
-		var wakeC <-chan time.Time
-		if p.up.Healthy() && p.queueLen() > 0 {
-			if next := p.replay(ctx); !next.IsZero() {
-				wake = p.clock.NewTimer(next.Sub(p.clock.Now()))
-				wakeC = wake.C()
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-p.replayCh:
-		case <-wakeC:
-		}
-		if wake != nil {
-			wake.Stop()
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-	}
-}
-
 // replay goes once through the queue, in order, and returns when the
 // next write that is backing off is due (zero if none). A write is dropped
 // as obsolete when a later update (PUT) of the same object in the queue
 // replaces it, when the object is gone or was recreated upstream (another
 // UID), or when another field manager wrote its status upstream after the
 // write was queued; as rejected when the cloud answers it 4xx.
-func (p *Proxy) replay(ctx context.Context) (next time.Time) {
-	p.takeReplaced()
-	now := p.clock.Now()
-	if r := p.retries[0]; r != nil && r.next.After(now) {
+func (q *Queue) replay(ctx context.Context) (next time.Time) {
+	q.takeReplaced()
+	now := q.clock.Now()
+	if r := q.retries[0]; r != nil && r.next.After(now) {
 		return r.next // the cloud did not answer lately
 	}
-	waiting := map[string]bool{} // objects with an earlier write still queued
+	waiting := map[Object]bool{} // objects with an earlier write still queued
 	counts := map[string]int{}
 	defer func() {
 		if len(counts) > 0 {
-			p.log.Info("queued status writes replayed", "applied", counts[replayApplied], "obsolete", counts[replayObsolete],
-				"rejected", counts[replayRejected], "still_queued", p.queueLen())
+			q.log.Info("queued status writes replayed", "applied", counts[replayApplied], "obsolete", counts[replayObsolete],
+				"rejected", counts[replayRejected], "still_queued", q.Len())
 		}
 	}()
-	for q, err := range p.store.QueuedWrites(0) {
+	for w, err := range q.store.QueuedWrites(0) {
 		if err != nil {
-			p.log.Error("cannot read the queue of status writes", "err", err)
-			return p.backOff(0, p.clock.Now(), 0)
+			q.log.Error("cannot read the queue of status writes", "err", err)
+			return q.backOff(0, q.clock.Now(), 0)
 		}
-		key := objectKey(q)
+		key := ObjectOf(w)
 		if waiting[key] {
 			continue
 		}
 		var result, why string
-		if p.lastPut(key) > q.Seq {
+		if q.lastPut(key) > w.Seq {
 			result, why = replayObsolete, "a later update of the object in the queue replaces it"
-		} else if r := p.retries[q.Seq]; r != nil && r.next.After(now) {
+		} else if r := q.retries[w.Seq]; r != nil && r.next.After(now) {
 			waiting[key] = true
 			next = earliest(next, r.next)
 			continue
 		} else {
-			if !p.up.Healthy() || ctx.Err() != nil {
+			if !q.up.Healthy() || ctx.Err() != nil {
 				return time.Time{} // Run starts again when the cloud is back
 			}
-			if !p.startReplay(q.Seq) {
+			if !q.startReplay(w.Seq) {
 				continue // a later patch took its place
 			}
-			result, why, err = p.replayOne(ctx, q)
-			p.doneReplay()
+			result, why, err = q.replayOne(ctx, w)
+			q.doneReplay()
 			var rf *refusedForNow
 			var se *storeError
 			switch {
 			case ctx.Err() != nil:
 				return time.Time{}
 			case errors.As(err, &se):
-				p.log.Error("cannot mark a queued status write as being sent; replay paused", "seq", q.Seq, "err", se.err)
-				return p.backOff(0, p.clock.Now(), 0)
+				q.log.Error("cannot mark a queued status write as being sent; replay paused", "seq", w.Seq, "err", se.err)
+				return q.backOff(0, q.clock.Now(), 0)
 			case errors.As(err, &rf):
 				waiting[key] = true
-				at := p.backOff(q.Seq, p.clock.Now(), rf.retryAfter)
+				at := q.backOff(w.Seq, q.clock.Now(), rf.retryAfter)
 				next = earliest(next, at)
-				p.log.Warn("queued status write refused for now by the cloud; trying it again later",
-					"seq", q.Seq, "method", q.Method, "path", q.Path, "err", err,
-					"failures", p.retries[q.Seq].failures, "retry_in", at.Sub(p.clock.Now()))
+				q.log.Warn("queued status write refused for now by the cloud; trying it again later",
+					"seq", w.Seq, "method", w.Method, "path", w.Path, "err", err,
+					"failures", q.retries[w.Seq].failures, "retry_in", at.Sub(q.clock.Now()))
 				continue
 			case err != nil:
-				at := p.backOff(0, p.clock.Now(), 0)
-				p.log.Warn("replay of queued status writes paused: the cloud does not answer", "queued", p.queueLen(),
-					"write", fmt.Sprintf("%d (%s %s)", q.Seq, q.Method, q.Path), "err", err, "retry_in", at.Sub(p.clock.Now()))
+				at := q.backOff(0, q.clock.Now(), 0)
+				q.log.Warn("replay of queued status writes paused: the cloud does not answer", "queued", q.Len(),
+					"write", fmt.Sprintf("%d (%s %s)", w.Seq, w.Method, w.Path), "err", err, "retry_in", at.Sub(q.clock.Now()))
 				return at
 			}
-			delete(p.retries, 0)
+			delete(q.retries, 0)
 		}
-		if err := p.dequeue(q, outcomeOf(result)); err != nil {
-			p.log.Error("cannot remove a replayed write from the queue", "seq", q.Seq, "err", err)
-			return p.backOff(0, p.clock.Now(), 0)
+		if err := q.Dequeue(w, outcomeOf(result)); err != nil {
+			q.log.Error("cannot remove a replayed write from the queue", "seq", w.Seq, "err", err)
+			return q.backOff(0, q.clock.Now(), 0)
 		}
 		counts[result]++
-		p.m.replayed.WithLabelValues(result).Inc()
-		attrs := []any{"seq", q.Seq, "component", q.Component, "method", q.Method, "path", q.Path, "queued_at", q.QueuedAt, "why", why}
+		q.m.replayed.WithLabelValues(result).Inc()
+		attrs := []any{"seq", w.Seq, "component", w.Component, "method", w.Method, "path", w.Path, "queued_at", w.QueuedAt, "why", why}
 		if result == replayRejected {
 			// What the cloud refused is dropped: say what it was.
-			attrs = append(attrs, "content_type", q.ContentType, "body", truncate(q.Body, 2048))
+			attrs = append(attrs, "content_type", w.ContentType, "body", truncate(w.Body, 2048))
 		}
-		p.log.Log(ctx, slogLevel(result), "queued status write "+result, attrs...)
+		q.log.Log(ctx, slogLevel(result), "queued status write "+result, attrs...)
 	}
 	return next
 }
 
 // backOff records one more failure of a write (seq 0: of the replay) and
 // returns when to try again.
-func (p *Proxy) backOff(seq uint64, now time.Time, retryAfter time.Duration) time.Time {
-	r := p.retries[seq]
+func (q *Queue) backOff(seq uint64, now time.Time, retryAfter time.Duration) time.Time {
+	r := q.retries[seq]
 	if r == nil {
 		r = &retryState{}
-		p.retries[seq] = r
+		q.retries[seq] = r
 	}
 	r.failures++
 	r.next = now.Add(replayBackoff(r.failures, retryAfter))
@@ -241,15 +198,6 @@ func truncate(b []byte, n int) string {
 		return string(b[:n]) + "…"
 	}
 	return string(b)
-}
-
-func objectKey(q cache.QueuedWrite) string {
-	return q.Group + "/" + q.Resource + "/" + q.Namespace + "/" + q.Name
-}
-
-// requestKey is objectKey for a request.
-func requestKey(req request) string {
-	return req.GVR.Group + "/" + req.GVR.Resource + "/" + req.Namespace + "/" + req.Name
 }
 
 // upstreamObject is the part of the current upstream object a replay
@@ -276,11 +224,11 @@ type upstreamObject struct {
 // queue's ledger and logged. Every other write is applied at most once;
 // with the ledger, exactly once or counted as coalesced, obsolete or
 // rejected.
-func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why string, err error) {
-	objPath := strings.TrimSuffix(q.Path, "/status")
+func (q *Queue) replayOne(ctx context.Context, w cache.QueuedWrite) (result, why string, err error) {
+	objPath := strings.TrimSuffix(w.Path, "/status")
 	marked := false
 	for attempt := 0; ; attempt++ {
-		a, err := p.send(ctx, q, http.MethodGet, objPath, "", nil)
+		a, err := q.send(ctx, w, http.MethodGet, objPath, "", nil)
 		code, cur := a.code, a.body
 		switch {
 		case err != nil:
@@ -301,38 +249,38 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 		if err := json.Unmarshal(cur, &obj); err != nil {
 			return replayRejected, "the upstream object does not decode: " + err.Error(), nil
 		}
-		if q.UID != "" && obj.Metadata.UID != q.UID {
+		if w.UID != "" && obj.Metadata.UID != w.UID {
 			return replayObsolete, "the object was recreated upstream (uid " + obj.Metadata.UID + ")", nil
 		}
-		queuedAt := q.QueuedAt.Truncate(time.Second) // managedFields times have seconds only
+		queuedAt := w.QueuedAt.Truncate(time.Second) // managedFields times have seconds only
 		for _, mf := range obj.Metadata.ManagedFields {
-			if mf.Subresource == "status" && mf.Manager != q.Component && mf.Time != nil && mf.Time.Time.After(queuedAt) {
+			if mf.Subresource == "status" && mf.Manager != w.Component && mf.Time != nil && mf.Time.Time.After(queuedAt) {
 				return replayObsolete, "status written upstream since by " + mf.Manager, nil
 			}
 		}
-		body := q.Body
-		if q.Method == http.MethodPut {
+		body := w.Body
+		if w.Method == http.MethodPut {
 			if body, err = localapi.WithResourceVersion(body, localapi.ParseRV(obj.Metadata.ResourceVersion), "", ""); err != nil {
 				return replayRejected, "the queued body does not decode: " + err.Error(), nil
 			}
 		}
 		if !marked {
-			resent, err := p.store.MarkSending(q.Seq)
+			resent, err := q.store.MarkSending(w.Seq)
 			if err != nil {
 				return "", "", &storeError{err}
 			}
 			marked = true
 			if resent {
-				p.log.Info("queued status write sent again: an earlier send of it may have been applied (the process ended before dequeuing it, or no answer settled it); counted as resent",
-					"seq", q.Seq, "component", q.Component, "method", q.Method, "path", q.Path)
+				q.log.Info("queued status write sent again: an earlier send of it may have been applied (the process ended before dequeuing it, or no answer settled it); counted as resent",
+					"seq", w.Seq, "component", w.Component, "method", w.Method, "path", w.Path)
 			}
 		}
-		a, err = p.send(ctx, q, q.Method, q.Path, q.ContentType, body)
+		a, err = q.send(ctx, w, w.Method, w.Path, w.ContentType, body)
 		if errors.Is(err, errNotHealthy) || (err == nil && a.code == http.StatusTooManyRequests) {
 			// Not sent, or refused before it was handled: the next send
 			// is a first one.
-			if err := p.store.Unmark(q.Seq); err != nil {
-				p.log.Warn("cannot unmark a queued status write; its next send will count as resent", "seq", q.Seq, "err", err)
+			if err := q.store.Unmark(w.Seq); err != nil {
+				q.log.Warn("cannot unmark a queued status write; its next send will count as resent", "seq", w.Seq, "err", err)
 			}
 		}
 		code, resp := a.code, a.body
@@ -340,17 +288,17 @@ func (p *Proxy) replayOne(ctx context.Context, q cache.QueuedWrite) (result, why
 		case err != nil:
 			return "", "", err
 		case code < 300:
-			gvr := schema.GroupVersionResource{Group: q.Group, Version: q.Version, Resource: q.Resource}
+			gvr := schema.GroupVersionResource{Group: w.Group, Version: w.Version, Resource: w.Resource}
 			if o, err := localapi.DecodeObject(resp, "", ""); err == nil {
-				p.store.Put(q.Component, gvr, o)
+				q.store.Put(w.Component, gvr, o)
 			}
 			return replayApplied, "", nil
-		case code == http.StatusConflict && q.Method == http.MethodPut && attempt < 3:
+		case code == http.StatusConflict && w.Method == http.MethodPut && attempt < 3:
 			continue // written in between: read it again
 		case code == http.StatusConflict:
 			return replayObsolete, "conflict: " + statusMessage(resp), nil
 		case a.retryable():
-			return "", "", a.refused(q.Method + " " + q.Path)
+			return "", "", a.refused(w.Method + " " + w.Path)
 		default:
 			return replayRejected, fmt.Sprintf("%d %s", code, statusMessage(resp)), nil
 		}
@@ -376,8 +324,8 @@ func (a answer) refused(what string) error {
 
 // send makes one request of a replay, as the component that queued it.
 // An error means the cloud did not answer.
-func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, contentType string, body []byte) (answer, error) {
-	srv, ok := p.up.Server()
+func (q *Queue) send(ctx context.Context, w cache.QueuedWrite, method, path, contentType string, body []byte) (answer, error) {
+	srv, ok := q.up.Server()
 	if !ok {
 		return answer{}, errNotHealthy
 	}
@@ -385,7 +333,7 @@ func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, con
 	defer cancel()
 	u := &url.URL{Scheme: srv.Scheme, Host: srv.Host, Path: path}
 	if method != http.MethodGet {
-		u.RawQuery = q.RawQuery
+		u.RawQuery = w.RawQuery
 	}
 	var rd io.Reader
 	if body != nil {
@@ -396,17 +344,17 @@ func (p *Proxy) send(ctx context.Context, q cache.QueuedWrite, method, path, con
 		return answer{}, err
 	}
 	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", q.UserAgent)
+	req.Header.Set("User-Agent", w.UserAgent)
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	resp, err := p.rt.RoundTrip(req)
+	resp, err := q.rt.RoundTrip(req)
 	if err != nil {
-		p.up.Kick()
+		q.up.Kick()
 		return answer{}, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxCachedResponse))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
 		return answer{}, err
 	}
@@ -437,17 +385,6 @@ func outcomeOf(result string) cache.Outcome {
 		return cache.OutcomeRejected
 	}
 	return cache.OutcomeObsolete
-}
-
-// queueLedger is the queue's ledger for /status, nil if it does not read.
-func (p *Proxy) queueLedger() *statusapi.QueueLedger {
-	l, err := p.store.Ledger()
-	if err != nil {
-		p.log.Warn("cannot read the queue's ledger", "err", err)
-		return nil
-	}
-	return &statusapi.QueueLedger{Enqueued: l.Enqueued, Coalesced: l.Coalesced, Applied: l.Applied, Obsolete: l.Obsolete,
-		Rejected: l.Rejected, Queued: l.Queued, Resent: l.Resent, Unconfirmed: l.Unconfirmed, Balanced: l.Balanced()}
 }
 
 func slogLevel(result string) slog.Level {
