@@ -206,6 +206,12 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// proxyConfigured reports whether the apiserver proxy has a way to the
+// cloud.
+func (c Config) proxyConfigured() bool {
+	return c.Kubeconfig != "" || len(c.ServerAddr) > 0 || c.BootstrapKubeconfig != ""
+}
+
 // validateProxy checks the settings of the apiserver proxy.
 func (c Config) validateProxy() []error {
 	var errs []error

@@ -2,8 +2,6 @@ package edgeproxy
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,7 +23,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
-	"github.com/tether-edge/tether/internal/certfile"
+	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
@@ -39,7 +37,7 @@ type poolRunner struct {
 	cfg      Config
 	node     string
 	proxyURL string
-	access   *apiserverAccess
+	access   *identity.APIServerAccess
 	tun      *edgetunnel.Client // nil without --gateway
 	healthy  func() bool
 	ln       net.Listener
@@ -59,7 +57,7 @@ var _ apiproxy.Pool = (*poolRunner)(nil)
 
 // newPoolRunner opens the pool listener; nil when the pool is off
 // (--pool-listen empty, or the node name unknown).
-func newPoolRunner(cfg Config, node string, access *apiserverAccess, tun *edgetunnel.Client, healthy func() bool,
+func newPoolRunner(cfg Config, node string, access *identity.APIServerAccess, tun *edgetunnel.Client, healthy func() bool,
 	reg prometheus.Registerer, log *slog.Logger) (*poolRunner, error) {
 	if cfg.PoolListen == "" {
 		return nil, nil
@@ -108,7 +106,7 @@ func (r *poolRunner) Run(ctx context.Context, proxyAddr net.Addr) error {
 
 // build makes the pool's clients and store.
 func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, error) {
-	cert, cas, err := r.credentials()
+	cert, cas, err := r.access.Pool(r.cfg.PoolCA, r.log)
 	if err != nil {
 		return nil, err
 	}
@@ -147,26 +145,6 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 		LeaseDuration: r.cfg.PoolLeaseDuration.Duration, RenewDeadline: r.cfg.PoolRenewDeadline.Duration,
 		RetryPeriod: r.cfg.PoolRetryPeriod.Duration, Registerer: r.reg,
 	})
-}
-
-// credentials are the node certificate the peers see and the CAs their
-// certificates are checked against: --pool-ca, else the apiserver's CA.
-func (r *poolRunner) credentials() (func() (*tls.Certificate, error), func() *x509.CertPool, error) {
-	if r.access.cert == nil {
-		return nil, nil, errors.New("node pool: peers are authenticated with the node's client certificate, and the apiserver credentials hold none")
-	}
-	cert := func() (*tls.Certificate, error) { return r.access.cert.GetClientCertificate(nil) }
-	if r.cfg.PoolCA != "" {
-		cas, err := certfile.LoadCAs(r.cfg.PoolCA, certfile.Options{Logger: r.log})
-		if err != nil {
-			return nil, nil, fmt.Errorf("--pool-ca: %w", err)
-		}
-		return cert, cas.Pool, nil
-	}
-	if roots := r.access.tls.RootCAs; roots != nil {
-		return cert, func() *x509.CertPool { return roots }, nil
-	}
-	return nil, nil, errors.New("node pool: give --pool-ca (the CA of the nodes' client certificates); the apiserver CA is not known either")
 }
 
 // startMembers starts the Node informer through the proxy and waits for
