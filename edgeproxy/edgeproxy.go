@@ -22,6 +22,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/identity"
+	"github.com/tether-edge/tether/edgeproxy/poolrunner"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"
@@ -186,9 +187,9 @@ type apiserverProxy struct {
 	store     *cache.Store
 	proxy     *apiproxy.Proxy
 	ln        net.Listener
-	topology  *filter.Filter // nil when off
-	pool      *poolRunner    // nil when off
-	cert      *identity.Cert // the client certificate; nil with a token
+	topology  *filter.Filter     // nil when off
+	pool      *poolrunner.Runner // nil when off
+	cert      *identity.Cert     // the client certificate; nil with a token
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
@@ -266,7 +267,7 @@ func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client
 	px, err := apiproxy.New(opts)
 	if err != nil {
 		if pool != nil {
-			pool.ln.Close()
+			pool.Close()
 		}
 		ln.Close()
 		store.Close()
@@ -276,12 +277,33 @@ func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client
 	// proxy, in process.
 	topoLoop.Bind(px)
 	if pool != nil {
-		pool.loop.Bind(px)
-		pool.membersLoop.Bind(px)
+		pool.Bind(px)
 	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.Servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
 	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.Cert}, nil
+}
+
+// newPoolRunner opens the pool listener and makes the pool's runner; nil
+// when the pool is off (--pool-listen empty, or the node name unknown).
+func newPoolRunner(cfg Config, node string, acc *identity.APIServerAccess, tun *edgetunnel.Client, healthy func() bool,
+	reg prometheus.Registerer, log *slog.Logger) (*poolrunner.Runner, error) {
+	if cfg.PoolListen == "" {
+		return nil, nil
+	}
+	if node == "" {
+		log.Warn("node name unknown (give --node-name): no node pool")
+		return nil, nil
+	}
+	ln, err := listen(listenerPool, cfg.PoolListen, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("pool listener: %w", err)
+	}
+	return poolrunner.New(poolrunner.Options{
+		Node: node, Pool: cfg.Pool, DataDir: cfg.DataDir, Resources: cfg.PoolResources, CA: cfg.PoolCA,
+		LeaseDuration: cfg.PoolLeaseDuration.Duration, RenewDeadline: cfg.PoolRenewDeadline.Duration, RetryPeriod: cfg.PoolRetryPeriod.Duration,
+		Access: acc, Tunnel: tun, CloudHealthy: healthy, Listener: ln, Registerer: reg, Logger: log,
+	}), nil
 }
 
 // newTopologyFilter builds the service topology filter (nil when

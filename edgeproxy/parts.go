@@ -67,7 +67,7 @@ func (ap *apiserverProxy) parts() []component.Component {
 		ps = append(ps, part{N: "pool",
 			RunF:    func(ctx context.Context) error { return pool.Run(ctx, ap.ln.Addr()) },
 			StatusF: func(st *statusapi.Edge) { st.Pool = pool.Status() },
-			CloseF:  pool.ln.Close,
+			CloseF:  pool.Close,
 		})
 	}
 	return ps
