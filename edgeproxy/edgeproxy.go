@@ -1,8 +1,12 @@
 // Package edgeproxy is tether-edge: it keeps the QUIC tunnel from this
 // edge node to the gateway replicas (package edgetunnel), runs the
 // kube-apiserver proxy for the node's components (packages apiproxy,
-// cache and upstream), takes part in its node pool (package poolstore)
-// and serves the admin endpoints.
+// cache and upstream), takes part in its node pool (packages poolrunner
+// and poolstore) and serves the admin endpoints, each presenting the
+// node's certificate as package identity says.
+//
+// This package is Config, Run and the parts list (parts.go); the jobs
+// are its sub-packages.
 package edgeproxy
 
 import (
