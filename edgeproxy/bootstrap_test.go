@@ -8,6 +8,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -33,6 +35,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 
+	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -111,7 +114,7 @@ func TestBootstrapCertificate(t *testing.T) {
 		csrs := nodeCSRs(ctx, t, cp.Client, node)
 		if len(csrs) == 0 || csrs[0].Spec.Username != "system:bootstrap:abcdef" ||
 			csrs[0].Spec.SignerName != certificatesv1.KubeAPIServerClientKubeletSignerName || !autoApproved(csrs[0]) {
-			t.Fatalf("first CSR: want one from system:bootstrap:abcdef for %s, auto-approved: %+v", ClientSignerName, csrs)
+			t.Fatalf("first CSR: want one from system:bootstrap:abcdef for %s, auto-approved: %+v", identity.ClientSignerName, csrs)
 		}
 
 		// The apiserver takes it as the node: the proxy writes the node's
@@ -132,13 +135,10 @@ func TestBootstrapCertificate(t *testing.T) {
 		// expired, and the apiservers have been probed since: a request
 		// over a connection made with it would now be refused (once: then
 		// kube-apiserver closes the connection).
-		deadline := time.Now().Add(life + 20*time.Second)
-		for time.Now().Before(first.NotAfter.Add(e.cfg.HealthCheckInterval.Duration+time.Second)) || stored(t, e.dataDir).SerialNumber.Cmp(first.SerialNumber) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("certificate %s not rotated by %v (expires %v)", first.SerialNumber, deadline, first.NotAfter)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		testenv.EventuallyWithin(t, life+20*time.Second, fmt.Sprintf("certificate %s replaced and expired (at %v)", first.SerialNumber, first.NotAfter), func() bool {
+			return time.Now().After(first.NotAfter.Add(e.cfg.HealthCheckInterval.Duration+time.Second)) &&
+				stored(t, e.dataDir).SerialNumber.Cmp(first.SerialNumber) != 0
+		})
 		csrs = nodeCSRs(ctx, t, cp.Client, node)
 		t.Logf("%d certificates issued in %v", len(csrs), time.Since(first.NotBefore.Add(5*time.Minute)).Round(time.Second))
 		if len(csrs) < 2 {
@@ -149,14 +149,19 @@ func TestBootstrapCertificate(t *testing.T) {
 		for _, csr := range csrs[1:] {
 			// The newest may have been listed before the approver saw it
 			// (renewals come every second here): wait for its decision.
-			for deadline := time.Now().Add(10 * time.Second); len(csr.Status.Conditions) == 0 && time.Now().Before(deadline); {
-				time.Sleep(100 * time.Millisecond)
+			testenv.EventuallyNoError(t, "a decision on CSR "+csr.Name, func() error {
+				if len(csr.Status.Conditions) > 0 {
+					return nil
+				}
 				c, err := cp.Client.CertificatesV1().CertificateSigningRequests().Get(ctx, csr.Name, metav1.GetOptions{})
 				if err != nil {
-					t.Fatal(err)
+					return err
 				}
-				csr = *c
-			}
+				if csr = *c; len(csr.Status.Conditions) == 0 {
+					return errors.New("no condition yet")
+				}
+				return nil
+			})
 			if csr.Spec.Username != "system:node:"+node || !autoApproved(csr) {
 				t.Errorf("renewal CSR %s from %s, conditions %+v", csr.Name, csr.Spec.Username, csr.Status.Conditions)
 			}
@@ -222,10 +227,10 @@ func TestBootstrapCertificate(t *testing.T) {
 		echo := startEcho(t)
 		badToken := bootstrapKubeconfig(ctx, t, cp, "", "")
 		e := newBootstrapEdge(t, badToken, node, gw, echo)
-		if err := os.MkdirAll(filepath.Join(e.dataDir, CertDir), 0o700); err != nil {
+		if err := os.MkdirAll(filepath.Join(e.dataDir, identity.CertDir), 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(CertPath(e.dataDir), append(kp.CertPEM, kp.KeyPEM...), 0o600); err != nil {
+		if err := os.WriteFile(identity.CertPath(e.dataDir), append(kp.CertPEM, kp.KeyPEM...), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		e.start(t)
@@ -370,9 +375,9 @@ func checkNodeCert(t *testing.T, cert *x509.Certificate, node string, roots *x50
 func checkStored(t *testing.T, dataDir string, cert *x509.Certificate) {
 	t.Helper()
 	if got := stored(t, dataDir); !got.Equal(cert) {
-		t.Errorf("%s holds %s, the tunnel presents %s", CertPath(dataDir), got.SerialNumber, cert.SerialNumber)
+		t.Errorf("%s holds %s, the tunnel presents %s", identity.CertPath(dataDir), got.SerialNumber, cert.SerialNumber)
 	}
-	for path, want := range map[string]os.FileMode{CertPath(dataDir): 0o600, filepath.Dir(CertPath(dataDir)): 0o700 | os.ModeDir} {
+	for path, want := range map[string]os.FileMode{identity.CertPath(dataDir): 0o600, filepath.Dir(identity.CertPath(dataDir)): 0o700 | os.ModeDir} {
 		if st, err := os.Stat(path); err != nil || st.Mode() != want {
 			t.Errorf("%s: mode %v (%v), want %v", path, st.Mode(), err, want)
 		}
@@ -381,13 +386,13 @@ func checkStored(t *testing.T, dataDir string, cert *x509.Certificate) {
 
 func stored(t *testing.T, dataDir string) *x509.Certificate {
 	t.Helper()
-	b, err := os.ReadFile(CertPath(dataDir))
+	b, err := os.ReadFile(identity.CertPath(dataDir))
 	if err != nil {
 		t.Fatal(err)
 	}
 	block, _ := pem.Decode(b) // the certificate, then the key
 	if block == nil || block.Type != "CERTIFICATE" {
-		t.Fatalf("%s does not start with a certificate", CertPath(dataDir))
+		t.Fatalf("%s does not start with a certificate", identity.CertPath(dataDir))
 	}
 	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
+	"github.com/tether-edge/tether/edgeproxy/poolrunner"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
@@ -206,6 +207,12 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// proxyConfigured reports whether the apiserver proxy has a way to the
+// cloud.
+func (c Config) proxyConfigured() bool {
+	return c.Kubeconfig != "" || len(c.ServerAddr) > 0 || c.BootstrapKubeconfig != ""
+}
+
 // validateProxy checks the settings of the apiserver proxy.
 func (c Config) validateProxy() []error {
 	var errs []error
@@ -263,7 +270,7 @@ func (c Config) validatePool() []error {
 	if _, _, err := net.SplitHostPort(c.PoolListen); err != nil {
 		errs = append(errs, fmt.Errorf("--pool-listen: %w", err))
 	}
-	if _, err := parseResources(c.PoolResources); err != nil {
+	if _, err := poolrunner.ParseResources(c.PoolResources); err != nil {
 		errs = append(errs, err)
 	}
 	if l, d, r := c.PoolLeaseDuration.Duration, c.PoolRenewDeadline.Duration, c.PoolRetryPeriod.Duration; r <= 0 || d <= r || l <= d {

@@ -1,8 +1,12 @@
 // Package edgeproxy is tether-edge: it keeps the QUIC tunnel from this
 // edge node to the gateway replicas (package edgetunnel), runs the
 // kube-apiserver proxy for the node's components (packages apiproxy,
-// cache and upstream), takes part in its node pool (package poolstore)
-// and serves the admin endpoints.
+// cache and upstream), takes part in its node pool (packages poolrunner
+// and poolstore) and serves the admin endpoints, each presenting the
+// node's certificate as package identity says.
+//
+// This package is Config, Run and the parts list (parts.go); the jobs
+// are its sub-packages.
 package edgeproxy
 
 import (
@@ -21,6 +25,8 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/filter"
+	"github.com/tether-edge/tether/edgeproxy/identity"
+	"github.com/tether-edge/tether/edgeproxy/poolrunner"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/certfile"
@@ -46,19 +52,21 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Debug("effective configuration", "config", string(b))
 	}
 	reg := admin.NewRegistry()
-	var nc *nodeCert // nil: the client certificate is in files
-	if cfg.BootstrapKubeconfig != "" {
-		var err error
-		if nc, err = startNodeCert(ctx, cfg, reg, log.With("node", cfg.NodeName)); err != nil {
-			return err
-		}
-		defer nc.stop()
-		if !nc.wait(ctx) {
-			log.Info("tether-edge stopped before its client certificate was issued")
-			return nil
-		}
+	id, err := identity.Start(ctx, identity.Options{
+		NodeName: cfg.NodeName, Cert: cfg.Cert, Key: cfg.Key,
+		Kubeconfig: cfg.Kubeconfig, BootstrapKubeconfig: cfg.BootstrapKubeconfig, DataDir: cfg.DataDir,
+		ServerAddr: cfg.ServerAddr, ServerCA: cfg.ServerCA,
+		Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return err
 	}
-	e, err := build(cfg, newIdentity(cfg, nc, log), reg, log)
+	defer id.Stop()
+	if !id.Wait(ctx) {
+		log.Info("tether-edge stopped before its client certificate was issued")
+		return nil
+	}
+	e, err := build(cfg, id, reg, log)
 	if err != nil {
 		return err
 	}
@@ -80,7 +88,7 @@ type edge struct {
 // upstreams, and has its election record written through the tunnel: on
 // shutdown those stay until the pool has released its leadership, so that
 // another node takes over at once. If build fails, nothing is left open.
-func build(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger) (_ *edge, err error) {
+func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slog.Logger) (_ *edge, err error) {
 	e := &edge{}
 	defer func() {
 		if err != nil {
@@ -88,7 +96,7 @@ func build(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger)
 		}
 	}()
 	var tun *edgetunnel.Client
-	var tunCert *clientCert
+	var tunCert *identity.Cert
 	if len(cfg.Gateway) > 0 {
 		if tun, tunCert, err = newTunnel(cfg, id, reg, log); err != nil {
 			return nil, err
@@ -107,7 +115,7 @@ func build(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger)
 	if tun != nil {
 		// The tunnels move to new connections with the new certificate;
 		// the old ones end with the streams they relay.
-		tunCert.onRotate("client certificate rotated; tunnels move to new connections", log, tun.Rotate)
+		tunCert.OnRotate("client certificate rotated; tunnels move to new connections", log, tun.Rotate)
 		e.parts.Add(tunnelPart{tun})
 	}
 	if ap != nil && ap.cert != nil {
@@ -116,9 +124,9 @@ func build(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger)
 		// and kube-apiserver answers 401. New requests to the apiservers
 		// go over new connections, with the new certificate; watches keep
 		// their connections.
-		ap.cert.onRotate("client certificate rotated; new apiserver requests use new connections", log, ap.upstreams.Rotate)
+		ap.cert.OnRotate("client certificate rotated; new apiserver requests use new connections", log, ap.upstreams.Rotate)
 	}
-	e.parts.Add(id.watcher(cfg.CertCheckInterval.Duration))
+	e.parts.Add(certificatesPart(id, cfg.CertCheckInterval.Duration))
 	if ap != nil {
 		e.parts.Add(ap.parts()...)
 	}
@@ -149,26 +157,13 @@ func (e *edge) admin(cfg Config, ln net.Listener, reg *prometheus.Registry, node
 	return part{N: "admin", RunF: func(ctx context.Context) error { return admin.ServeListener(ctx, ln, h) }, CloseF: ln.Close}
 }
 
-// newTunnel builds the tunnel client, with the identity's client
-// certificate: the one obtained with --bootstrap-kubeconfig, or the one in
-// --cert and --key, which must name a node.
-func newTunnel(cfg Config, id *identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *clientCert, error) {
-	cert := id.bootstrapped()
-	if id.nc == nil {
-		var err error
-		if cert, err = id.files(cfg.Cert, cfg.Key); err != nil {
-			return nil, nil, err
-		}
-	}
-	certNode, err := cert.NodeName()
+// newTunnel builds the tunnel client, with the certificate the identity
+// presents to the gateways.
+func newTunnel(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *identity.Cert, error) {
+	cert, err := id.Tunnel()
 	if err != nil {
-		return nil, nil, fmt.Errorf("--cert %s cannot register with a gateway: %w", cfg.Cert, err)
+		return nil, nil, err
 	}
-	if cfg.NodeName != "" && cfg.NodeName != certNode {
-		log.Warn("--node-name differs from the node the client certificate names; the gateway knows this edge by its certificate",
-			"node_name", cfg.NodeName, "cert_node", certNode)
-	}
-	id.learn(certNode)
 	var roots func() *x509.CertPool
 	if cfg.GatewayCA != "" {
 		cas, err := certfile.LoadCAs(cfg.GatewayCA, certfile.Options{Name: "--gateway-ca", Logger: log})
@@ -196,28 +191,27 @@ type apiserverProxy struct {
 	store     *cache.Store
 	proxy     *apiproxy.Proxy
 	ln        net.Listener
-	topology  *filter.Filter // nil when off
-	pool      *poolRunner    // nil when off
-	cert      *clientCert    // the client certificate; nil with a token
+	topology  *filter.Filter     // nil when off
+	pool      *poolrunner.Runner // nil when off
+	cert      *identity.Cert     // the client certificate; nil with a token
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
 // proxy; the identity learns the node name of the apiserver credentials if
 // it knows none yet.
-func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
-	acc, err := loadAPIServerAccess(cfg, id, log)
+func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client, reg *prometheus.Registry, log *slog.Logger) (*apiserverProxy, error) {
+	acc, err := id.APIServer()
 	if err != nil {
 		return nil, err
 	}
-	id.learn(acc.node)
 	node := id.Name()
 	if node == "" {
 		log.Warn("node name unknown (give --node-name): the node's Lease will not be renewed while the cloud is unreachable")
 	}
 	ups, err := upstream.New(upstream.Options{
-		Servers:     acc.servers,
-		TLS:         acc.tls,
-		BearerToken: acc.token,
+		Servers:     acc.Servers,
+		TLS:         acc.TLS,
+		BearerToken: acc.Token,
 		Health: upstream.HealthOptions{
 			Interval:         cfg.HealthCheckInterval.Duration,
 			Timeout:          cfg.HealthCheckTimeout.Duration,
@@ -277,7 +271,7 @@ func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *pr
 	px, err := apiproxy.New(opts)
 	if err != nil {
 		if pool != nil {
-			pool.ln.Close()
+			pool.Close()
 		}
 		ln.Close()
 		store.Close()
@@ -287,12 +281,33 @@ func newAPIServerProxy(cfg Config, id *identity, tun *edgetunnel.Client, reg *pr
 	// proxy, in process.
 	topoLoop.Bind(px)
 	if pool != nil {
-		pool.loop.Bind(px)
-		pool.membersLoop.Bind(px)
+		pool.Bind(px)
 	}
-	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
+	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.Servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.cert}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.Cert}, nil
+}
+
+// newPoolRunner opens the pool listener and makes the pool's runner; nil
+// when the pool is off (--pool-listen empty, or the node name unknown).
+func newPoolRunner(cfg Config, node string, acc *identity.APIServerAccess, tun *edgetunnel.Client, healthy func() bool,
+	reg prometheus.Registerer, log *slog.Logger) (*poolrunner.Runner, error) {
+	if cfg.PoolListen == "" {
+		return nil, nil
+	}
+	if node == "" {
+		log.Warn("node name unknown (give --node-name): no node pool")
+		return nil, nil
+	}
+	ln, err := listen(listenerPool, cfg.PoolListen, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("pool listener: %w", err)
+	}
+	return poolrunner.New(poolrunner.Options{
+		Node: node, Pool: cfg.Pool, DataDir: cfg.DataDir, Resources: cfg.PoolResources, CA: cfg.PoolCA,
+		LeaseDuration: cfg.PoolLeaseDuration.Duration, RenewDeadline: cfg.PoolRenewDeadline.Duration, RetryPeriod: cfg.PoolRetryPeriod.Duration,
+		Access: acc, Tunnel: tun, CloudHealthy: healthy, Listener: ln, Registerer: reg, Logger: log,
+	}), nil
 }
 
 // newTopologyFilter builds the service topology filter (nil when

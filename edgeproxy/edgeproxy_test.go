@@ -177,16 +177,11 @@ func TestRun(t *testing.T) {
 
 	get := func(path string) (int, string) {
 		var resp *http.Response
-		var err error
 		// The admin listener is up once Run got that far.
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if resp, err = http.Get("http://" + adminAddr + path); err == nil || time.Now().After(deadline) {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		testenv.EventuallyNoError(t, "GET "+path, func() (err error) {
+			resp, err = http.Get("http://" + adminAddr + path)
+			return err
+		})
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
@@ -308,17 +303,12 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 	get := func(url, ua string) (int, string) {
 		t.Helper()
 		var resp *http.Response
-		var err error
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		testenv.EventuallyNoError(t, "GET "+url, func() (err error) {
 			req, _ := http.NewRequest("GET", url, nil)
 			req.Header.Set("User-Agent", ua)
-			if resp, err = http.DefaultClient.Do(req); err == nil || time.Now().After(deadline) {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+			resp, err = http.DefaultClient.Do(req)
+			return err
+		})
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
@@ -358,17 +348,10 @@ func TestRunAPIServerProxyOnly(t *testing.T) {
 	if err := os.WriteFile(certFile, rotated.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, "requests presenting the rotated certificate", func() bool {
 		if code, body := get("http://"+cfg.APIServerListen+"/api/v1/namespaces/default/configmaps/x", "kubelet/v1.36.3"); code != 200 {
 			t.Fatalf("after the rotation: %d %s", code, body)
 		}
-		if lastSerial.Load().Cmp(rotated.Cert.SerialNumber) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests still present serial %v 30 s after the rotation to %v", lastSerial.Load(), rotated.Cert.SerialNumber)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return lastSerial.Load().Cmp(rotated.Cert.SerialNumber) == 0
+	})
 }

@@ -83,16 +83,14 @@ func TestRunAcceptErrors(t *testing.T) {
 
 	eventually := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within 30 s: %s", what)
-			}
+		testenv.Eventually(t, what, func() bool {
 			select {
 			case err := <-done:
 				t.Fatalf("Run returned %v while waiting until %s", err, what)
 			default:
 			}
-		}
+			return cond()
+		})
 	}
 	// The pool's server starts only once the node's pool is known, which
 	// this apiserver never says: its listener is opened (and wrapped) but

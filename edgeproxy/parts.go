@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
+	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/internal/component"
 	"github.com/tether-edge/tether/internal/statusapi"
 )
@@ -28,8 +29,8 @@ var (
 func (tunnelPart) Name() string                      { return "tunnel" }
 func (t tunnelPart) ReportStatus(st *statusapi.Edge) { st.Gateways = t.Status() }
 
-// watcher watches the client certificate files.
-func (id *identity) watcher(interval time.Duration) component.Component {
+// certificatesPart watches the client certificate files.
+func certificatesPart(id *identity.Identity, interval time.Duration) component.Component {
 	return part{N: "client-certificates", RunF: func(ctx context.Context) error {
 		id.Watch(ctx, interval)
 		return nil
@@ -66,7 +67,7 @@ func (ap *apiserverProxy) parts() []component.Component {
 		ps = append(ps, part{N: "pool",
 			RunF:    func(ctx context.Context) error { return pool.Run(ctx, ap.ln.Addr()) },
 			StatusF: func(st *statusapi.Edge) { st.Pool = pool.Status() },
-			CloseF:  pool.ln.Close,
+			CloseF:  pool.Close,
 		})
 	}
 	return ps

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -39,15 +38,10 @@ func TestRunReadinessFromItsParts(t *testing.T) {
 		}
 	}()
 	var resp *http.Response
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if resp, err = http.Get("http://" + cfg.AdminListen + "/readyz"); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	testenv.EventuallyNoError(t, "GET /readyz", func() (err error) {
+		resp, err = http.Get("http://" + cfg.AdminListen + "/readyz")
+		return err
+	})
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "tunnel: not connected to any gateway") {

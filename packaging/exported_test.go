@@ -26,6 +26,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
+	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/gateway"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -132,7 +133,7 @@ func edgeMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPath := edgeproxy.CertPath(dataDir)
+	certPath := identity.CertPath(dataDir)
 	if err := os.MkdirAll(filepath.Dir(certPath), 0o700); err != nil {
 		t.Fatal(err)
 	}

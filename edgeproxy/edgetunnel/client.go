@@ -34,7 +34,7 @@ type Options struct {
 	// for the next one); nil, or a nil pool, means the system's roots.
 	RootCAs func() *x509.CertPool
 	// Certificate supplies the node's client certificate for each new
-	// connection (CertFiles.GetClientCertificate).
+	// connection (tether-edge gives package identity's Cert.GetClientCertificate).
 	Certificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
 	// AllowPorts are the destination ports the edge dials.
 	AllowPorts []uint16

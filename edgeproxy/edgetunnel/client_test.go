@@ -18,6 +18,7 @@ import (
 	"github.com/quic-go/quic-go"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -403,11 +404,13 @@ func TestRotatedCertificateUsedForNextConnection(t *testing.T) {
 	write := func(node string, mtime time.Time) { writeNodePEM(t, ca, pem, node, mtime) }
 	now := time.Now()
 	write("edge-old", now.Add(-time.Hour))
-	certs, err := LoadCertFiles(pem, pem, nil)
+	certs, err := certfile.LoadKeyPair(pem, pem, certfile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if name, err := certs.NodeName(); err != nil || name != "edge-old" {
+	if cert, _ := certs.Certificate(); cert == nil {
+		t.Fatal("no certificate loaded")
+	} else if name, err := tunnel.NodeName(cert.Leaf); err != nil || name != "edge-old" {
 		t.Fatalf("NodeName = %q, %v", name, err)
 	}
 	startEdge(t, Options{Gateways: []string{gw.addr.String()}, AllowPorts: []uint16{1}, Certificate: certs.GetClientCertificate}, ca, ca)
@@ -438,7 +441,7 @@ func TestRotateHandsOver(t *testing.T) {
 	write := func(mtime time.Time) *testenv.KeyPair { return writeNodePEM(t, ca, pem, "edge-1", mtime) }
 	now := time.Now()
 	first := write(now.Add(-time.Hour))
-	certs, err := LoadCertFiles(pem, pem, nil)
+	certs, err := certfile.LoadKeyPair(pem, pem, certfile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package edgeproxy
+package identity
 
 import (
 	"bytes"
@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -42,24 +41,19 @@ func TestIdentityRefusesACertificateOutsideSystemNodes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			log := slog.New(slog.DiscardHandler)
 			for _, inline := range []bool{true, false} {
-				cfg := DefaultConfig()
-				cfg.Kubeconfig = writeKubeconfig(t, dir, c.kp, certFile, keyFile, inline)
-				acc, err := loadAPIServerAccess(cfg, newIdentity(cfg, nil, log), log)
+				id := start(t, Options{Kubeconfig: writeKubeconfig(t, dir, c.kp, certFile, keyFile, inline)})
+				acc, err := id.APIServer()
 				if err != nil {
 					t.Fatal(err)
 				}
-				if acc.node != c.want {
-					t.Errorf("kubeconfig (inline %v): node %q, want %q", inline, acc.node, c.want)
+				if acc.Node != c.want || id.Name() != c.want {
+					t.Errorf("kubeconfig (inline %v): node %q, identity's %q, want %q", inline, acc.Node, id.Name(), c.want)
 				}
 			}
 
-			cfg := DefaultConfig()
-			cfg.Gateway = []string{"127.0.0.1:1"}
-			cfg.Cert, cfg.Key = certFile, keyFile
-			_, _, err = newTunnel(cfg, newIdentity(cfg, nil, log), prometheus.NewRegistry(), log)
-			if (err == nil) != (c.want != "") {
+			id := start(t, Options{Cert: certFile, Key: keyFile})
+			if _, err := id.Tunnel(); (err == nil) != (c.want != "") {
 				t.Errorf("tunnel: err %v", err)
 			}
 
@@ -72,6 +66,18 @@ func TestIdentityRefusesACertificateOutsideSystemNodes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// start starts an identity with opts, logging nowhere.
+func start(t *testing.T, opts Options) *Identity {
+	t.Helper()
+	opts.Logger = slog.New(slog.DiscardHandler)
+	id, err := Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(id.Stop)
+	return id
 }
 
 // writeKubeconfig writes a kubeconfig with kp's certificate, inline or as
@@ -106,28 +112,24 @@ func TestIdentityLoadsAndWatchesEachPairOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.DiscardHandler)
-	cfg := DefaultConfig()
-	cfg.Gateway = []string{"127.0.0.1:1"}
-	cfg.Cert, cfg.Key = certFile, keyFile
-	cfg.Kubeconfig = writeKubeconfig(t, dir, node, certFile, keyFile, false)
-	id := newIdentity(cfg, nil, log)
-	_, tunCert, err := newTunnel(cfg, id, prometheus.NewRegistry(), log)
+	id := start(t, Options{Cert: certFile, Key: keyFile, Kubeconfig: writeKubeconfig(t, dir, node, certFile, keyFile, false)})
+	tunCert, err := id.Tunnel()
 	if err != nil {
 		t.Fatal(err)
 	}
-	acc, err := loadAPIServerAccess(cfg, id, log)
+	acc, err := id.APIServer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tunCert != acc.cert || len(id.pairs) != 1 {
-		t.Fatalf("the tunnel and the proxy hold %p and %p; %d pairs loaded", tunCert, acc.cert, len(id.pairs))
+	if tunCert != acc.Cert || len(id.pairs) != 1 {
+		t.Fatalf("the tunnel and the proxy hold %p and %p; %d pairs loaded", tunCert, acc.Cert, len(id.pairs))
 	}
 	if id.Name() != "edge-6" {
 		t.Errorf("node %q", id.Name())
 	}
 	var tunnelRotations, proxyRotations atomic.Int32
-	tunCert.onRotate("tunnel", log, func() { tunnelRotations.Add(1) })
-	acc.cert.onRotate("proxy", log, func() { proxyRotations.Add(1) })
+	tunCert.OnRotate("tunnel", log, func() { tunnelRotations.Add(1) })
+	acc.Cert.OnRotate("proxy", log, func() { proxyRotations.Add(1) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -143,12 +145,10 @@ func TestIdentityLoadsAndWatchesEachPairOnce(t *testing.T) {
 	if err := os.WriteFile(certFile, rotated.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); tunnelRotations.Load() == 0 || proxyRotations.Load() == 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("rotations seen: tunnel %d, proxy %d", tunnelRotations.Load(), proxyRotations.Load())
-		}
-	}
-	cur, err := acc.tls.GetClientCertificate(nil)
+	testenv.Eventually(t, "the rotation told to the tunnel and the proxy", func() bool {
+		return tunnelRotations.Load() > 0 && proxyRotations.Load() > 0
+	})
+	cur, err := acc.TLS.GetClientCertificate(nil)
 	if err != nil || !bytes.Equal(cur.Certificate[0], rotated.Cert.Raw) {
 		t.Errorf("the proxy presents %v, %v after the rotation", cur, err)
 	}

@@ -59,8 +59,12 @@ func TestStore(t *testing.T) {
 		t.Fatalf("plain file: %v, %v", got, err)
 	}
 	var serials []*big.Int
+	// File names have a resolution of a second: a clock a second apart
+	// for each update.
+	at := time.Now()
+	s.now = func() time.Time { return at }
 	for range 4 {
-		time.Sleep(time.Second + 10*time.Millisecond) // a file per second
+		at = at.Add(time.Second)
 		c, k := issue(t, ca, cn, time.Hour)
 		got, err := s.Update(c, k)
 		if err != nil {

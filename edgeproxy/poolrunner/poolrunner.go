@@ -1,9 +1,12 @@
-package edgeproxy
+// Package poolrunner is how tether-edge runs its node pool
+// (poolstore.Pool): it waits for its own Node's pool label, then builds
+// the pool with the node's credentials (package identity) and clients of
+// the apiserver proxy in process. Until then, and when the node is in no
+// pool, the apiserver proxy sees a pool that serves nothing.
+package poolrunner
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -25,25 +29,52 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
-	"github.com/tether-edge/tether/internal/certfile"
+	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
 )
 
-// poolRunner starts the node pool once the node's own Node is known (its
+// Options configure a Runner; the names in parentheses are tether-edge's
+// flags.
+type Options struct {
+	Node string // the node's name; not empty
+	// Pool is the node's pool (--pool); "" to take its Node's
+	// poolstore.PoolLabel.
+	Pool string
+	// DataDir (--data-dir) holds the pool's replica.
+	DataDir string
+	// Resources are the pool-scope resources (--pool-resources), as
+	// ParseResources reads them.
+	Resources []string
+	// CA (--pool-ca) checks the peers' certificates; "" for the
+	// apiserver's CA.
+	CA string
+	// The election's timings (--pool-lease-duration,
+	// --pool-renew-deadline, --pool-retry-period).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
+	// Access is the apiserver proxy's: its client certificate is the one
+	// the peers see.
+	Access *identity.APIServerAccess
+	// Tunnel writes the election records and delegates heartbeats; nil
+	// without --gateway (the node then never leads).
+	Tunnel *edgetunnel.Client
+	// CloudHealthy reports whether an apiserver is reachable.
+	CloudHealthy func() bool
+	// Listener is the pool listener (--pool-listen); the Runner closes it.
+	Listener   net.Listener
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Runner starts the node pool once the node's own Node is known (its
 // pool label). Until then, and when the node is in no pool, the apiserver
 // proxy sees a pool that serves nothing.
-type poolRunner struct {
-	cfg      Config
-	node     string
+type Runner struct {
+	opts     Options
 	proxyURL string
-	access   *apiserverAccess
-	tun      *edgetunnel.Client // nil without --gateway
-	healthy  func() bool
-	ln       net.Listener
-	reg      prometheus.Registerer
 	log      *slog.Logger
 
 	// loop and membersLoop carry the pool's requests and its Node
@@ -55,37 +86,35 @@ type poolRunner struct {
 	pool  atomic.Pointer[poolstore.Pool]
 }
 
-var _ apiproxy.Pool = (*poolRunner)(nil)
+var _ apiproxy.Pool = (*Runner)(nil)
 
-// newPoolRunner opens the pool listener; nil when the pool is off
-// (--pool-listen empty, or the node name unknown).
-func newPoolRunner(cfg Config, node string, access *apiserverAccess, tun *edgetunnel.Client, healthy func() bool,
-	reg prometheus.Registerer, log *slog.Logger) (*poolRunner, error) {
-	if cfg.PoolListen == "" {
-		return nil, nil
-	}
-	if node == "" {
-		log.Warn("node name unknown (give --node-name): no node pool")
-		return nil, nil
-	}
-	ln, err := listen(listenerPool, cfg.PoolListen, reg, log)
-	if err != nil {
-		return nil, fmt.Errorf("pool listener: %w", err)
-	}
-	return &poolRunner{cfg: cfg, node: node, access: access, tun: tun, healthy: healthy, ln: ln, reg: reg, log: log,
-		loop: apiproxy.NewLoopback(apiproxy.PoolClient), membersLoop: apiproxy.NewLoopback(apiproxy.PoolMembersClient)}, nil
+// New returns the Runner of the pool, to run once the apiserver proxy is
+// bound (Bind).
+func New(opts Options) *Runner {
+	return &Runner{opts: opts, log: opts.Logger,
+		loop: apiproxy.NewLoopback(apiproxy.PoolClient), membersLoop: apiproxy.NewLoopback(apiproxy.PoolMembersClient)}
 }
 
+// Bind has the pool's clients read through the apiserver proxy p, in
+// process.
+func (r *Runner) Bind(p *apiproxy.Proxy) {
+	r.loop.Bind(p)
+	r.membersLoop.Bind(p)
+}
+
+// Close closes the pool listener (Run does too when it returns).
+func (r *Runner) Close() error { return r.opts.Listener.Close() }
+
 // Run waits for the node's Node, then runs the pool until ctx ends.
-func (r *poolRunner) Run(ctx context.Context, proxyAddr net.Addr) error {
-	defer r.ln.Close()
+func (r *Runner) Run(ctx context.Context, proxyAddr net.Addr) error {
+	defer r.opts.Listener.Close()
 	r.proxyURL = "http://" + proxyAddr.String()
 	members, err := r.startMembers(ctx)
 	if err != nil {
 		return err
 	}
-	pool := r.cfg.Pool
-	if label, ok := members.Pool(r.node); ok && pool == "" {
+	pool := r.opts.Pool
+	if label, ok := members.Pool(r.opts.Node); ok && pool == "" {
 		pool = label
 	} else if ok && label != pool {
 		r.log.Warn("--pool differs from the node's label; peers judge membership by the label", "pool", pool, "label", label)
@@ -107,8 +136,8 @@ func (r *poolRunner) Run(ctx context.Context, proxyAddr net.Addr) error {
 }
 
 // build makes the pool's clients and store.
-func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, error) {
-	cert, cas, err := r.credentials()
+func (r *Runner) build(pool string, members *nodeMembers) (*poolstore.Pool, error) {
+	cert, cas, err := r.opts.Access.Pool(r.opts.CA, r.log)
 	if err != nil {
 		return nil, err
 	}
@@ -122,57 +151,37 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 	if err != nil {
 		return nil, fmt.Errorf("node pool: %w", err)
 	}
-	resources, err := parseResources(r.cfg.PoolResources)
+	resources, err := ParseResources(r.opts.Resources)
 	if err != nil {
 		return nil, err
 	}
-	store, err := poolstore.Open(filepath.Join(r.cfg.DataDir, poolstore.FileName), r.log)
+	store, err := poolstore.Open(filepath.Join(r.opts.DataDir, poolstore.FileName), r.log)
 	if err != nil {
 		return nil, err
 	}
 	r.store = store
 	var delegate func(ctx context.Context, node string, lease []byte) error
 	var records poolstore.RecordWriter
-	if r.tun != nil {
-		delegate = r.tun.DelegateHeartbeat
-		records = edgetunnel.PoolRecords{Client: r.tun}
+	if tun := r.opts.Tunnel; tun != nil {
+		delegate = tun.DelegateHeartbeat
+		records = edgetunnel.PoolRecords{Client: tun}
 	} else {
 		r.log.Warn("no --gateway: this node never leads its pool, it follows the leader the others elect (a node may only read the "+
 			"pool's election record, "+poolstore.RecordNamespace+"/"+poolstore.ElectionRecordName(pool)+"; the gateway writes it for the edges)", "pool", pool)
 	}
 	return poolstore.New(poolstore.Options{
-		PeerConfig: poolstore.PeerConfig{Self: r.node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},
-		Pool:       pool, Client: client, Records: records, Dynamic: dyn, Resources: resources, Store: store, Listener: r.ln,
-		CloudHealthy: r.healthy, Peers: func() []string { return members.Nodes(pool) }, Delegate: delegate,
-		LeaseDuration: r.cfg.PoolLeaseDuration.Duration, RenewDeadline: r.cfg.PoolRenewDeadline.Duration,
-		RetryPeriod: r.cfg.PoolRetryPeriod.Duration, Registerer: r.reg,
+		PeerConfig: poolstore.PeerConfig{Self: r.opts.Node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},
+		Pool:       pool, Client: client, Records: records, Dynamic: dyn, Resources: resources, Store: store, Listener: r.opts.Listener,
+		CloudHealthy: r.opts.CloudHealthy, Peers: func() []string { return members.Nodes(pool) }, Delegate: delegate,
+		LeaseDuration: r.opts.LeaseDuration, RenewDeadline: r.opts.RenewDeadline,
+		RetryPeriod: r.opts.RetryPeriod, Registerer: r.opts.Registerer,
 	})
-}
-
-// credentials are the node certificate the peers see and the CAs their
-// certificates are checked against: --pool-ca, else the apiserver's CA.
-func (r *poolRunner) credentials() (func() (*tls.Certificate, error), func() *x509.CertPool, error) {
-	if r.access.cert == nil {
-		return nil, nil, errors.New("node pool: peers are authenticated with the node's client certificate, and the apiserver credentials hold none")
-	}
-	cert := func() (*tls.Certificate, error) { return r.access.cert.GetClientCertificate(nil) }
-	if r.cfg.PoolCA != "" {
-		cas, err := certfile.LoadCAs(r.cfg.PoolCA, certfile.Options{Logger: r.log})
-		if err != nil {
-			return nil, nil, fmt.Errorf("--pool-ca: %w", err)
-		}
-		return cert, cas.Pool, nil
-	}
-	if roots := r.access.tls.RootCAs; roots != nil {
-		return cert, func() *x509.CertPool { return roots }, nil
-	}
-	return nil, nil, errors.New("node pool: give --pool-ca (the CA of the nodes' client certificates); the apiserver CA is not known either")
 }
 
 // startMembers starts the Node informer through the proxy and waits for
 // its first list (from the cache when the cloud is out of reach: its
 // reads are cached).
-func (r *poolRunner) startMembers(ctx context.Context) (*nodeMembers, error) {
+func (r *Runner) startMembers(ctx context.Context) (*nodeMembers, error) {
 	client, err := kube.NewForConfig(&rest.Config{Host: r.proxyURL, Transport: r.membersLoop,
 		UserAgent: apiproxy.PoolMembersClient.Name + "/" + version.Version, QPS: 20, Burst: 40})
 	if err != nil {
@@ -191,19 +200,19 @@ func (r *poolRunner) startMembers(ctx context.Context) (*nodeMembers, error) {
 
 // Serves, Transport and DelegateHeartbeat are the apiserver proxy's view
 // of the pool (apiproxy.Pool): nothing until the pool runs.
-func (r *poolRunner) Serves(gvr schema.GroupVersionResource, cloudHealthy bool) bool {
+func (r *Runner) Serves(gvr schema.GroupVersionResource, cloudHealthy bool) bool {
 	p := r.pool.Load()
 	return p != nil && p.Serves(gvr, cloudHealthy)
 }
 
-func (r *poolRunner) Transport() http.RoundTripper {
+func (r *Runner) Transport() http.RoundTripper {
 	if p := r.pool.Load(); p != nil {
 		return p.Transport()
 	}
 	return unavailableTransport{}
 }
 
-func (r *poolRunner) DelegateHeartbeat(ctx context.Context, lease []byte) error {
+func (r *Runner) DelegateHeartbeat(ctx context.Context, lease []byte) error {
 	p := r.pool.Load()
 	if p == nil {
 		return errors.New("node pool not running")
@@ -212,7 +221,7 @@ func (r *poolRunner) DelegateHeartbeat(ctx context.Context, lease []byte) error 
 }
 
 // Status is the pool's /status, nil until it runs.
-func (r *poolRunner) Status() *statusapi.Pool {
+func (r *Runner) Status() *statusapi.Pool {
 	if p := r.pool.Load(); p != nil {
 		st := p.Status()
 		return &st
@@ -268,10 +277,10 @@ func (m *nodeMembers) Nodes(pool string) []string {
 	return names
 }
 
-// parseResources reads --pool-resources: "resource.group/version" or
+// ParseResources reads --pool-resources: "resource.group/version" or
 // "resource/version" for the core group (endpointslices.discovery.k8s.io/v1,
 // services/v1).
-func parseResources(specs []string) ([]schema.GroupVersionResource, error) {
+func ParseResources(specs []string) ([]schema.GroupVersionResource, error) {
 	var out []schema.GroupVersionResource
 	for _, s := range specs {
 		i := strings.LastIndex(s, "/")

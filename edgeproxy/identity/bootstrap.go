@@ -1,4 +1,4 @@
-package edgeproxy
+package identity
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/keyutil"
 
-	"github.com/tether-edge/tether/edgeproxy/nodecert"
+	"github.com/tether-edge/tether/edgeproxy/identity/nodecert"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/version"
 )
@@ -52,19 +52,29 @@ func CertPath(dataDir string) string {
 	return filepath.Join(dataDir, CertDir, CertPairPrefix+"-current.pem")
 }
 
-// nodeCert is the node's client certificate from the CSR API, renewed by
+// BootstrapOptions configure StartBootstrap.
+type BootstrapOptions struct {
+	Kubeconfig string // --bootstrap-kubeconfig
+	NodeName   string // --node-name: the certificate is for system:node:<NodeName>
+	DataDir    string // --data-dir: the certificate is kept in CertDir under it
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Bootstrap is the node's client certificate from the CSR API, renewed by
 // package nodecert as the kubelet's certificate manager renews its own: a
 // new ECDSA P-256 key and a CSR at a random point between 70 % and 90 % of
 // the certificate's life, with the current certificate as the credentials
 // (the bootstrap kubeconfig's only when there is none valid). Each new
 // handshake presents the certificate of the moment; connections up keep
-// going (see onRenew).
-type nodeCert struct {
-	node string
-	m    *nodecert.Manager
-	log  *slog.Logger
-	done chan struct{} // closed when the manager's Run returned
-	halt context.CancelFunc
+// going (see OnRenew).
+type Bootstrap struct {
+	node    string
+	m       *nodecert.Manager
+	metrics *metrics
+	log     *slog.Logger
+	done    chan struct{} // closed when the manager's Run returned
+	halt    context.CancelFunc
 
 	cur   atomic.Pointer[tls.Certificate]
 	ready chan struct{} // closed once cur is set
@@ -73,48 +83,34 @@ type nodeCert struct {
 	renewed []func() // called after each new certificate
 }
 
-// startNodeCert starts the certificate manager for cfg.NodeName and
-// returns at once; wait blocks until there is a certificate. A valid
-// certificate for that node already in --data-dir is used without a
-// request. The manager stops when ctx ends, or with stop.
-func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*nodeCert, error) {
-	if _, err := clientcmd.BuildConfigFromFlags("", cfg.BootstrapKubeconfig); err != nil {
+// StartBootstrap starts the certificate manager for opts.NodeName and
+// returns at once; Wait blocks until there is a certificate. A valid
+// certificate for that node already in opts.DataDir is used without a
+// request. The manager stops when ctx ends, or with Stop.
+func StartBootstrap(ctx context.Context, opts BootstrapOptions) (*Bootstrap, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if _, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig); err != nil {
 		return nil, fmt.Errorf("--bootstrap-kubeconfig: %w", err)
 	}
-	store, err := nodecert.NewStore(filepath.Join(cfg.DataDir, CertDir), CertPairPrefix)
+	store, err := nodecert.NewStore(filepath.Join(opts.DataDir, CertDir), CertPairPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("node client certificate: %w", err)
 	}
-	c := &nodeCert{node: cfg.NodeName, log: log.With("cert", CertPath(cfg.DataDir)), ready: make(chan struct{}), done: make(chan struct{})}
-	cn := "system:node:" + cfg.NodeName
-	failures := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tether_edge_client_certificate_renew_failures_total",
-		Help: "Failed attempts to obtain the node's client certificate through the CSR API.",
-	})
-	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "tether_edge_client_certificate_expiry_timestamp_seconds",
-		Help: "When the node's client certificate obtained through the CSR API expires (Unix time); 0 before the first.",
-	}, func() float64 {
-		if cert := c.cur.Load(); cert != nil {
-			return float64(cert.Leaf.NotAfter.Unix())
-		}
-		return 0
-	})
-	if reg != nil {
-		for _, m := range []prometheus.Collector{failures, expiry} {
-			if err := reg.Register(m); err != nil {
-				return nil, err
-			}
-		}
+	b := &Bootstrap{node: opts.NodeName, log: opts.Logger.With("cert", CertPath(opts.DataDir)), ready: make(chan struct{}), done: make(chan struct{})}
+	if b.metrics, err = newMetrics(opts.Registerer, b.expiry); err != nil {
+		return nil, err
 	}
-	c.m, err = nodecert.New(nodecert.Config{
+	cn := "system:node:" + opts.NodeName
+	b.m, err = nodecert.New(nodecert.Config{
 		Store: store,
 		// A certificate for another node (--node-name changed), or one
 		// that is no node identity, is replaced at once, and not used
 		// meanwhile: no approver would renew it for this one.
-		Accept: isNode(cfg.NodeName),
+		Accept: isNode(opts.NodeName),
 		Client: func(current *tls.Certificate) (nodecert.CSRs, error) {
-			kc, err := csrClient(cfg.BootstrapKubeconfig, current)
+			kc, err := csrClient(opts.Kubeconfig, current)
 			if err != nil {
 				return nil, err
 			}
@@ -125,70 +121,79 @@ func startNodeCert(ctx context.Context, cfg Config, reg prometheus.Registerer, l
 		// an ECDSA key: exactly these two usages.
 		Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
 		SignerName: ClientSignerName,
-		Issued:     func(cert *tls.Certificate) { c.set(cert, certIssued) },
-		Failed:     func(error) { failures.Inc() },
-		Logger:     c.log,
+		Issued:     func(cert *tls.Certificate) { b.set(cert, certIssued) },
+		Failed:     func(error) { b.metrics.renewFailures.Inc() },
+		Logger:     b.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node client certificate: %w", err)
 	}
-	if cert := c.m.Current(); cert != nil {
-		c.set(cert, certFromDataDir)
+	if cert := b.m.Current(); cert != nil {
+		b.set(cert, certFromDataDir)
 	} else {
-		c.log.Info("requesting this node's client certificate through the CSR API; an approver (kube-controller-manager's csrapproving, or an operator: kubectl certificate approve) must approve it",
+		b.log.Info("requesting this node's client certificate through the CSR API; an approver (kube-controller-manager's csrapproving, or an operator: kubectl certificate approve) must approve it",
 			"subject", "CN="+cn+",O=system:nodes", "signer", ClientSignerName)
 	}
-	ctx, c.halt = context.WithCancel(ctx)
+	ctx, b.halt = context.WithCancel(ctx)
 	go func() {
-		defer close(c.done)
-		c.m.Run(ctx)
+		defer close(b.done)
+		b.m.Run(ctx)
 	}()
-	return c, nil
+	return b, nil
 }
 
-// isNode accepts a certificate that names node (tunnel.NodeName).
+// expiry is when the current certificate expires (Unix time), 0 before
+// the first.
+func (b *Bootstrap) expiry() float64 {
+	if cert := b.cur.Load(); cert != nil {
+		return float64(cert.Leaf.NotAfter.Unix())
+	}
+	return 0
+}
+
+// isNode accepts a certificate that names node (NodeName).
 func isNode(node string) func(*tls.Certificate) bool {
 	return func(cert *tls.Certificate) bool {
-		name, err := leafNodeName(cert)
+		name, err := NodeName(cert)
 		return err == nil && name == node
 	}
 }
 
-// wait blocks until there is a certificate (true) or ctx ends.
-func (c *nodeCert) wait(ctx context.Context) bool {
+// Wait blocks until there is a certificate (true) or ctx ends.
+func (b *Bootstrap) Wait(ctx context.Context) bool {
 	select {
-	case <-c.ready:
+	case <-b.ready:
 		return true
 	case <-ctx.Done():
 		return false
 	}
 }
 
-// stop stops the renewals and waits for the manager to end.
-func (c *nodeCert) stop() {
-	c.halt()
-	<-c.done
+// Stop stops the renewals and waits for the manager to end.
+func (b *Bootstrap) Stop() {
+	b.halt()
+	<-b.done
 }
 
 // GetClientCertificate is for tls.Config.GetClientCertificate: the
 // certificate of the moment, even expired (the peer says why it refuses
 // it; the manager is renewing it meanwhile).
-func (c *nodeCert) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-	if cert := c.cur.Load(); cert != nil {
+func (b *Bootstrap) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if cert := b.cur.Load(); cert != nil {
 		return cert, nil
 	}
 	return nil, errors.New("no client certificate yet: the CSR is not approved and signed")
 }
 
 // NodeName is the node the certificate is for.
-func (c *nodeCert) NodeName() string { return c.node }
+func (b *Bootstrap) NodeName() string { return b.node }
 
-// onRenew has f called after each new certificate, once new handshakes
+// OnRenew has f called after each new certificate, once new handshakes
 // present it.
-func (c *nodeCert) onRenew(f func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.renewed = append(c.renewed, f)
+func (b *Bootstrap) OnRenew(f func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.renewed = append(b.renewed, f)
 }
 
 // certOrigin is where a node client certificate came from.
@@ -200,23 +205,23 @@ const (
 )
 
 // set makes cert, from origin, the one new handshakes present.
-func (c *nodeCert) set(cert *tls.Certificate, origin certOrigin) {
-	first := c.cur.Swap(cert) == nil
+func (b *Bootstrap) set(cert *tls.Certificate, origin certOrigin) {
+	first := b.cur.Swap(cert) == nil
 	if first {
-		close(c.ready)
+		close(b.ready)
 	}
 	msg := "node client certificate from --data-dir"
 	if origin == certIssued {
 		msg = "node client certificate issued; new connections present it"
 	}
 	l := cert.Leaf
-	c.log.Info(msg, "subject", l.Subject.String(), "serial", l.SerialNumber.String(), "not_before", l.NotBefore, "not_after", l.NotAfter)
+	b.log.Info(msg, "subject", l.Subject.String(), "serial", l.SerialNumber.String(), "not_before", l.NotBefore, "not_after", l.NotAfter)
 	if first {
 		return
 	}
-	c.mu.Lock()
-	fs := append([]func(){}, c.renewed...)
-	c.mu.Unlock()
+	b.mu.Lock()
+	fs := append([]func(){}, b.renewed...)
+	b.mu.Unlock()
 	for _, f := range fs {
 		f()
 	}

@@ -25,6 +25,8 @@ type Store struct {
 	dir, prefix string
 	// keep is how many earlier certificates are kept beside the current.
 	keep int
+	// now names the files; tests move it on.
+	now func() time.Time
 }
 
 // NewStore returns the store of dir (created, mode 0700, if missing).
@@ -32,7 +34,7 @@ func NewStore(dir, prefix string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("certificate store: %w", err)
 	}
-	return &Store{dir: dir, prefix: prefix, keep: 2}, nil
+	return &Store{dir: dir, prefix: prefix, keep: 2, now: time.Now}, nil
 }
 
 // CurrentPath is the file of the certificate in use.
@@ -65,7 +67,7 @@ func (s *Store) Update(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("certificate store: new certificate: %w", err)
 	}
-	name := fmt.Sprintf("%s-%s.pem", s.prefix, time.Now().Format("2006-01-02-15-04-05"))
+	name := fmt.Sprintf("%s-%s.pem", s.prefix, s.now().Format("2006-01-02-15-04-05"))
 	if err := writeSynced(filepath.Join(s.dir, name), data); err != nil {
 		return nil, fmt.Errorf("certificate store: %w", err)
 	}
