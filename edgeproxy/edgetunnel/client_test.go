@@ -372,7 +372,7 @@ func TestBusyGatewayBacksOff(t *testing.T) {
 	var waits []time.Duration
 	for n := 1; n < refusals; n++ {
 		testenv.Eventually(t, fmt.Sprintf("busy refusal %d", n+1), func() bool {
-			clk.Step(100 * time.Millisecond)
+			clk.Step(busyBackoffMax) // past any wait, which the hook records
 			waits = e.waits(gatewayBusy)
 			return len(waits) > n
 		})
@@ -385,7 +385,7 @@ func TestBusyGatewayBacksOff(t *testing.T) {
 	t.Logf("waits after %d busy refusals: %v", len(waits), waits)
 	gw.busy.Store(false)
 	testenv.Eventually(t, "connected once the backoff elapsed", func() bool {
-		clk.Step(100 * time.Millisecond)
+		clk.Step(busyBackoffMax)
 		st, ok := e.status(gw.addr)
 		return ok && st.Connected
 	})
