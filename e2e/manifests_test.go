@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -165,7 +166,12 @@ func review(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, sar *au
 		return res.Status.Allowed
 	}
 	if want {
-		testenv.Eventually(t, "the review allowed", ask)
+		testenv.EventuallyNoError(t, "the review allowed", func() error {
+			if ask() {
+				return nil
+			}
+			return fmt.Errorf("denied: %s", res.Status.Reason)
+		})
 	} else {
 		ask()
 	}

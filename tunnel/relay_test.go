@@ -229,7 +229,7 @@ func TestRelayActiveConnectionIsNotIdle(t *testing.T) {
 		if _, err := io.ReadFull(client, buf); err != nil {
 			t.Fatalf("read %d: %v", i, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the trickle's pace, not a wait: 8 gaps outlast Idle
 	}
 	select {
 	case err := <-gwDone:
