@@ -3,6 +3,7 @@
 #   make demo     the tunnel demo: real control plane, a gateway, two edges
 #   make demo-tour  the tunnel demo, then service topology, a node pool, kubectl logs
 #   make test     everything CI runs (installs what the tests need first)
+#   make test-short  the tests that need no root, namespace or control plane
 
 SHELL      := /bin/bash
 GO         ?= go
@@ -29,7 +30,7 @@ STATICCHECK := $(CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 DEB_PKGS   := iproute2 nftables iptables conntrack curl dnsutils openssl psmisc util-linux ca-certificates \
               rpm podman runc systemd
 
-.PHONY: all build test unit e2e fuzz bench lint deps testbins demo clean package image
+.PHONY: all build test test-short unit e2e fuzz bench lint deps testbins demo clean package image
 
 all: build
 
@@ -51,6 +52,10 @@ testbins:
 	@tools/build-testbins.sh >/dev/null
 
 test: deps testbins lint unit e2e
+
+# test-short: the tests that need no root, namespace or control plane, in under 2 minutes.
+test-short:
+	$(GO) test -short -count=1 ./...
 
 unit:
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v /e2e)

@@ -425,27 +425,29 @@ func wantForbidden(t *testing.T, err error, msg string) {
 // untilRefusedByPolicy repeats a dry run of do until the policy refuses
 // it: the apiserver admits with policies and RBAC that its informers have
 // seen, a moment after they are stored. A dry run that succeeds, or a
-// refusal for another reason, is tried again for up to 30 s.
+// refusal for another reason, is tried again.
 func untilRefusedByPolicy(t *testing.T, ctx context.Context, what string, do func(dryRun []string) error) {
 	t.Helper()
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		err = do([]string{metav1.DryRunAll})
+	testenv.EventuallyNoError(t, what+": refused by "+nodePolicy, func() error {
+		err := do([]string{metav1.DryRunAll})
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), nodePolicy) {
-			return
+			return nil
 		}
-	}
-	t.Fatalf("%s: not refused by %s within 30 s; last answer: %v", what, nodePolicy, err)
+		return fmt.Errorf("last answer: %v", err)
+	})
 }
 
 // untilAllowed repeats do while RBAC forbids it (new RBAC objects reach
-// the authorizer a moment after they are stored), for up to 10 s.
+// the authorizer a moment after they are stored).
 func untilAllowed(t *testing.T, what string, do func() error) {
 	t.Helper()
-	err := do()
-	for deadline := time.Now().Add(10 * time.Second); apierrors.IsForbidden(err) && time.Now().Before(deadline); err = do() {
-		time.Sleep(50 * time.Millisecond)
-	}
+	var err error
+	testenv.EventuallyNoError(t, what+": allowed by RBAC", func() error {
+		if err = do(); apierrors.IsForbidden(err) {
+			return err
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}

@@ -41,7 +41,7 @@ func TestCertificateRotation(t *testing.T) {
 	gw1 := w.Gateways[0]
 	e := w.Edges[0]
 	for _, gw := range w.Gateways {
-		waitFor(t, 10*time.Second, "both edges on "+gw.Label, func() bool { return len(gatewayStatus(t, gw).Edges) == 2 })
+		testenv.EventuallyWithin(t, 10*time.Second, "both edges on "+gw.Label, func() bool { return len(gatewayStatus(t, gw).Edges) == 2 })
 	}
 	since := connectedSince(t, gw1, e.Name)
 
@@ -107,7 +107,7 @@ func TestCertificateRotation(t *testing.T) {
 		// download.
 		serial := "cert_serial=" + next.Cert.SerialNumber.Text(16)
 		for _, gw := range w.Gateways {
-			waitFor(t, 30*time.Second, "edge-1 on "+gw.Label+" with its new certificate", func() bool {
+			testenv.EventuallyWithin(t, 30*time.Second, "edge-1 on "+gw.Label+" with its new certificate", func() bool {
 				for _, line := range strings.Split(w.Log(gw), "\n") {
 					if strings.Contains(line, "edge connected") && strings.Contains(line, "node="+e.Name) && strings.Contains(line, serial) {
 						return true
@@ -136,7 +136,7 @@ func TestCertificateRotation(t *testing.T) {
 	}
 	// Its last stream done (the download's connection closes after the
 	// response), the replaced connection to gw1 is closed.
-	waitFor(t, 30*time.Second, "gw1 closing edge-1's replaced connection", func() bool {
+	testenv.EventuallyWithin(t, 30*time.Second, "gw1 closing edge-1's replaced connection", func() bool {
 		for _, line := range strings.Split(w.Log(gw1), "\n") {
 			if strings.Contains(line, "edge disconnected") && strings.Contains(line, "node="+e.Name) && strings.Contains(line, "replaced by a newer connection") {
 				return true
@@ -163,7 +163,7 @@ func TestSelfManagedCertificate(t *testing.T) {
 
 	admin := fmt.Sprintf("http://%s:%d", gw.Addr, world.AdminPort)
 	var bundle []byte
-	waitFor(t, 10*time.Second, "tetherctl ca", func() bool {
+	testenv.EventuallyWithin(t, 10*time.Second, "tetherctl ca", func() bool {
 		out, err := w.Client.Command(ctx, ctl, "ca", "--gateway", admin).Output()
 		bundle = out
 		return err == nil
@@ -342,7 +342,7 @@ func TestHostilePeers(t *testing.T) {
 			t.Errorf("edge-2 while edge-1 is full: %v", err)
 		}
 		hold()
-		waitFor(t, 10*time.Second, "edge-1 reachable once the connections are gone", func() bool { return reachable(w, e1) == nil })
+		testenv.EventuallyWithin(t, 10*time.Second, "edge-1 reachable once the connections are gone", func() bool { return reachable(w, e1) == nil })
 		undisturbed(t)
 	})
 
@@ -517,15 +517,7 @@ func edgeMetric(t *testing.T, h *testenv.Host, series string) float64 {
 // waitForMetric waits until gw's series reaches want.
 func waitForMetric(t *testing.T, gw *testenv.Host, series string, want float64) {
 	t.Helper()
-	var got float64
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if got = gatewayMetric(t, gw, series); got == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = %v, want %v", series, got, want)
-		}
-	}
+	testenv.Eventually(t, fmt.Sprintf("%s = %v", series, want), func() bool { return gatewayMetric(t, gw, series) == want })
 }
 
 // wantLog checks that one line of log holds every one of parts.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,21 +157,20 @@ func TestHelmChart(t *testing.T) {
 // established.
 func waitServed(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, groupVersion string, resources ...string) {
 	t.Helper()
-	var served []string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	testenv.EventuallyNoError(t, groupVersion+" to serve "+strings.Join(resources, ", "), func() error {
 		list, err := cp.Client.Discovery().ServerResourcesForGroupVersion(groupVersion)
-		served = served[:0]
+		if ctx.Err() != nil {
+			t.Fatalf("%s: %v", groupVersion, ctx.Err())
+		}
+		var served []string
 		if err == nil {
 			for _, r := range list.APIResources {
 				served = append(served, r.Name)
 			}
 		}
-		if !slices.ContainsFunc(resources, func(r string) bool { return !slices.Contains(served, r) }) {
-			return
+		if slices.ContainsFunc(resources, func(r string) bool { return !slices.Contains(served, r) }) {
+			return fmt.Errorf("it serves %v (%v)", served, err)
 		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	t.Fatalf("%s serves %v, want %v", groupVersion, served, resources)
+		return nil
+	})
 }

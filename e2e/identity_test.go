@@ -40,19 +40,6 @@ func connectedEdges(st statusapi.Gateway) []string {
 	return names
 }
 
-// waitFor polls cond every 100 ms until it holds or the timeout ends.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); ; time.Sleep(100 * time.Millisecond) {
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-	}
-}
-
 // TestAllowList: a port the gateway redirects but the edge does not allow
 // is refused by the edge with its reason, counted on both sides, and the
 // kubelet's other port is never dialled.
@@ -65,7 +52,7 @@ func TestAllowList(t *testing.T) {
 		t.Fatalf("curl %s succeeded through a port outside the edge's allow list: %s", url, out)
 	}
 	gw := w.Gateways[0]
-	waitFor(t, 5*time.Second, "the refusal counted on the gateway", func() bool {
+	testenv.EventuallyWithin(t, 5*time.Second, "the refusal counted on the gateway", func() bool {
 		m, err := world.Get(ctx, gw, world.GatewayAdmin(gw, "/metrics"))
 		return err == nil &&
 			world.Metric(m, `tether_gateway_proxy_refusals_total{reason="not_allowed"}`) == 1 &&
@@ -112,8 +99,13 @@ func TestIdentity(t *testing.T) {
 			}
 		}
 		cmd := edge2.Host.Start(t, w.Bins.Edge, append(args, "--admin-listen", "127.0.0.1:10367")...)
-		waitFor(t, 10*time.Second, "the rogue edge to report its refusal", func() bool {
-			return strings.Contains(edge2.Host.Log(cmd), "level=ERROR")
+		testenv.EventuallyWithin(t, 10*time.Second, "the rogue edge to report its refusal", func() bool {
+			body, err := world.Get(ctx, edge2.Host, "http://127.0.0.1:10367/status")
+			var st statusapi.Edge
+			if err != nil || json.Unmarshal([]byte(body), &st) != nil {
+				return false
+			}
+			return len(st.Gateways) > 0 && !st.Gateways[0].Connected && st.Gateways[0].LastError != ""
 		})
 		if st := gatewayStatus(t, gw); len(st.Edges) != 2 {
 			t.Errorf("gateway has edges %v, want only the two real ones", connectedEdges(st))
@@ -158,7 +150,7 @@ func TestIdentity(t *testing.T) {
 		}
 		args := w.EdgeArgs(edge1)
 		impostor := edge2.Host.Start(t, w.Bins.Edge, args...)
-		waitFor(t, 10*time.Second, "the impostor's registration as edge-1", func() bool {
+		testenv.EventuallyWithin(t, 10*time.Second, "the impostor's registration as edge-1", func() bool {
 			for _, e := range gatewayStatus(t, gw).Edges {
 				if e.Node == edge1.Name && strings.HasPrefix(e.Remote, edge2.Site.PublicAddr.String()+":") {
 					return true
@@ -195,7 +187,7 @@ func TestTwoReplicas(t *testing.T) {
 	w := newWorld(t, world.Options{Gateways: 2}, "--netrules", "nftables")
 	gw1, gw2 := w.Gateways[0], w.Gateways[1]
 	for _, gw := range w.Gateways {
-		waitFor(t, 10*time.Second, "both edges on "+gw.Label, func() bool { return len(gatewayStatus(t, gw).Edges) == 2 })
+		testenv.EventuallyWithin(t, 10*time.Second, "both edges on "+gw.Label, func() bool { return len(gatewayStatus(t, gw).Edges) == 2 })
 	}
 	if err := w.Stop(gw1); err != nil {
 		t.Fatal(err)

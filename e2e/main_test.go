@@ -4,6 +4,7 @@
 package e2e
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -14,6 +15,12 @@ import (
 var bins world.Binaries
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// Every test here needs root, namespaces and a control plane.
+		fmt.Println("e2e: skipped with -short")
+		os.Exit(0)
+	}
 	if os.Geteuid() != 0 && os.Getenv("CI") == "" {
 		fmt.Println("e2e: skipped, needs root")
 		os.Exit(0)

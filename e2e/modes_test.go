@@ -49,7 +49,7 @@ func TestNodeNamesByDNS(t *testing.T) {
 	if err := w.CP.Client.CoreV1().Nodes().Delete(ctx, gone.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, gone.Name+" to leave DNS", func() bool {
+	testenv.EventuallyWithin(t, 5*time.Second, gone.Name+" to leave DNS", func() bool {
 		out, _ := w.Client.Command(ctx, "dig", "@"+w.Gateways[0].Addr.String(), gone.Name+"."+zone, "A").CombinedOutput()
 		return strings.Contains(string(out), "status: NXDOMAIN")
 	})
@@ -78,7 +78,7 @@ func TestVIPMode(t *testing.T) {
 	ctx := context.Background()
 
 	vips := map[string]string{}
-	waitFor(t, 10*time.Second, "VIPs recorded on the Nodes", func() bool {
+	testenv.EventuallyWithin(t, 10*time.Second, "VIPs recorded on the Nodes", func() bool {
 		for _, e := range w.Edges {
 			n, err := w.CP.Client.CoreV1().Nodes().Get(ctx, e.Name, metav1.GetOptions{})
 			if err != nil || n.Annotations["tether.io/vip"] == "" {
@@ -103,7 +103,7 @@ func TestVIPMode(t *testing.T) {
 		}
 		var out string
 		var err error
-		waitFor(t, 10*time.Second, e.Name+" reachable by name through its VIP", func() bool {
+		testenv.EventuallyWithin(t, 10*time.Second, e.Name+" reachable by name through its VIP", func() bool {
 			out, err = curlByName(ctx, w, e.Name)
 			return err == nil
 		})

@@ -81,16 +81,15 @@ func TestNodePool(t *testing.T) {
 		}
 		// /metrics says the same as /status.
 		for _, e := range w.Edges {
-			var got string
-			if !until(30*time.Second, func() bool {
+			testenv.EventuallyNoError(t, e.Name+"'s metrics to say what /status says", func() error {
 				body, err := world.Get(ctx, e.Host, world.EdgeAdmin("/metrics"))
 				lead, connected := world.Metric(body, "tether_edge_pool_leader"), world.Metric(body, "tether_edge_pool_replica_connected")
 				age := world.Metric(body, "tether_edge_pool_last_sync_age_seconds")
-				got = fmt.Sprintf("leader %v, replica_connected %v, last_sync_age_seconds %v, %v", lead, connected, age, err)
-				return err == nil && (e == leader) == (lead == 1) && (e != leader) == (connected == 1) && age >= 0 && age <= 30
-			}) {
-				t.Errorf("%s metrics: %s; the leader is %s", e.Name, got, leader.Name)
-			}
+				if err == nil && (e == leader) == (lead == 1) && (e != leader) == (connected == 1) && age >= 0 && age <= 30 {
+					return nil
+				}
+				return fmt.Errorf("leader %v, replica_connected %v, last_sync_age_seconds %v, %v; the leader is %s", lead, connected, age, err, leader.Name)
+			})
 		}
 		// Node components read them from the replica.
 		for _, e := range w.Edges {
@@ -99,9 +98,7 @@ func TestNodePool(t *testing.T) {
 			if err != nil || len(l.Items) != 51 {
 				t.Fatalf("%s: list through the proxy: %d items, %v", e.Name, len(l.Items), err)
 			}
-			if !until(20*time.Second, func() bool { return poolServed(t, ctx, e) > before }) {
-				t.Errorf("%s: the list was not served from the pool replica", e.Name)
-			}
+			testenv.Eventually(t, e.Name+": the list served from the pool replica", func() bool { return poolServed(t, ctx, e) > before })
 		}
 	})
 
@@ -212,15 +209,13 @@ func TestNodePool(t *testing.T) {
 	t.Run("SiteCutServesReplicas", func(t *testing.T) {
 		w.Edges[0].Site.Cut()
 		for _, e := range w.Edges {
-			var last string
-			d := 30 * time.Second
-			if !until(d, func() bool {
+			testenv.EventuallyNoError(t, e.Name+" to see the cloud unreachable", func() error {
 				st, err := e.Status(ctx)
-				last = fmt.Sprintf("%+v %v", st.APIServer, err)
-				return err == nil && st.APIServer != nil && !st.APIServer.Healthy
-			}) {
-				t.Fatalf("%s does not see the cloud unreachable within %v: %s\n%s", e.Name, d, last, w.Log(e.Host))
-			}
+				if err == nil && st.APIServer != nil && !st.APIServer.Healthy {
+					return nil
+				}
+				return fmt.Errorf("%+v %v", st.APIServer, err)
+			})
 		}
 		for _, e := range w.Edges {
 			before := poolServed(t, ctx, e)
@@ -228,9 +223,7 @@ func TestNodePool(t *testing.T) {
 			if err != nil || len(l.Items) != 60 {
 				t.Fatalf("%s offline: list from the replica: %d items, %v", e.Name, len(l.Items), err)
 			}
-			if !until(20*time.Second, func() bool { return poolServed(t, ctx, e) > before }) {
-				t.Errorf("%s offline: the list was not served from the pool replica", e.Name)
-			}
+			testenv.Eventually(t, e.Name+" offline: the list served from the pool replica", func() bool { return poolServed(t, ctx, e) > before })
 		}
 		createSlices(t, ctx, admin, "shop", 60, 65)
 		w.Edges[0].Site.Heal()
@@ -238,7 +231,7 @@ func TestNodePool(t *testing.T) {
 		// The replicas' object count covers every pool resource, so it
 		// can pass before the leader has caught up with the slices made
 		// during the cut: catching up is what is checked, within 30 s.
-		until(30*time.Second, func() bool { return sameAsCloud(ctx, admin, w.Edges) == nil })
+		testenv.EventuallyNoError(t, "the replicas to catch up with the cloud", func() error { return sameAsCloud(ctx, admin, w.Edges) })
 		checkSameAsCloud(t, ctx, admin, w.Edges)
 	})
 
@@ -248,29 +241,12 @@ func TestNodePool(t *testing.T) {
 	}
 }
 
-// until polls cond every 50 ms for up to d.
-func until(d time.Duration, cond func() bool) bool {
-	for start := time.Now(); time.Since(start) < d; time.Sleep(50 * time.Millisecond) {
-		if cond() {
-			return true
-		}
-	}
-	return false
-}
-
-// waitUntil polls cond every 50 ms for up to d and returns how long it
-// took.
+// waitUntil waits for cond for up to d and returns how long it took.
 func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for time.Since(start) < d {
-		if cond() {
-			return time.Since(start)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v", what, d)
-	return 0
+	testenv.EventuallyWithin(t, d, what, cond)
+	return time.Since(start)
 }
 
 // waitOneLeader waits until exactly one of edges says it leads (not

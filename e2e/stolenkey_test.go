@@ -131,7 +131,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 	}
 	waitRefusal := func(t *testing.T, want statusapi.AddressRefusal) {
 		t.Helper()
-		waitFor(t, 15*time.Second, fmt.Sprintf("the gateway to refuse %s's claim of %s (%s)", want.Node, want.Addr, want.Reason), func() bool {
+		testenv.EventuallyWithin(t, 15*time.Second, fmt.Sprintf("the gateway to refuse %s's claim of %s (%s)", want.Node, want.Addr, want.Reason), func() bool {
 			for _, r := range gatewayStatus(t, gw).AddressRefusals {
 				if r == want {
 					return true

@@ -129,7 +129,29 @@ func TestTunnel(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer stalled.Body.Close()
-		time.Sleep(500 * time.Millisecond) // let it fill every window on the way
+		// It has filled every window on the way once the edge's bytes up
+		// stand (nearly) still while a small request crosses.
+		up := func() int64 {
+			st, err := e.Status(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n int64
+			for _, g := range st.Gateways {
+				n += g.BytesUp
+			}
+			return n
+		}
+		testenv.Eventually(t, "the stalled connection's windows full", func() bool {
+			before := up()
+			resp, err := c.Get(e.KubeletURL("/healthz"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return before > 0 && up()-before < 64<<10
+		})
 
 		const n = 64 << 20
 		start := time.Now()

@@ -50,17 +50,13 @@ func dialACMEEdge(t *testing.T, g *Gateway, ca *testenv.CA, node string, roots *
 		t.Fatalf("edge %s: %v", node, err)
 	}
 	t.Cleanup(e.Close)
-	eventually(t, node+" registered", func() bool { _, ok := g.registry.Lookup(node); return ok })
+	testenv.Eventually(t, node+" registered", func() bool { _, ok := g.registry.Lookup(node); return ok })
 	return e, e.Conn().ConnectionState().TLS.PeerCertificates[0]
 }
 
 func waitReady(t *testing.T, g *Gateway, within time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(within); g.Ready() != nil; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway not ready after %v: %v", within, g.Ready())
-		}
-	}
+	testenv.EventuallyWithin(t, within, "the gateway ready", func() bool { return g.Ready() == nil })
 }
 
 // serialHex is a certificate's serial as Pebble logs it (hex, in whole
@@ -127,7 +123,7 @@ func TestACME(t *testing.T) {
 		t.Fatalf("no renewal: %v\n%s", err, p.Log())
 	}
 	var second *x509.Certificate
-	eventually(t, "a new handshake gets the renewed certificate", func() bool {
+	testenv.Eventually(t, "a new handshake gets the renewed certificate", func() bool {
 		_, second = dialACMEEdge(t, g, edgeCA, "edge-2", roots)
 		return serialHex(second) != serialHex(first)
 	})
@@ -209,16 +205,16 @@ func TestACMESharedSecret(t *testing.T) {
 		// moment after they are stored: the allowed ones (first) are
 		// asked again for a while.
 		var res *authorizationv1.SubjectAccessReview
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ask := func() bool {
 			if res, err = cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			if res.Status.Allowed == c.allowed || !c.allowed || time.Now().After(deadline) {
-				break
-			}
+			return res.Status.Allowed
 		}
-		if res.Status.Allowed != c.allowed {
-			t.Errorf("tether-gateway may %s secret %q: %v, want %v", c.verb, c.name, res.Status.Allowed, c.allowed)
+		if c.allowed {
+			testenv.Eventually(t, fmt.Sprintf("tether-gateway allowed to %s secret %q", c.verb, c.name), ask)
+		} else if ask() {
+			t.Errorf("tether-gateway may %s secret %q, want not", c.verb, c.name)
 		}
 	}
 

@@ -19,6 +19,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -54,8 +55,8 @@ func TestDelegatedHeartbeat(t *testing.T) {
 		}
 	}()
 	admin := "http://" + g.AdminAddr().String()
-	eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
-	eventually(t, "the taint controller sees every renewal", g.poolTaint.HasSynced)
+	testenv.Eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
+	testenv.Eventually(t, "the taint controller sees every renewal", g.poolTaint.HasSynced)
 
 	// edge-1's tunnel client.
 	edge := startTunnel(t, ctx, g, ca, "edge-1")
@@ -63,7 +64,11 @@ func TestDelegatedHeartbeat(t *testing.T) {
 	leases := cp.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
 	var renew time.Time
 	for i := range 4 {
-		renew = time.Now().Truncate(time.Microsecond)
+		prev := renew
+		// Each renewal is a later one.
+		if renew = time.Now().Truncate(time.Microsecond); !renew.After(prev) {
+			renew = prev.Add(time.Microsecond)
+		}
 		if err := edge.DelegateHeartbeat(ctx, "edge-2", nodeLease(t, "edge-2", renew)); err != nil {
 			t.Fatalf("delegated heartbeat %d: %v", i+1, err)
 		}
@@ -74,9 +79,8 @@ func TestDelegatedHeartbeat(t *testing.T) {
 		if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) {
 			t.Fatalf("edge-2's Lease after delegated heartbeat %d: %+v", i+1, l)
 		}
-		time.Sleep(time.Millisecond) // the next renewal is a later one
 	}
-	eventually(t, "edge-2 is tainted", func() bool {
+	testenv.Eventually(t, "edge-2 is tainted", func() bool {
 		n, err := cp.Client.CoreV1().Nodes().Get(ctx, "edge-2", metav1.GetOptions{})
 		return err == nil && slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
 			return t.Key == poolstore.UnschedulableTaintKey && t.Value == "true" && t.Effect == corev1.TaintEffectNoSchedule
@@ -99,14 +103,13 @@ func TestDelegatedHeartbeat(t *testing.T) {
 	// OK writes nothing, which the Lease check below holds to.
 	stopElection()
 	lateOK := 0
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	testenv.Eventually(t, "a heartbeat refused after edge-1 stopped leading", func() bool {
 		err = edge.DelegateHeartbeat(ctx, "edge-2", nodeLease(t, "edge-2", renew.Add(-time.Second)))
-		if err == nil && time.Now().Before(deadline) {
+		if err == nil {
 			lateOK++
-			continue
 		}
-		break
-	}
+		return err != nil
+	})
 	if !errors.As(err, &refused) || refused.Code != tunnel.NotLeader {
 		t.Fatalf("heartbeat after edge-1 stopped leading: %v, want a not_leader refusal", err)
 	}

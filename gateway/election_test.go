@@ -60,7 +60,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	}
 	defer stop()
 	admin := "http://" + g.AdminAddr().String()
-	eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
+	testenv.Eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
 
 	// The edges' tunnels, and the candidates of pool-a.
 	tunnels := map[string]*edgetunnel.Client{}
@@ -72,7 +72,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 		cands = append(cands, startTunnelCandidate(t, ctx, cp, node, tunnels[node]))
 	}
 	var first, second *tunnelCandidate
-	eventually(t, "one of pool-a's edges leads", func() bool {
+	testenv.Eventually(t, "one of pool-a's edges leads", func() bool {
 		var leaders []*tunnelCandidate
 		for _, c := range cands {
 			if _, leading := c.elector.Leader(); leading {
@@ -91,13 +91,13 @@ func TestElectionThroughTunnel(t *testing.T) {
 		}
 	}
 	t.Logf("%s leads pool-a", first.node)
-	eventually(t, "the follower sees the leader", func() bool { l, _ := second.elector.Leader(); return l == first.node })
+	testenv.Eventually(t, "the follower sees the leader", func() bool { l, _ := second.elector.Leader(); return l == first.node })
 	el, err := poolstore.ReadElection(ctx, cms, "pool-a")
 	if err != nil || el.Holder != first.node {
 		t.Fatalf("election record in the cloud: %+v, %v; want %s", el, err, first.node)
 	}
 	// The leader's sync record, written through its tunnel too.
-	eventually(t, "the leader's sync record in the cloud", func() bool {
+	testenv.Eventually(t, "the leader's sync record in the cloud", func() bool {
 		cm, err := cms.Get(ctx, poolstore.SyncRecordName("pool-a"), metav1.GetOptions{})
 		return err == nil && cm.Data["holderIdentity"] == first.node
 	})
@@ -161,7 +161,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	// take over at its next try, well within a lease duration.
 	first.stop()
 	stopped := time.Now()
-	eventually(t, second.node+" leads", func() bool { _, leading := second.elector.Leader(); return leading })
+	testenv.Eventually(t, second.node+" leads", func() bool { _, leading := second.elector.Leader(); return leading })
 	t.Logf("%s leads %v after %s stopped", second.node, time.Since(stopped).Round(time.Millisecond), first.node)
 	if el, err := poolstore.ReadElection(ctx, cms, "pool-a"); err != nil || el.Holder != second.node {
 		t.Fatalf("election record in the cloud: %+v, %v; want %s", el, err, second.node)
@@ -170,7 +170,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	// Without a gateway, no renewal is written: the leader stops leading
 	// after its renew deadline, and the record still names it.
 	stop()
-	eventually(t, second.node+" stops leading without a gateway", func() bool { _, leading := second.elector.Leader(); return !leading })
+	testenv.Eventually(t, second.node+" stops leading without a gateway", func() bool { _, leading := second.elector.Leader(); return !leading })
 	if el, err := poolstore.ReadElection(ctx, cms, "pool-a"); err != nil || el.Holder != second.node {
 		t.Fatalf("election record in the cloud: %+v, %v; want %s's, unchanged", el, err, second.node)
 	}
@@ -200,7 +200,7 @@ func startTunnel(t *testing.T, ctx context.Context, g *Gateway, ca *testenv.CA, 
 		cancel()
 		<-done
 	})
-	eventually(t, node+" connected", func() bool { return c.Ready() == nil })
+	testenv.Eventually(t, node+" connected", func() bool { return c.Ready() == nil })
 	return c
 }
 

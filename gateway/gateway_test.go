@@ -119,7 +119,7 @@ func TestRun(t *testing.T) {
 		<-done
 	})
 	admin := "http://" + g.AdminAddr().String()
-	eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
+	testenv.Eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
 
 	kp, err := ca.NodeCert("edge-1")
 	if err != nil {
@@ -137,7 +137,7 @@ func TestRun(t *testing.T) {
 	t.Cleanup(edge.Close)
 
 	var st statusapi.Gateway
-	eventually(t, "/status lists edge-1", func() bool {
+	testenv.Eventually(t, "/status lists edge-1", func() bool {
 		st = statusapi.Gateway{}
 		json.Unmarshal([]byte(httpGet(t, admin+"/status")), &st)
 		return len(st.Edges) == 1
@@ -260,15 +260,6 @@ func httpGet(t *testing.T, url string) string {
 func portOf(a net.Addr) string {
 	_, port, _ := net.SplitHostPort(a.String())
 	return port
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }
 
 // --kube-api-qps and --kube-api-burst reach the client's rate limiter:

@@ -72,7 +72,7 @@ func TestAcceptErrors(t *testing.T) {
 			}
 		}()
 		dnsAddr := g.DNSAddr().String()
-		eventually(t, "edge-1 is answered over UDP", func() bool { return askEdge1("udp", dnsAddr) == nil })
+		testenv.Eventually(t, "edge-1 is answered over UDP", func() bool { return askEdge1("udp", dnsAddr) == nil })
 
 		tc, err := dns.Dial("tcp", dnsAddr)
 		if err != nil {
@@ -83,7 +83,7 @@ func TestAcceptErrors(t *testing.T) {
 		if err := tc.WriteMsg(edge1Query()); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "three accepts failed", func() bool { return fl.Failures() >= 3 })
+		testenv.Eventually(t, "three accepts failed", func() bool { return fl.Failures() >= 3 })
 		if err := askEdge1("udp", dnsAddr); err != nil {
 			t.Fatalf("UDP while TCP accepts fail: %v", err)
 		}
@@ -139,18 +139,12 @@ func TestAcceptErrors(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			healthz <- string(b)
 		}()
-		for deadline := time.Now().Add(60 * time.Second); ; {
+		testenv.Eventually(t, "the DNS TCP and admin listeners failing to accept", func() bool {
 			gw.say("errors")
 			var dnsTCP, admin float64
 			fmt.Sscanf(gw.expect("errors"), "errors dns_tcp=%g admin=%g", &dnsTCP, &admin)
-			if dnsTCP > 0 && admin > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("accept errors dns_tcp=%v admin=%v: the listeners never failed to accept", dnsTCP, admin)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return dnsTCP > 0 && admin > 0
+		})
 		if err := askEdge1("udp", dnsAddr); err != nil {
 			t.Fatalf("UDP while out of files: %v", err)
 		}
@@ -308,7 +302,7 @@ func outOfFilesGateway(t *testing.T, kubeconfig string) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
-	eventually(t, "edge-1 is answered over UDP", func() bool { return askEdge1("udp", g.DNSAddr().String()) == nil })
+	testenv.Eventually(t, "edge-1 is answered over UDP", func() bool { return askEdge1("udp", g.DNSAddr().String()) == nil })
 	say("ready dns=%s admin=%s", g.DNSAddr(), g.AdminAddr())
 
 	var fds fillers

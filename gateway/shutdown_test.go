@@ -42,7 +42,7 @@ func TestShutdownOrder(t *testing.T) {
 		<-done
 	})
 	admin := "http://" + g.AdminAddr().String()
-	eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
+	testenv.Eventually(t, "/readyz answers ok", func() bool { return httpGet(t, admin+"/readyz") == "ok\n" })
 
 	kp, err := ca.NodeCert("edge-1")
 	if err != nil {
@@ -55,13 +55,13 @@ func TestShutdownOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(edge.Close)
-	eventually(t, "edge-1 registered", func() bool { _, ok := g.registry.Lookup("edge-1"); return ok })
+	testenv.Eventually(t, "edge-1 registered", func() bool { _, ok := g.registry.Lookup("edge-1"); return ok })
 	s := openEcho(t, g, "edge-1")
 	t.Cleanup(s.close) // before Run's, if the test fails with s open
 	s.roundTrip("before the shutdown")
 
 	cancel()
-	eventually(t, "/readyz answers 503, shutting down", func() bool {
+	testenv.Eventually(t, "/readyz answers 503, shutting down", func() bool {
 		resp, err := http.Get(admin + "/readyz")
 		if err != nil {
 			return false
@@ -71,7 +71,7 @@ func TestShutdownOrder(t *testing.T) {
 		return resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(b), "shutting down")
 	})
 	proxyAddr := net.JoinHostPort("127.0.0.1", portOf(g.ProxyAddr()))
-	eventually(t, "the proxy refuses connections", func() bool {
+	testenv.Eventually(t, "the proxy refuses connections", func() bool {
 		c, err := net.Dial("tcp", proxyAddr)
 		if err == nil {
 			c.Close()

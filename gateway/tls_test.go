@@ -182,7 +182,7 @@ func dialEdge(t *testing.T, g *Gateway, ca *testenv.CA, node string, roots *x509
 		t.Fatalf("edge %s: %v", node, err)
 	}
 	t.Cleanup(e.Close)
-	eventually(t, node+" registered", func() bool { _, ok := g.registry.Lookup(node); return ok })
+	testenv.Eventually(t, node+" registered", func() bool { _, ok := g.registry.Lookup(node); return ok })
 	return e, e.Conn().ConnectionState().TLS.PeerCertificates[0]
 }
 

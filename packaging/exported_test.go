@@ -175,20 +175,13 @@ func edgeMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	// Every part has registered once the pool runs (after the Node list)
 	// and a health probe has been counted.
 	var text string
-	for deadline := time.Now().Add(90 * time.Second); ; {
-		text, err = scrape(ctx, "http://"+cfg.AdminListen+"/metrics")
-		if err == nil && strings.Contains(text, "tether_edge_pool_leader ") && strings.Contains(text, "tether_edge_apiserver_upstream_probes_total{") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tether-edge's /metrics never showed its node pool and apiserver probes (err %v):\n%s", err, text)
-		}
-		select {
-		case <-done:
+	testenv.EventuallyWithin(t, 90*time.Second, "tether-edge's /metrics to show its node pool and apiserver probes", func() bool {
+		if len(done) > 0 {
 			t.Fatal("edgeproxy.Run ended early")
-		case <-time.After(200 * time.Millisecond):
 		}
-	}
+		text, err = scrape(ctx, "http://"+cfg.AdminListen+"/metrics")
+		return err == nil && strings.Contains(text, "tether_edge_pool_leader ") && strings.Contains(text, "tether_edge_apiserver_upstream_probes_total{")
+	})
 	e, err := parseExposition(text)
 	if err != nil {
 		t.Fatal(err)

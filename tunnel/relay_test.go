@@ -229,7 +229,7 @@ func TestRelayActiveConnectionIsNotIdle(t *testing.T) {
 		if _, err := io.ReadFull(client, buf); err != nil {
 			t.Fatalf("read %d: %v", i, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the trickle's pace, not a wait: 8 gaps outlast Idle
 	}
 	select {
 	case err := <-gwDone:
@@ -242,7 +242,10 @@ func TestRelayStalledReaderDoesNotBlockOtherStreams(t *testing.T) {
 	// Two connections over the same QUIC connection: the first's reader
 	// stops reading; the second must still move data.
 	gw, edge := quicPair(t)
-	type path struct{ client, server *net.TCPConn }
+	type path struct {
+		client, server *net.TCPConn
+		sent, relayed  *atomic.Int64 // onto the edge's stream, off the gateway's
+	}
 	mk := func() path {
 		client, gwSide := tcpPair(t)
 		edgeSide, server := tcpPair(t)
@@ -258,9 +261,10 @@ func TestRelayStalledReaderDoesNotBlockOtherStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 		io.ReadFull(es, make([]byte, 1))
-		go Relay(gwSide, gs, RelayOptions{})
-		go Relay(edgeSide, es, RelayOptions{})
-		return path{client, server}
+		p := path{client, server, new(atomic.Int64), new(atomic.Int64)}
+		go Relay(gwSide, gs, RelayOptions{FromStream: p.relayed})
+		go Relay(edgeSide, es, RelayOptions{ToStream: p.sent})
+		return p
 	}
 	stalled, live := mk(), mk()
 
@@ -273,7 +277,17 @@ func TestRelayStalledReaderDoesNotBlockOtherStreams(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(300 * time.Millisecond)
+	// The stalled path is full once its counters stand still while a
+	// byte crosses the live path, over the same QUIC connection.
+	live.client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	testenv.Eventually(t, "the stalled path full", func() bool {
+		sent, relayed := stalled.sent.Load(), stalled.relayed.Load()
+		live.server.Write([]byte{1})
+		if _, err := io.ReadFull(live.client, make([]byte, 1)); err != nil {
+			t.Fatalf("live connection while the other fills: %v", err)
+		}
+		return sent > 0 && stalled.sent.Load() == sent && stalled.relayed.Load() == relayed
+	})
 
 	want := bytes.Repeat([]byte("x"), 4<<20)
 	go func() { live.server.Write(want); live.server.CloseWrite() }()
@@ -357,7 +371,7 @@ func TestRelayLargeBuffers(t *testing.T) {
 		_, err := server.Write(data)
 		sent <- err
 	}()
-	waitFor(t, "a large buffer in use", func() bool { return largeInUse.Load() > 0 })
+	testenv.Eventually(t, "a large buffer in use", func() bool { return largeInUse.Load() > 0 })
 	got := make([]byte, len(data))
 	if _, err := io.ReadFull(client, got); err != nil {
 		t.Fatalf("client read: %v", err)
@@ -385,7 +399,7 @@ func TestRelayLargeBuffers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "no large buffer in use on the idle connection", func() bool { return largeInUse.Load() == 0 })
+	testenv.Eventually(t, "no large buffer in use on the idle connection", func() bool { return largeInUse.Load() == 0 })
 
 	client.CloseWrite()
 	server.CloseWrite()
@@ -437,17 +451,5 @@ func TestRelayLargeBufferBound(t *testing.T) {
 // back.
 func noLargeBuffers(t *testing.T) {
 	t.Helper()
-	waitFor(t, "no large buffer in use before the test", func() bool { return largeInUse.Load() == 0 })
-}
-
-// waitFor polls cond for up to 30 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, "no large buffer in use before the test", func() bool { return largeInUse.Load() == 0 })
 }

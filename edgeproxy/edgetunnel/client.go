@@ -129,6 +129,12 @@ type Client struct {
 
 	mu       sync.Mutex
 	replicas map[netip.AddrPort]*replica
+
+	// hooks tell tests of events they wait for; nil outside tests.
+	hooks struct {
+		retry    func(failure, time.Duration) // a supervisor waits after a failure
+		handover func(open int64)             // a handed-over connection's grace passed
+	}
 }
 
 // New checks the options and registers the metrics; Run does the work.

@@ -76,7 +76,7 @@ func TestDelegateHeartbeat(t *testing.T) {
 		defer mu.Unlock()
 		return reply, true
 	})
-	eventually(t, "connected", func() bool { return e.Ready() == nil })
+	testenv.Eventually(t, "connected", func() bool { return e.Ready() == nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -106,7 +106,7 @@ func TestDelegateHeartbeat(t *testing.T) {
 func TestDelegateHeartbeatRefusesBadRequestLocally(t *testing.T) {
 	_, gw, e, _ := setup(t, Options{})
 	h := serveHeartbeats(t, gw.nextConn(), answerWith(tunnel.Reply{Code: tunnel.OK}))
-	eventually(t, "connected", func() bool { return e.Ready() == nil })
+	testenv.Eventually(t, "connected", func() bool { return e.Ready() == nil })
 	for name, lease := range map[string][]byte{"no lease": nil, "lease too big": make([]byte, tunnel.MaxLeaseLen+1)} {
 		if err := e.DelegateHeartbeat(context.Background(), "edge-2", lease); !errors.Is(err, tunnel.ErrBadHeader) {
 			t.Errorf("%s: err = %v, want ErrBadHeader", name, err)
@@ -173,7 +173,7 @@ func TestDelegateHeartbeatReplicas(t *testing.T) {
 			}
 			serveHeartbeats(t, gw1.nextConn(), answer)
 			serveHeartbeats(t, gw2.nextConn(), answer)
-			eventually(t, "both replicas connected", func() bool {
+			testenv.Eventually(t, "both replicas connected", func() bool {
 				st := e.Status()
 				return len(st) == 2 && st[0].Connected && st[1].Connected
 			})
@@ -206,7 +206,7 @@ func TestDelegateHeartbeatTimeout(t *testing.T) {
 		<-block
 		return tunnel.Reply{}, false
 	})
-	eventually(t, "connected", func() bool { return e.Ready() == nil })
+	testenv.Eventually(t, "connected", func() bool { return e.Ready() == nil })
 	start := time.Now()
 	err := e.DelegateHeartbeat(context.Background(), "edge-2", testLease)
 	if !errors.Is(err, context.DeadlineExceeded) {

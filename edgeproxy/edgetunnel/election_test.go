@@ -74,7 +74,7 @@ func TestWriteElectionRecord(t *testing.T) {
 		defer mu.Unlock()
 		return reply, true
 	})
-	eventually(t, "connected", func() bool { return e.Ready() == nil })
+	testenv.Eventually(t, "connected", func() bool { return e.Ready() == nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -106,7 +106,7 @@ func TestWriteElectionRecordBadRequestLocally(t *testing.T) {
 	_, gw, e, _ := setup(t, Options{})
 	reqs := make(chan tunnel.ElectionRequest, 4)
 	serveElections(t, gw.nextConn(), reqs, electionAnswer(tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.OK}, ConfigMap: storedRecord}))
-	eventually(t, "connected", func() bool { return e.Ready() == nil })
+	testenv.Eventually(t, "connected", func() bool { return e.Ready() == nil })
 	for name, req := range map[string]tunnel.ElectionRequest{
 		"no pool":      {Op: tunnel.ElectionCreate, Record: tunnel.RecordElection, ConfigMap: []byte("{}")},
 		"no ConfigMap": {Op: tunnel.ElectionCreate, Record: tunnel.RecordElection, Pool: "shop"},
@@ -165,7 +165,7 @@ func TestWriteElectionRecordReplicas(t *testing.T) {
 			}
 			serveElections(t, gw1.nextConn(), nil, answer)
 			serveElections(t, gw2.nextConn(), nil, answer)
-			eventually(t, "both replicas connected", func() bool {
+			testenv.Eventually(t, "both replicas connected", func() bool {
 				st := e.Status()
 				return len(st) == 2 && st[0].Connected && st[1].Connected
 			})
@@ -201,7 +201,7 @@ func TestPoolRecords(t *testing.T) {
 		defer mu.Unlock()
 		return reply, true
 	})
-	eventually(t, "connected", func() bool { return e.Ready() == nil })
+	testenv.Eventually(t, "connected", func() bool { return e.Ready() == nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	w := PoolRecords{Client: e.Client}

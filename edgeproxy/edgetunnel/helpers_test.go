@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -121,14 +122,12 @@ func (g *testGateway) nextConn() *quic.Conn {
 	}
 }
 
-// noConn checks that no edge connects within d.
-func (g *testGateway) noConn(d time.Duration) {
+// noConn checks that no edge connects before until holds: an event after
+// which a connection would have come if the edge were going to make one.
+func (g *testGateway) noConn(until func() bool) {
 	g.t.Helper()
-	select {
-	case c := <-g.conns:
-		g.t.Fatalf("gateway %s: unexpected connection from %s", g.addr, c.RemoteAddr())
-	case <-time.After(d):
-	}
+	testenv.Never(g.t, fmt.Sprintf("gateway %s: unexpected connection", g.addr),
+		func() bool { return len(g.conns) > 0 }, until)
 }
 
 // open opens a stream asking for dest and reads the edge's reply.
@@ -210,45 +209,48 @@ func (l *testLog) contains(s string) bool {
 	return strings.Contains(l.buf.String(), s)
 }
 
-// retryIn is the retry_in of the first log line containing msg.
-func (l *testLog) retryIn(t *testing.T, msg string) time.Duration {
-	t.Helper()
-	waits := l.retryIns(t, msg)
-	if len(waits) == 0 {
-		t.Fatalf("no log line with %q", msg)
-	}
-	return waits[0]
-}
-
-// retryIns are the retry_in of the log lines containing msg, in order.
-func (l *testLog) retryIns(t *testing.T, msg string) []time.Duration {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var waits []time.Duration
-	for _, line := range strings.Split(l.buf.String(), "\n") {
-		if !strings.Contains(line, msg) {
-			continue
-		}
-		_, v, ok := strings.Cut(line, " retry_in=")
-		if !ok {
-			t.Fatalf("no retry_in in %q", line)
-		}
-		v, _, _ = strings.Cut(v, " ")
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("retry_in in %q: %v", line, err)
-		}
-		waits = append(waits, d)
-	}
-	return waits
-}
-
 // edge is a Client under test.
 type edge struct {
 	*Client
 	reg *prometheus.Registry
 	log *testLog
+
+	mu        sync.Mutex
+	retries   []retry // the supervisors' waits after failures, in order
+	handovers []int64 // streams open at each handed-over connection's check
+}
+
+// retry is a supervisor's wait after a failure.
+type retry struct {
+	failure failure
+	wait    time.Duration
+}
+
+// waits are the supervisors' waits after failures of kind f, in order.
+func (e *edge) waits(f failure) []time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ws []time.Duration
+	for _, r := range e.retries {
+		if r.failure == f {
+			ws = append(ws, r.wait)
+		}
+	}
+	return ws
+}
+
+// handoverChecks counts the checks of handed-over connections that found
+// a stream open on theirs.
+func (e *edge) handoverChecks() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, open := range e.handovers {
+		if open > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // startEdge runs a Client with o until the test ends. Unset TLS options
@@ -279,6 +281,16 @@ func startEdge(t *testing.T, o Options, nodeCA, gwCA *testenv.CA) *edge {
 		t.Fatal(err)
 	}
 	e.Client = c
+	c.hooks.retry = func(f failure, wait time.Duration) {
+		e.mu.Lock()
+		e.retries = append(e.retries, retry{f, wait})
+		e.mu.Unlock()
+	}
+	c.hooks.handover = func(open int64) {
+		e.mu.Lock()
+		e.handovers = append(e.handovers, open)
+		e.mu.Unlock()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -340,18 +352,6 @@ func (e *edge) status(gw netip.AddrPort) (statusapi.GatewayConnection, bool) {
 	return statusapi.GatewayConnection{}, false
 }
 
-// eventually retries cond until it holds or 10 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // fakeAddrs is an AddrSource with a settable list.
 type fakeAddrs struct{ list *atomic.Pointer[[]netip.Addr] }
 
@@ -364,9 +364,17 @@ func (f fakeAddrs) Addrs() ([]netip.Addr, error) {
 
 // fakeResolver answers every name with a settable list.
 type fakeResolver struct {
-	mu    sync.Mutex
-	addrs []netip.Addr
-	err   error
+	mu      sync.Mutex
+	addrs   []netip.Addr
+	err     error
+	lookups int
+}
+
+// looked counts the lookups so far.
+func (f *fakeResolver) looked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lookups
 }
 
 func (f *fakeResolver) set(addrs []netip.Addr, err error) {
@@ -378,6 +386,7 @@ func (f *fakeResolver) set(addrs []netip.Addr, err error) {
 func (f *fakeResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lookups++
 	return f.addrs, f.err
 }
 

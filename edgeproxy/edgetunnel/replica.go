@@ -66,6 +66,9 @@ func (r *replica) run(ctx context.Context) {
 		}
 		wait := bo.next()
 		r.logFailure(err, lived, wait)
+		if h := r.c.hooks.retry; h != nil {
+			h(failureOf(err), wait)
+		}
 
 		t := r.c.clock.NewTimer(wait)
 		select {
@@ -147,8 +150,12 @@ func (r *replica) handedOver(s served) {
 			return
 		case <-t.C():
 		}
-		if s.open.Load() == 0 {
+		open := s.open.Load()
+		if open == 0 {
 			s.conn.CloseWithError(tunnel.CloseNormal, "handed over to a newer connection")
+		}
+		if h := r.c.hooks.handover; h != nil {
+			h(open)
 		}
 	}
 }

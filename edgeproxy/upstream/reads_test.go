@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // readsServer answers /who with the protocol, the client's address and
@@ -103,13 +105,7 @@ func TestReads(t *testing.T) {
 	}
 	waitIdle := func(n int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for idle() != n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d idle connections, want %d", idle(), n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		testenv.Eventually(t, fmt.Sprintf("%d idle connections", n), func() bool { return idle() == n })
 	}
 
 	// The first get goes over HTTP/2 while a connection is made.

@@ -89,9 +89,7 @@ func TestProbeLoopFollowsTheClock(t *testing.T) {
 	if err := <-results; err != nil {
 		t.Fatal(err)
 	}
-	for !clk.HasWaiters() {
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, "the loop's ticker", clk.HasWaiters)
 	clk.Step(2 * time.Second)
 	p1 := next("on the tick")
 	// The probe hangs (dead server): the next tick starts a second one,
@@ -144,19 +142,9 @@ func TestUpstreamsHealth(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
 	u.WaitKnown(wctx)
 	wcancel()
-	waitUntil := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 30 s: %+v", what, u.Status())
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	waitFor := func(want bool) {
 		t.Helper()
-		waitUntil(fmt.Sprintf("healthy %v", want), func() bool { return u.Healthy() == want })
+		testenv.Eventually(t, fmt.Sprintf("healthy %v", want), func() bool { return u.Healthy() == want })
 	}
 	second := func() statusapi.Upstream {
 		for _, st := range u.Status() {
@@ -176,9 +164,9 @@ func TestUpstreamsHealth(t *testing.T) {
 	changed := u.Changed()
 	before := second().Probes
 	delay.Store(int64(200 * time.Millisecond))
-	waitUntil("6 slow probes answered", func() bool { return slow.Load() >= 6 })
+	testenv.Eventually(t, "6 slow probes answered", func() bool { return slow.Load() >= 6 })
 	answered := uint64(slow.Load())
-	waitUntil("the slow probes observed", func() bool { return second().Probes >= before+answered })
+	testenv.Eventually(t, "the slow probes observed", func() bool { return second().Probes >= before+answered })
 	select {
 	case <-changed:
 		t.Fatalf("a slow server was declared unhealthy: %+v", u.Status())

@@ -124,7 +124,9 @@ func TestSecret(t *testing.T) {
 	})
 
 	t.Run("Locks", func(t *testing.T) {
-		a, b := newStore("acme-locks", nil), newStore("acme-locks", nil)
+		// b polls on a fake clock, so that its waiting is seen.
+		clk := testingclock.NewFakeClock(time.Now())
+		a, b := newStore("acme-locks", nil), newStore("acme-locks", clk)
 		if err := a.Lock(ctx, "issue_cert_gw.example.com"); err != nil {
 			t.Fatal(err)
 		}
@@ -140,16 +142,18 @@ func TestSecret(t *testing.T) {
 		}
 		// Released: b's blocked Lock returns.
 		got := make(chan error, 1)
+		waiters := clk.Waiters()
 		go func() { got <- b.Lock(ctx, "issue_cert_gw.example.com") }()
-		time.Sleep(100 * time.Millisecond)
-		select {
-		case err := <-got:
-			t.Fatalf("Lock returned while the lock was held: %v", err)
-		default:
-		}
+		testenv.Never(t, "Lock returned while the lock was held",
+			func() bool { return len(got) > 0 },
+			func() bool { return clk.Waiters() > waiters }) // it tried, and waits to poll again
 		if err := a.Unlock(ctx, "issue_cert_gw.example.com"); err != nil {
 			t.Fatal(err)
 		}
+		testenv.Eventually(t, "Lock to return after Unlock", func() bool {
+			clk.Step(20 * time.Millisecond)
+			return len(got) > 0
+		})
 		if err := <-got; err != nil {
 			t.Fatalf("Lock after Unlock: %v", err)
 		}
@@ -213,7 +217,7 @@ func TestSecret(t *testing.T) {
 		// TTL its expiry moves forward.
 		before, _ := lockOf(t, ctx, cp, "acme-stale", "renew_cert_gw.example.com")
 		alive.Step(DefaultLockTTL/3 + time.Second)
-		eventuallyTrue(t, "the lock refreshed", func() bool {
+		testenv.Eventually(t, "the lock refreshed", func() bool {
 			r, _ := lockOf(t, ctx, cp, "acme-stale", "renew_cert_gw.example.com")
 			return r.Expires.After(before.Expires)
 		})
@@ -230,13 +234,4 @@ func lockOf(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, secret,
 		t.Fatal(err)
 	}
 	return readLock(sec, name)
-}
-
-func eventuallyTrue(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }

@@ -15,6 +15,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/netrules"
 )
 
@@ -30,17 +31,6 @@ func snapshot(nodes ...nodewatch.Node) *nodewatch.Snapshot {
 		s.Nodes[n.Name] = n
 	}
 	return s
-}
-
-// eventually polls cond for up to 5 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if cond() {
-			return
-		}
-	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // start runs a Reconciler until the test ends or stop is called; stop
@@ -68,7 +58,7 @@ func TestReconcilerAppliesEdgeNodesOnly(t *testing.T) {
 		nodewatch.Node{Name: "cloud-1", InternalIPs: []netip.Addr{c1}},
 		nodewatch.Node{Name: "edge-noaddr", Edge: true},
 	))
-	eventually(t, "rules applied", r.Ready)
+	testenv.Eventually(t, "rules applied", r.Ready)
 	got, _ := fake.Desired()
 	want := netrules.Desired{
 		Edges:     map[string][]netip.Addr{"edge-1": {a1}, "edge-2": {a2}},
@@ -81,7 +71,7 @@ func TestReconcilerAppliesEdgeNodesOnly(t *testing.T) {
 
 	// A node removed from the snapshot loses its rules.
 	r.Update(snapshot(nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a2}}))
-	eventually(t, "edge-1 removed", func() bool {
+	testenv.Eventually(t, "edge-1 removed", func() bool {
 		d, _ := fake.Desired()
 		_, has := d.Edges["edge-1"]
 		return !has && len(d.Edges) == 1
@@ -94,18 +84,18 @@ func TestReconcilerResyncsAndRetries(t *testing.T) {
 	fake.SetErr(errors.New("table busy"))
 	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263, Resync: time.Minute, Clock: clk})
 	r.Update(snapshot(nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}}))
-	eventually(t, "first (failing) apply", func() bool { return fake.Applies() == 1 })
+	testenv.Eventually(t, "first (failing) apply", func() bool { return fake.Applies() == 1 })
 	if r.Ready() {
 		t.Fatal("ready after a failed apply")
 	}
 	// The resync tick retries without a new snapshot.
 	fake.SetErr(nil)
-	eventually(t, "ticker armed", func() bool { return clk.HasWaiters() })
+	testenv.Eventually(t, "ticker armed", func() bool { return clk.HasWaiters() })
 	clk.Step(time.Minute)
-	eventually(t, "retry on resync", r.Ready)
+	testenv.Eventually(t, "retry on resync", r.Ready)
 	n := fake.Applies()
 	clk.Step(time.Minute)
-	eventually(t, "another resync", func() bool { return fake.Applies() > n })
+	testenv.Eventually(t, "another resync", func() bool { return fake.Applies() > n })
 }
 
 func TestReconcilerCleanupOnExit(t *testing.T) {
@@ -113,7 +103,7 @@ func TestReconcilerCleanupOnExit(t *testing.T) {
 		fake := &netrules.Fake{}
 		r, stop := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263, CleanupOnExit: cleanup})
 		r.Update(snapshot(nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}}))
-		eventually(t, "applied", r.Ready)
+		testenv.Eventually(t, "applied", r.Ready)
 		stop()
 		_, has := fake.Desired()
 		if has == cleanup {
@@ -160,7 +150,7 @@ func TestVIPModeAssignsRecordsAndHolds(t *testing.T) {
 		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}},
 		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a1}},
 	))
-	eventually(t, "VIPs recorded", func() bool { patcher.mu.Lock(); defer patcher.mu.Unlock(); return len(patcher.set) == 2 })
+	testenv.Eventually(t, "VIPs recorded", func() bool { patcher.mu.Lock(); defer patcher.mu.Unlock(); return len(patcher.set) == 2 })
 	v1, v2 := patcher.set["edge-1"], patcher.set["edge-2"]
 	if v1 == v2 || !vips.CIDR.Contains(v1) || !vips.CIDR.Contains(v2) {
 		t.Fatalf("VIPs %v and %v: want two distinct addresses in %v", v1, v2, vips.CIDR)
@@ -172,7 +162,7 @@ func TestVIPModeAssignsRecordsAndHolds(t *testing.T) {
 		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}, VIP: v1},
 		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a1}, VIP: v2},
 	))
-	eventually(t, "rules for VIPs", func() bool {
+	testenv.Eventually(t, "rules for VIPs", func() bool {
 		d, _ := fake.Desired()
 		return len(d.Edges) == 2 && d.Edges["edge-1"][0] == v1 && d.Edges["edge-2"][0] == v2
 	})
@@ -247,7 +237,7 @@ func TestReconcilerFlushesConntrackAfterApply(t *testing.T) {
 		rules.SetErr(s.err)
 		r.Update(s.snap)
 		want = append(want, s.want...)
-		eventually(t, fmt.Sprintf("calls %v", want), func() bool { return len(rules.Calls()) >= len(want) })
+		testenv.Eventually(t, fmt.Sprintf("calls %v", want), func() bool { return len(rules.Calls()) >= len(want) })
 	}
 	if diff := cmp.Diff(want, rules.Calls()); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
@@ -266,7 +256,7 @@ func TestRulesOnlyForRoutedAddresses(t *testing.T) {
 		nodewatch.Node{Name: "edge-3", Edge: true, InternalIPs: []netip.Addr{a2, c1}},
 		nodewatch.Node{Name: "cloud-1", InternalIPs: []netip.Addr{c1}},
 	))
-	eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
+	testenv.Eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
 	d, _ := fake.Desired()
 	want := map[string][]netip.Addr{"edge-3": {a2}}
 	if !maps.EqualFunc(d.Edges, want, slices.Equal) {
@@ -295,7 +285,7 @@ func TestVIPForgedAnnotationReplaced(t *testing.T) {
 	second.Routes = nodewatch.Resolve(second.Nodes, policy, nil, first.Routes)
 	r.Update(second)
 
-	eventually(t, "a VIP of its own recorded for the forger", func() bool {
+	testenv.Eventually(t, "a VIP of its own recorded for the forger", func() bool {
 		patcher.mu.Lock()
 		defer patcher.mu.Unlock()
 		return patcher.set["edge-a"].IsValid()
@@ -308,7 +298,7 @@ func TestVIPForgedAnnotationReplaced(t *testing.T) {
 	if _, ok := patcher.set["edge-b"]; ok {
 		t.Errorf("the first holder's VIP was rewritten to %v", patcher.set["edge-b"])
 	}
-	eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
+	testenv.Eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
 	d, _ := fake.Desired()
 	if want := map[string][]netip.Addr{"edge-b": {v1}}; !maps.EqualFunc(d.Edges, want, slices.Equal) {
 		t.Errorf("rules for %v, want %v", d.Edges, want)

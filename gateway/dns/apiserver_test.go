@@ -2,6 +2,7 @@ package dns_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -124,34 +125,28 @@ func ask(t *testing.T, conn net.Conn, name string) *mdns.Msg {
 // that takes longer than bound after since.
 func waitAnswer(t *testing.T, conn net.Conn, name string, since time.Time, bound time.Duration, done func(*mdns.Msg) bool) *mdns.Msg {
 	t.Helper()
-	for {
-		r := ask(t, conn, name)
-		if done(r) {
-			if d := time.Since(since); d > bound {
-				t.Errorf("answer changed after %v, want under %v", d, bound)
-			}
-			return r
-		}
-		if time.Since(since) > 10*time.Second {
-			t.Fatalf("no change after 10 s; last answer:\n%v", r)
-		}
-		time.Sleep(2 * time.Millisecond)
+	var r *mdns.Msg
+	testenv.Eventually(t, "the answer for "+name+" to change", func() bool {
+		r = ask(t, conn, name)
+		return done(r)
+	})
+	if d := time.Since(since); d > bound {
+		t.Errorf("answer changed after %v, want under %v", d, bound)
 	}
+	return r
 }
 
 // waitConfigMap waits until the hosts ConfigMap holds exactly want.
 func waitConfigMap(t *testing.T, cp *testenv.ControlPlane, want string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	var got string
-	for time.Now().Before(deadline) {
+	testenv.EventuallyNoError(t, "the hosts configmap to hold "+want, func() error {
 		cm, err := cp.Client.CoreV1().ConfigMaps("kube-system").Get(t.Context(), "tether-nodes", metav1.GetOptions{})
-		if err == nil {
-			if got = cm.Data[dns.DefaultHostsKey]; got == want {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Errorf("hosts configmap holds %q, want %q", got, want)
+		if got := cm.Data[dns.DefaultHostsKey]; got != want {
+			return fmt.Errorf("it holds %q", got)
+		}
+		return nil
+	})
 }

@@ -16,6 +16,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 func TestRenderHosts(t *testing.T) {
@@ -74,7 +75,7 @@ func TestHostsWriter(t *testing.T) {
 	snap := testSnapshot()
 	h.Update(snap)
 	// The first create fails; the retry comes after a second of the clock.
-	waitUntil(t, func() bool { return clk.HasWaiters() })
+	testenv.Eventually(t, "the writer waiting for the clock", clk.HasWaiters)
 	clk.Step(time.Second)
 	cm := waitForHosts(t, client, "10.0.0.1\tedge-1\n")
 
@@ -106,7 +107,7 @@ func TestHostsWriter(t *testing.T) {
 func waitForHosts(t *testing.T, client *fake.Clientset, prefix string) *corev1.ConfigMap {
 	t.Helper()
 	var cm *corev1.ConfigMap
-	waitUntil(t, func() bool {
+	testenv.Eventually(t, "the hosts configmap to start with "+prefix, func() bool {
 		c, err := client.CoreV1().ConfigMaps("kube-system").Get(t.Context(), "tunnel", metav1.GetOptions{})
 		if err != nil {
 			return false
@@ -116,17 +117,6 @@ func waitForHosts(t *testing.T, client *fake.Clientset, prefix string) *corev1.C
 		return len(v) >= len(prefix) && v[:len(prefix)] == prefix
 	})
 	return cm
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // TestRecordsFollowRoutes: DNS and the hosts ConfigMap answer an edge node

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/internal/accept/accepttest"
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // serving runs s.Serve on loopback sockets until the test ends, its TCP
@@ -119,15 +120,6 @@ func closedByServer(c net.Conn) error {
 	return err
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
-}
-
 func metricValue(t *testing.T, c prometheus.Collector, name string, labels ...string) float64 {
 	t.Helper()
 	v, err := metrictest.Value(c, name, labels...)
@@ -152,7 +144,7 @@ func TestServeAcceptErrors(t *testing.T) {
 	tc := dialFrom(t, "127.0.0.1", addr)
 	answered := make(chan error, 1)
 	go func() { answered <- ask(tc) }()
-	waitFor(t, "Accept failed three times", func() bool { return fl.Failures() >= 3 })
+	testenv.Eventually(t, "Accept failed three times", func() bool { return fl.Failures() >= 3 })
 	uc, err := dns.Dial("udp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +217,7 @@ func TestTCPLimits(t *testing.T) {
 
 	// A slot freed is taken again, and 127.0.0.2 may open one more.
 	a1.Close()
-	waitFor(t, "the server sees the close", func() bool { return open() == 3 })
+	testenv.Eventually(t, "the server sees the close", func() bool { return open() == 3 })
 	if err := ask(dialFrom(t, "127.0.0.2", addr)); err != nil {
 		t.Fatalf("after a close: %v", err)
 	}
@@ -260,7 +252,7 @@ func TestTCPIdleTimeout(t *testing.T) {
 			t.Errorf("%s connection: %v", name, err)
 		}
 	}
-	waitFor(t, "no connection open", func() bool {
+	testenv.Eventually(t, "no connection open", func() bool {
 		return metricValue(t, s.metrics.tcpOpen, "tether_gateway_dns_tcp_connections") == 0
 	})
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/pooltaint"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -121,14 +122,10 @@ func TestRenewalCost(t *testing.T) {
 	// as it does between a leader's renewals (seconds apart).
 	seen := func(node string, renew time.Time) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if l := h.cached(node); l != nil && l.Spec.RenewTime != nil && l.Spec.RenewTime.Time.Equal(renew) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the informer never saw %s renewed at %v", node, renew)
-			}
-		}
+		testenv.Eventually(t, fmt.Sprintf("the informer to see %s renewed at %v", node, renew), func() bool {
+			l := h.cached(node)
+			return l != nil && l.Spec.RenewTime != nil && l.Spec.RenewTime.Time.Equal(renew)
+		})
 	}
 
 	// The steady state: one write per renewal, no read.

@@ -119,11 +119,5 @@ func start(t *testing.T, w *nodewatch.Watcher) *nodewatch.Watcher {
 
 func eventually(t *testing.T, w *nodewatch.Watcher, ok func(*nodewatch.Snapshot) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok(w.Snapshot()) {
-		if time.Now().After(deadline) {
-			t.Fatal("snapshot did not change within 10 s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the snapshot to change", func() bool { return ok(w.Snapshot()) })
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -73,7 +74,7 @@ func TestRecordCache(t *testing.T) {
 
 	// poolstore's real election; the informer sees its record.
 	stop := pc.Elect("shop", "edge-1")
-	waitFor(t, "the cache sees edge-1 lead shop", func() bool {
+	testenv.Eventually(t, "the cache sees edge-1 lead shop", func() bool {
 		return check.Leader(pc.Ctx, "edge-1", "shop", time.Now()) == nil
 	})
 	before := reqs.n.Load()
@@ -96,7 +97,7 @@ func TestRecordCache(t *testing.T) {
 	if _, err := cms.Create(pc.Ctx, syncRec, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the cache holds the sync record", func() bool {
+	testenv.Eventually(t, "the cache holds the sync record", func() bool {
 		_, err := rc.Get(pc.Ctx, poolstore.SyncRecordName("shop"), metav1.GetOptions{})
 		return err == nil
 	})
@@ -111,28 +112,18 @@ func TestRecordCache(t *testing.T) {
 
 	// Released, then deleted: no leader.
 	stop()
-	waitFor(t, "the cache sees the release", func() bool {
+	testenv.Eventually(t, "the cache sees the release", func() bool {
 		return codeOf(check.Leader(pc.Ctx, "edge-1", "shop", time.Now())) == tunnel.NotLeader
 	})
 	if err := cms.Delete(pc.Ctx, poolstore.ElectionRecordName("shop"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the cache sees the delete", func() bool {
+	testenv.Eventually(t, "the cache sees the delete", func() bool {
 		_, err := rc.Get(pc.Ctx, poolstore.ElectionRecordName("shop"), metav1.GetOptions{})
 		return err != nil
 	})
 	checkRefusal(t, "Leader after delete", check.Leader(pc.Ctx, "edge-1", "shop", time.Now()), tunnel.NotLeader,
 		"pool shop has no leader (election record "+ref+")")
-}
-
-// waitFor waits up to ten seconds for cond.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }
 
 // codeOf is err's refusal code, OK for nil.

@@ -2,6 +2,7 @@ package pooltaint
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -74,7 +75,7 @@ func start(t *testing.T) *fixture {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	poll(t, "the controller sees every renewal", c.HasSynced)
+	testenv.Eventually(t, "the controller sees every renewal", c.HasSynced)
 	return &fixture{t: t, ctx: ctx, admin: cp.Client, c: c, last: map[string]time.Time{}}
 }
 
@@ -120,16 +121,15 @@ func (f *fixture) taints(node string) []corev1.Taint {
 	return n.Spec.Taints
 }
 
-// waitTaints polls until node's taints are want (ten seconds at most).
+// waitTaints waits until node's taints are want.
 func (f *fixture) waitTaints(node string, want ...corev1.Taint) {
 	f.t.Helper()
-	var got []corev1.Taint
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if got = f.taints(node); cmp.Equal(got, want) {
-			return
+	testenv.EventuallyNoError(f.t, "the taints of "+node, func() error {
+		if got := f.taints(node); !cmp.Equal(got, want) {
+			return fmt.Errorf("%v, want %v", got, want)
 		}
-	}
-	f.t.Fatalf("taints of %s: %v, want %v", node, got, want)
+		return nil
+	})
 }
 
 func (f *fixture) changes(action string) float64 {
@@ -168,7 +168,7 @@ func TestTaint(t *testing.T) {
 	// The fourth: tainted, the other taint kept.
 	f.renew("edge-1", true)
 	f.waitTaints("edge-1", other, Taint)
-	poll(t, "the informer sees two tainted nodes", func() bool { return f.c.Tainted() == 2 })
+	testenv.Eventually(t, "the informer sees two tainted nodes", func() bool { return f.c.Tainted() == 2 })
 
 	// More delegated renewals change nothing.
 	f.renew("edge-1", true)
@@ -235,14 +235,5 @@ func TestTaintsPatch(t *testing.T) {
 	}
 	if want := `{"metadata":{"resourceVersion":"42"},"spec":{"taints":[]}}`; string(b) != want {
 		t.Errorf("patch %s, want %s", b, want)
-	}
-}
-
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
 	}
 }

@@ -99,14 +99,8 @@ func (e *env) edge(node string, allow func(tunnel.Request) tunnel.Code) *edgetes
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(edge.Close)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, ok := e.reg.Lookup(node); ok {
-			return edge
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s never registered", node)
-		}
-	}
+	testenv.Eventually(e.t, node+" registered", func() bool { _, ok := e.reg.Lookup(node); return ok })
+	return edge
 }
 
 // proxy starts a proxy with opts on 127.0.0.1 and returns it and its
@@ -224,15 +218,6 @@ func value(t *testing.T, p *Proxy, name string, labels ...string) float64 {
 	return v
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
-}
-
 // TLS by server name: the client verifies the stand-in kubelet's own
 // certificate, so TLS is end to end through the gateway.
 func TestProxyRoutesBySNI(t *testing.T) {
@@ -253,7 +238,7 @@ func TestProxyRoutesBySNI(t *testing.T) {
 	// The client may close with the server's close_notify still unread,
 	// which resets the connection: a relay that ends with an error is as
 	// good as a clean one here; the request went through.
-	eventually(t, "the connection is counted as done", func() bool {
+	testenv.Eventually(t, "the connection is counted as done", func() bool {
 		return value(t, p, "connections", "result=relayed")+value(t, p, "connections", "result="+resultRelayError) == 1
 	})
 	ed, _ := e.reg.Lookup("edge-1")
@@ -313,7 +298,7 @@ func TestProxyAcceptErrors(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		body <- string(b)
 	}()
-	eventually(t, "Accept failed three times", func() bool { return fl.Failures() >= 3 })
+	testenv.Eventually(t, "Accept failed three times", func() bool { return fl.Failures() >= 3 })
 	fl.SetFailing(false)
 	if got := <-body; got != "ok from edge-1" {
 		t.Fatalf("GET through the proxy: %q", got)
@@ -394,7 +379,7 @@ func TestProxyRefusals(t *testing.T) {
 	}
 	ed, _ := e.reg.Lookup("edge-1")
 	// The client sees the reset before the proxy has released the stream.
-	eventually(t, "the refused stream is released", func() bool { return ed.Status().Streams == 0 })
+	testenv.Eventually(t, "the refused stream is released", func() bool { return ed.Status().Streams == 0 })
 	if st := ed.Status(); st.Refusals["not_allowed"] != 1 {
 		t.Errorf("edge-1 status %+v, want one not_allowed refusal", st)
 	}
@@ -455,7 +440,7 @@ func TestProxySendsClientBytesBeforeReply(t *testing.T) {
 		s.Close()
 		edgeErr <- nil
 	}()
-	eventually(t, "edge-1 is registered", func() bool { _, ok := e.reg.Lookup("edge-1"); return ok })
+	testenv.Eventually(t, "edge-1 is registered", func() bool { _, ok := e.reg.Lookup("edge-1"); return ok })
 
 	dst := netip.AddrPortFrom(netip.MustParseAddr(edge1Addr), 10250)
 	_, addr := e.proxy(Options{ReplyTimeout: 5 * time.Second, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil }})

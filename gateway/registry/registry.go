@@ -118,6 +118,10 @@ type Registry struct {
 	draining map[*Edge]struct{}
 
 	registered, replaced atomic.Int64
+
+	// onWait, when set (by tests), is called when Open starts waiting
+	// for a free stream slot.
+	onWait func()
 }
 
 // New returns an empty Registry.
@@ -313,6 +317,9 @@ func (e *Edge) acquire(ctx context.Context, wait time.Duration) error {
 	case e.sem <- struct{}{}:
 		return nil
 	default:
+	}
+	if h := e.reg.onWait; h != nil {
+		h()
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()

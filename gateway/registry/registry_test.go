@@ -234,16 +234,16 @@ func TestOpenStreamLimit(t *testing.T) {
 	}
 
 	// A slot freed while Open waits is taken.
-	go func() {
-		time.Sleep(10 * time.Millisecond)
+	r.onWait = func() {
 		s1.Release()
 		s1.Release() // a second release must not free a second slot
-	}()
+	}
 	r.openWait = 5 * time.Second
 	s3, err := r.Open(ctx, "edge-1")
 	if err != nil {
 		t.Fatalf("Open after release: %v", err)
 	}
+	r.onWait = nil
 	r.openWait = 50 * time.Millisecond
 	if _, err := r.Open(ctx, "edge-1"); !errors.Is(err, ErrOverloaded) {
 		t.Fatalf("Open with both slots taken again: %v, want ErrOverloaded", err)

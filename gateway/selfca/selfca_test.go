@@ -121,13 +121,14 @@ func TestRunRenewsBeforeExpiry(t *testing.T) {
 	}
 	// Past two thirds (20 h of 30 h, counting the backdating), the next
 	// check renews it.
-	for deadline := time.Now().Add(5 * time.Second); current().SerialNumber.Cmp(first.Leaf.SerialNumber) == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("not renewed past two thirds of its life")
+	testenv.Eventually(t, "a renewal past two thirds of its life", func() bool {
+		if current().SerialNumber.Cmp(first.Leaf.SerialNumber) != 0 {
+			return true
 		}
 		waitTicker(t, clk)
 		clk.Step(time.Hour)
-	}
+		return false
+	})
 	if got := current(); !got.NotAfter.After(first.Leaf.NotAfter) {
 		t.Errorf("renewed certificate ends %v, not after the old %v", got.NotAfter, first.Leaf.NotAfter)
 	}
@@ -136,11 +137,7 @@ func TestRunRenewsBeforeExpiry(t *testing.T) {
 // waitTicker waits until Run's ticker is registered with the fake clock.
 func waitTicker(t *testing.T, clk *clocktesting.FakeClock) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !clk.HasWaiters(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("Run has no ticker")
-		}
-	}
+	testenv.Eventually(t, "Run's ticker", clk.HasWaiters)
 }
 
 // A CA put into the directory before the first start is used: replicas

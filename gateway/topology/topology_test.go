@@ -93,9 +93,9 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	for !c.synced[0]() || !c.synced[1]() || !c.synced[2]() || !c.synced[3]() {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the informers synced", func() bool {
+		return c.synced[0]() && c.synced[1]() && c.synced[2]() && c.synced[3]()
+	})
 
 	// After each change, a change of the same kind that stamps only the
 	// marker Service: its informer delivers both in order, and one worker
@@ -117,17 +117,11 @@ func TestAgainstKubeAPIServer(t *testing.T) {
 		before := triggers(t, ctx, admin)
 		change()
 		mark()
-		const within = 30 * time.Second
 		var got []string
-		for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		testenv.Eventually(t, name+": the marker stamped", func() bool {
 			got = changed(before, triggers(t, ctx, admin))
-			if slices.Contains(got, "endpoints/marker") && slices.Contains(got, "endpointslice/marker-x") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: the marker not stamped within %v; stamped %v", name, within, got)
-			}
-		}
+			return slices.Contains(got, "endpoints/marker") && slices.Contains(got, "endpointslice/marker-x")
+		})
 		got = slices.DeleteFunc(got, func(o string) bool { return o == "endpoints/marker" || o == "endpointslice/marker-x" })
 		var wantObjs []string
 		for _, w := range want {

@@ -13,6 +13,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -119,7 +120,7 @@ func TestHandshakesWaitNewestFirst(t *testing.T) {
 		}
 	}
 	for _, n := range []string{"edge-a", "edge-b", "edge-c"} {
-		eventually(t, n+" is registered", func() bool { _, ok := f.reg.Lookup(n); return ok })
+		testenv.Eventually(t, n+" is registered", func() bool { _, ok := f.reg.Lookup(n); return ok })
 	}
 	f.waitGate(0, 0)
 }
@@ -285,7 +286,7 @@ func TestRetryWhenCrowdedAndFlooded(t *testing.T) {
 		}, f.ca.Pool(), "gateway"), tunnel.QUICConfig(tunnel.Limits{}))
 		forged <- err
 	}()
-	eventually(t, "the forged client is sent a Retry or takes a place", func() bool {
+	testenv.Eventually(t, "the forged client is sent a Retry or takes a place", func() bool {
 		in, _ := f.srv.gate.counts()
 		return retries() >= 1 || in > 1
 	})

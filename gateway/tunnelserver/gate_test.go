@@ -3,8 +3,11 @@ package tunnelserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // enterAsync calls enter in a goroutine and delivers its result.
@@ -25,17 +28,10 @@ type gateResult struct {
 // waitCounts polls the gate until it holds in and waiting, or fails.
 func waitCounts(t *testing.T, g *handshakeGate, in, waiting int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, fmt.Sprintf("the gate to hold %d and have %d waiting", in, waiting), func() bool {
 		gi, gw := g.counts()
-		if gi == in && gw == waiting {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gate holds %d and has %d waiting, want %d and %d", gi, gw, in, waiting)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return gi == in && gw == waiting
+	})
 }
 
 func recv(t *testing.T, ch <-chan gateResult) gateResult {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/gateway/internal/edgetest"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -106,7 +107,7 @@ func TestStatusFollowsNATRebinding(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(edge.Close)
-	eventually(t, "edge-1 is registered", func() bool { _, ok := f.reg.Lookup("edge-1"); return ok })
+	testenv.Eventually(t, "edge-1 is registered", func() bool { _, ok := f.reg.Lookup("edge-1"); return ok })
 	e, _ := f.reg.Lookup("edge-1")
 	first := n.outside.Load().LocalAddr().String()
 	if got := e.Status().Remote; got != first {
@@ -115,7 +116,7 @@ func TestStatusFollowsNATRebinding(t *testing.T) {
 
 	second := n.rebind().String()
 	// The edge sends: probes are answered, so they go both ways.
-	waitFor(t, "the gateway's status shows the edge's new address "+second, func() bool {
+	testenv.Eventually(t, "the gateway's status shows the edge's new address "+second, func() bool {
 		if rep, err := delegate(t, edge, tunnel.AppendProbeRequest(nil)); err != nil || rep.Code != tunnel.OK {
 			t.Fatalf("probe after the rebinding answered %+v, %v", rep, err)
 		}

@@ -82,7 +82,7 @@ func TestRestartedGatewayResetsIdleEdge(t *testing.T) {
 		cancel()
 		<-ran
 	})
-	waitFor(t, "edge-1 registered", func() bool { _, ok := reg.Lookup("edge-1"); return ok })
+	testenv.Eventually(t, "edge-1 registered", func() bool { _, ok := reg.Lookup("edge-1"); return ok })
 	first, _ := reg.Lookup("edge-1")
 	// Wait until the connection is idle (the handshake's and path MTU
 	// discovery's packets, long enough to draw a reset by themselves, are
@@ -94,7 +94,7 @@ func TestRestartedGatewayResetsIdleEdge(t *testing.T) {
 	}
 	srv.mu.Unlock()
 	last, quietSince := conn.ConnectionStats().PacketsReceived, time.Now()
-	waitFor(t, "the edge's connection is idle", func() bool {
+	testenv.Eventually(t, "the edge's connection is idle", func() bool {
 		if n := conn.ConnectionStats().PacketsReceived; n != last {
 			last, quietSince = n, time.Now()
 		}
@@ -118,7 +118,7 @@ func TestRestartedGatewayResetsIdleEdge(t *testing.T) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	waitFor(t, "edge-1 registered again", func() bool { _, ok := reg2.Lookup("edge-1"); return ok })
+	testenv.Eventually(t, "edge-1 registered again", func() bool { _, ok := reg2.Lookup("edge-1"); return ok })
 	again, _ := reg2.Lookup("edge-1")
 	if again == first {
 		t.Fatal("the restarted gateway holds the old registration")
@@ -137,17 +137,6 @@ func TestRestartedGatewayResetsIdleEdge(t *testing.T) {
 	// Usually a probe drew the reset; a keepalive packet that happened to
 	// carry a long ACK frame (over 42 bytes) may have drawn it first.
 	t.Logf("liveness probes sent: %v", gathered(t, metrics, "tether_edge_tunnel_gateway_probes_total"))
-}
-
-// waitFor polls cond for up to 30 seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // gathered is the value of the one series of name whose labels include

@@ -88,7 +88,7 @@ func (f *fixture) node(node string) *edgetest.Edge {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	eventually(f.t, node+" is registered", func() bool { _, ok := f.reg.Lookup(node); return ok })
+	testenv.Eventually(f.t, node+" is registered", func() bool { _, ok := f.reg.Lookup(node); return ok })
 	return edge
 }
 
@@ -99,17 +99,6 @@ func (f *fixture) counter(result string) float64 {
 		f.t.Fatal(err)
 	}
 	return v
-}
-
-// eventually polls cond for up to five seconds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestAcceptsNodeCertificate(t *testing.T) {
@@ -136,7 +125,7 @@ func TestAcceptsNodeCertificate(t *testing.T) {
 	}
 
 	edge.Close()
-	eventually(t, "edge-1 is unregistered", func() bool { return f.reg.Len() == 0 })
+	testenv.Eventually(t, "edge-1 is unregistered", func() bool { return f.reg.Len() == 0 })
 }
 
 func TestRefusesNonNodeCertificate(t *testing.T) {

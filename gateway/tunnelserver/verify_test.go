@@ -156,7 +156,7 @@ func TestClientCARotation(t *testing.T) {
 	if _, err := f.dial(kp2.TLS, f.ca); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "edge-2 registered with the new CA", func() bool { _, ok := f.reg.Lookup("edge-2"); return ok })
+	testenv.Eventually(t, "edge-2 registered with the new CA", func() bool { _, ok := f.reg.Lookup("edge-2"); return ok })
 
 	pool.Store(caNew.Pool())
 	kp3, err := caOld.NodeCert("edge-3")
@@ -212,7 +212,7 @@ func TestRecheckEvicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	honest := f.node("edge-1")
-	eventually(t, "three edges", func() bool { return f.reg.Len() == 3 })
+	testenv.Eventually(t, "three edges", func() bool { return f.reg.Len() == 3 })
 
 	evictions := func(reason string) float64 {
 		v, err := metrictest.Value(f.srv.evictions, "tether_gateway_tunnel_evictions_total", "reason="+reason)
@@ -363,7 +363,7 @@ func TestVerifiedLeavesHoldOnlyLiveTunnels(t *testing.T) {
 		t.Fatalf("%d leaves remembered after a recheck of 2 live tunnels, want 2", n)
 	}
 	gone.Close()
-	eventually(t, "edge-2's tunnel is no longer live", func() bool {
+	testenv.Eventually(t, "edge-2's tunnel is no longer live", func() bool {
 		f.srv.mu.Lock()
 		defer f.srv.mu.Unlock()
 		return len(f.srv.live) == 1

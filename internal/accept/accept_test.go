@@ -24,11 +24,7 @@ func logLines(logs *testenv.LogBuffer) []string {
 // waitForTimer waits until the Accept under test sleeps on clk.
 func waitForTimer(t *testing.T, clk *testingclock.FakeClock) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !clk.HasWaiters(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("Accept does not wait on the clock")
-		}
-	}
+	testenv.Eventually(t, "Accept waiting on the clock", clk.HasWaiters)
 }
 
 // An EMFILE streak: Accept does not return it, waits 5, 10, 20... ms (not

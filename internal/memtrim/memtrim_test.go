@@ -2,11 +2,14 @@ package memtrim
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // fake is the runtime as the test sets it. Run reads it only when the
@@ -135,11 +138,7 @@ func TestRunTrimsAgainAfterMinInterval(t *testing.T) {
 		t.Fatalf("%d trims, want 1", n)
 	}
 	f.set(0, 500)
-	for deadline := time.Now().Add(30 * time.Second); f.tick(t) < 2; {
-		if time.Now().After(deadline) {
-			t.Fatalf("no second trim 30 s after the first (MinInterval %v)", minInterval)
-		}
-	}
+	testenv.Eventually(t, fmt.Sprintf("a second trim (MinInterval %v)", minInterval), func() bool { return f.tick(t) >= 2 })
 	f.mu.Lock()
 	gap := f.trims[1].Sub(f.trims[0])
 	f.mu.Unlock()
@@ -231,25 +230,19 @@ func TestRunReturnsTheHeap(t *testing.T) {
 	}
 	// The trim's collection counts as forced when it ends; the pages go
 	// back to the kernel after that, so the held heap is judged until the
-	// deadline, not at the first sight of the count.
-	const within = 30 * time.Second
-	deadline := time.Now().Add(within)
-	for {
+	// bound, not at the first sight of the count.
+	testenv.EventuallyNoError(t, "a trim after dropping 64 MiB, and the heap given back", func() error {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		held := m.HeapIdle - m.HeapReleased + m.HeapInuse
-		trimmed := m.NumForcedGC > before.NumForcedGC
-		if trimmed && held <= 16<<20 {
-			return
+		switch {
+		case m.NumForcedGC == before.NumForcedGC:
+			return fmt.Errorf("no trim: in use %d, idle %d, released %d", m.HeapInuse, m.HeapIdle, m.HeapReleased)
+		case held > 16<<20:
+			return fmt.Errorf("after the trim the heap holds %d MiB", held>>20)
 		}
-		if time.Now().After(deadline) {
-			if trimmed {
-				t.Fatalf("%v after the trim the heap holds %d MiB", within, held>>20)
-			}
-			t.Fatalf("no trim %v after dropping 64 MiB: in use %d, idle %d, released %d", within, m.HeapInuse, m.HeapIdle, m.HeapReleased)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 var (

@@ -223,10 +223,7 @@ func TestHostStartStop(t *testing.T) {
 	t.Run("sub", func(t *testing.T) {
 		cmd := h.Start(t, "sh", "-c", "echo started; ip -o link show lo; exec sleep 300")
 		pid = cmd.Process.Pid
-		deadline := time.Now().Add(5 * time.Second)
-		for !strings.Contains(h.Log(cmd), "lo:") && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
+		Eventually(t, "the link listed", func() bool { return strings.Contains(h.Log(cmd), "lo:") })
 		if log := h.Log(cmd); !strings.Contains(log, "started") || !strings.Contains(log, "lo:") {
 			t.Fatalf("log = %q", log)
 		}
@@ -254,9 +251,7 @@ func TestHostStartStop(t *testing.T) {
 
 	// A process that ignores SIGTERM gets SIGKILL.
 	cmd = h.Start(t, "sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done")
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(h.Log(cmd), "ready") && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
+	Eventually(t, "the process ready", func() bool { return strings.Contains(h.Log(cmd), "ready") })
 	start = time.Now()
 	h.Stop(cmd)
 	if d := time.Since(start); d < procStopGrace || d > 3*procStopGrace {
@@ -315,29 +310,20 @@ func TestHostCleanupAndSweep(t *testing.T) {
 	}
 	// Killed at once; reaped by cmd.Wait's goroutine, which a loaded
 	// machine may run late.
-	for deadline := time.Now().Add(10 * time.Second); pidAlive(pid) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if pidAlive(pid) {
-		t.Errorf("process %d left running in a deleted namespace", pid)
-	}
+	Eventually(t, fmt.Sprintf("process %d in a deleted namespace to end", pid), func() bool { return !pidAlive(pid) })
 }
 
-// waitInNetns waits, up to 10 s, until process pid runs in the named
-// namespace.
+// waitInNetns waits until process pid runs in the named namespace.
 func waitInNetns(t *testing.T, pid int, name string) {
 	t.Helper()
 	var ns syscall.Stat_t
 	if err := syscall.Stat(filepath.Join(netnsDir, name), &ns); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	Eventually(t, fmt.Sprintf("process %d in namespace %s", pid, name), func() bool {
 		var st syscall.Stat_t
-		if syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == ns.Ino && st.Dev == ns.Dev {
-			return
-		}
-	}
-	t.Fatalf("process %d not in namespace %s after 10 s", pid, name)
+		return syscall.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil && st.Ino == ns.Ino && st.Dev == ns.Dev
+	})
 }
 
 // whoamiServer answers each connection on l with the address it came from.

@@ -82,16 +82,10 @@ func TestShape(t *testing.T) {
 		// The counters move just after each write back into the TUN
 		// device, which may deliver the packet first.
 		var st WANStats
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		Eventually(t, fmt.Sprintf("the delay line to count %d packets up and %d down", r.sent, r.received), func() bool {
 			st = site.WANStats()
-			if st.Up.Packets-before.Up.Packets >= uint64(r.sent) && st.Down.Packets-before.Down.Packets >= uint64(r.received) ||
-				time.Now().After(deadline) {
-				break
-			}
-		}
-		if up, down := st.Up.Packets-before.Up.Packets, st.Down.Packets-before.Down.Packets; up < uint64(r.sent) || down < uint64(r.received) {
-			t.Errorf("delay line forwarded %d packets up and %d down for %d probes", up, down, r.sent)
-		}
+			return st.Up.Packets-before.Up.Packets >= uint64(r.sent) && st.Down.Packets-before.Down.Packets >= uint64(r.received)
+		})
 		if st.Up.Dropped+st.Down.Dropped != 0 {
 			t.Errorf("delay line dropped packets: %+v", st)
 		}
