@@ -27,9 +27,11 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/internal/certfile"
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // poolRunner starts the node pool once the node's own Node is known (its
@@ -92,7 +94,7 @@ func (r *poolRunner) Run(ctx context.Context, proxyAddr net.Addr) error {
 	}
 	if pool == "" {
 		if ctx.Err() == nil {
-			r.log.Info("node is in no node pool (no " + poolstore.PoolLabel + " label, no --pool): pool off until restart")
+			r.log.Info("node is in no node pool (no " + openyurt.PoolLabel + " label, no --pool): pool off until restart")
 		}
 		<-ctx.Done()
 		return nil
@@ -132,13 +134,13 @@ func (r *poolRunner) build(pool string, members *nodeMembers) (*poolstore.Pool, 
 	}
 	r.store = store
 	var delegate func(ctx context.Context, node string, lease []byte) error
-	var records poolstore.RecordWriter
+	var records record.Writer
 	if r.tun != nil {
 		delegate = r.tun.DelegateHeartbeat
 		records = edgetunnel.PoolRecords{Client: r.tun}
 	} else {
 		r.log.Warn("no --gateway: this node never leads its pool, it follows the leader the others elect (a node may only read the "+
-			"pool's election record, "+poolstore.RecordNamespace+"/"+poolstore.ElectionRecordName(pool)+"; the gateway writes it for the edges)", "pool", pool)
+			"pool's election record, "+record.Namespace+"/"+record.ElectionName(pool)+"; the gateway writes it for the edges)", "pool", pool)
 	}
 	return poolstore.New(poolstore.Options{
 		PeerConfig: poolstore.PeerConfig{Self: r.node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},
@@ -236,7 +238,7 @@ func (m *nodeMembers) Pool(node string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	pool, ok := n.Labels[poolstore.PoolLabel]
+	pool, ok := n.Labels[openyurt.PoolLabel]
 	return pool, ok && pool != ""
 }
 
@@ -255,7 +257,7 @@ func (m *nodeMembers) Address(node string) (string, bool) {
 
 // Nodes are the pool's members, sorted.
 func (m *nodeMembers) Nodes(pool string) []string {
-	sel := labels.SelectorFromSet(labels.Set{poolstore.PoolLabel: pool})
+	sel := labels.SelectorFromSet(labels.Set{openyurt.PoolLabel: pool})
 	nodes, err := m.lister.List(sel)
 	if err != nil {
 		return nil

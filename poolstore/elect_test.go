@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // poolRBAC are the manifests that let node identities read the election
@@ -34,7 +35,7 @@ type candidate struct {
 
 // campaign runs node's election with its node identity, which reads the
 // records; records writes them, as the gateway does for tether-edge.
-func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records RecordWriter) *candidate {
+func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records record.Writer) *candidate {
 	t.Helper()
 	_, cfg, _ := cp.NodeClient(t, node)
 	client, err := kube.NewForConfig(cfg)
@@ -101,12 +102,12 @@ func TestElectionAndSource(t *testing.T) {
 
 	// A node identity may read the records but write none.
 	nodeClient, _, _ := cp.NodeClient(t, "edge-0")
-	nodeCMs := nodeClient.CoreV1().ConfigMaps(RecordNamespace)
+	nodeCMs := nodeClient.CoreV1().ConfigMaps(record.Namespace)
 	waitFor(t, 10*time.Second, "RBAC lets a node read the records", func() bool {
-		_, err := nodeCMs.Get(ctx, ElectionRecordName("p1"), metav1.GetOptions{})
+		_, err := nodeCMs.Get(ctx, record.ElectionName("p1"), metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("a node created its pool's election record: %v; want forbidden", err)
 	}
 
@@ -114,7 +115,7 @@ func TestElectionAndSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	records := ClientRecords{ConfigMaps: admin.ConfigMaps(RecordNamespace)}
+	records := record.ClientWriter{ConfigMaps: admin.ConfigMaps(record.Namespace)}
 	var cs []*candidate
 	for i := range 3 {
 		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i), records))
@@ -131,10 +132,10 @@ func TestElectionAndSource(t *testing.T) {
 	waitFor(t, 5*time.Second, "a new slice in the leader's store", func() bool { return countSlices(first.store) == 25 })
 	waitFor(t, 15*time.Second, "the sync mark", func() bool { return !first.store.SyncedAt().IsZero() })
 	waitFor(t, 5*time.Second, "the sync record in the cloud", func() bool {
-		rec, err := cp.Client.CoreV1().ConfigMaps(RecordNamespace).Get(ctx, SyncRecordName("p1"), metav1.GetOptions{})
+		rec, err := cp.Client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, record.SyncName("p1"), metav1.GetOptions{})
 		return err == nil && rec.Data["holderIdentity"] == first.node
 	})
-	el, err := ReadElection(ctx, cp.Client.CoreV1().ConfigMaps(RecordNamespace), "p1")
+	el, err := record.ReadLeader(ctx, cp.Client.CoreV1().ConfigMaps(record.Namespace), "p1")
 	if err != nil || el.Holder != first.node || !el.Expires.After(time.Now()) {
 		t.Fatalf("election record: %+v, %v", el, err)
 	}

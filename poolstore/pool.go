@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -28,7 +29,7 @@ const DefaultFreshFor = 30 * time.Second
 // and CloudHealthy are required.
 type Options struct {
 	PeerConfig
-	// Pool is the pool's name (the nodes' PoolLabel value).
+	// Pool is the pool's name (the nodes' openyurt.PoolLabel value).
 	Pool string
 	// Client reaches the cloud apiserver with the node's identity: it
 	// reads the election and sync records, and runs the leader's watches.
@@ -39,7 +40,7 @@ type Options struct {
 	// (tether-edge: the gateway, through the tunnel). nil: this node never
 	// campaigns and follows the leader the others elect; a node identity
 	// may only read the records (pool-rbac.yaml).
-	Records RecordWriter
+	Records record.Writer
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource
 	Store     *Store

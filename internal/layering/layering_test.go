@@ -29,6 +29,7 @@ var rules = []rule{
 	{"netrules/...", []string{"gateway/...", "edgeproxy/...", "internal/cli", "poolstore/..."}, "netrules knows nothing of the programs that use it", nil},
 	{"poolstore/...", []string{"gateway/...", "edgeproxy/...", "internal/cli"}, "poolstore knows nothing of the programs that use it (it takes their parts as small interfaces)", nil},
 	{"internal/openyurt", []string{"..."}, "the shared names are a leaf: every layer may import them", nil},
+	{"poolstore/record", []string{"..."}, "the pool's record contract is a leaf: the gateway links it without the pool's store, bbolt or serving", nil},
 	{"internal/statusapi", []string{"..."}, "the /status contract is a leaf: the programs fill it and its readers import it alone", nil},
 	{"internal/localapi", []string{"gateway/...", "edgeproxy/...", "poolstore/...", "internal/cli"}, "serving kube-apiserver reads from a local store is one engine that the offline cache and the pool replica both use: it knows neither program nor either store", nil},
 	{"internal/promreg", []string{"..."}, "registering a part's metrics is a leaf: every layer may import it", nil},
@@ -125,6 +126,8 @@ func TestLayeringCatchesAWrongArrow(t *testing.T) {
 		{"internal/localapi", "edgeproxy/cache", true},
 		{"poolstore", "internal/localapi", false},
 		{"edgeproxy/apiproxy", "internal/localapi", false},
+		{"poolstore/record", "internal/kube", true},
+		{"gateway/election", "poolstore/record", false},
 		{"tunnel", "internal/promreg", false},
 		{"internal/promreg", "internal/kube", true},
 	} {
