@@ -37,12 +37,12 @@ var rules = []rule{
 	{"cmd/tetherctl", []string{"gateway/...", "edgeproxy/..."}, "tetherctl reads the programs' /status through internal/statusapi: " +
 		"importing a program would link it into the operator's tool and let the contract follow its internals " +
 		"(gateway/selfca, a leaf, names the self-managed CA's files that `tetherctl ca` reads)", []string{"gateway/selfca"}},
-	{"...", []string{"internal/testenv", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest"}, "no production package imports test support", nil},
+	{"...", []string{"internal/testenv", "internal/deptest", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest"}, "no production package imports test support", nil},
 }
 
 // exempt lists packages whose whole job is to drive the others in tests
 // and benchmarks.
-var exempt = []string{"e2e/...", "internal/testenv/...", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest", "internal/layering", "tools/..."}
+var exempt = []string{"e2e/...", "internal/testenv/...", "internal/deptest", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest", "internal/layering", "tools/..."}
 
 type pkg struct {
 	ImportPath string
