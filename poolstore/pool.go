@@ -76,6 +76,7 @@ type Pool struct {
 	follower *Follower
 	handler  *Handler
 	rt       http.RoundTripper
+	m        *poolMetrics
 
 	mu       sync.Mutex
 	termOpen bool   // this node leads and its term's epoch is started
@@ -117,8 +118,8 @@ func New(o Options) (*Pool, error) {
 	}
 	p.handler = NewHandler(o.Store, HandlerOptions{Logger: p.log})
 	p.rt = HandlerTransport(p.handler)
-	if err := p.registerMetrics(o.Registerer); err != nil {
-		return nil, err
+	if p.m, err = newPoolMetrics(o.Registerer, p); err != nil {
+		return nil, fmt.Errorf("pool metrics: %w", err)
 	}
 	return p, nil
 }
@@ -269,45 +270,6 @@ func (p *Pool) Status() statusapi.Pool {
 		st.Replication = &fs
 	}
 	return st
-}
-
-func (p *Pool) registerMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	const ns, sub = "tether", "edge_pool"
-	role := func(r string) func() float64 {
-		return func() float64 {
-			if p.roleOf(p.Leader()) == r {
-				return 1
-			}
-			return 0
-		}
-	}
-	cs := []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
-			Help: "1 while this node leads its pool."}, role("leader")),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "follower",
-			Help: "1 while this node follows a known leader."}, role("follower")),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "revision",
-			Help: "The replica's revision in the current leader's term."}, func() float64 { return float64(p.o.Store.Rev()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "objects",
-			Help: "Objects in the replica."}, func() float64 { return float64(p.o.Store.Len()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "last_sync_age_seconds",
-			Help: "Age of the leader's last sync as the replica knows it (-1: none); the replica answers reads while it is at most 30 s."},
-			func() float64 {
-				if at := p.o.Store.SyncedAt(); !at.IsZero() {
-					return time.Since(at).Seconds()
-				}
-				return -1
-			}),
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // roleOf is this node's role when leader leads: leader, follower, or none
