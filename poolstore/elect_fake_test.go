@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testclock "k8s.io/utils/clock/testing"
 
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
@@ -176,18 +177,14 @@ func startFakeWith(t *testing.T, cms *memConfigMaps, o ElectionOptions, w record
 // returned).
 func (f *fakeElection) settle() {
 	f.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !f.clk.HasWaiters() {
+	testenv.Eventually(f.t, "the elector waits on its clock", func() bool {
 		select {
 		case <-f.done:
-			return
+			return true
 		default:
+			return f.clk.HasWaiters()
 		}
-		if time.Now().After(deadline) {
-			f.t.Fatal("the elector does not wait on its clock")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	})
 }
 
 // step advances the clock by d and lets the elector act on it.
@@ -330,7 +327,7 @@ func TestElectorLosesLeadership(t *testing.T) {
 	cms.setDown(false)
 	f.step(maxRetry)
 	f.wantLeader("a", true)
-	waitFor(t, 5*time.Second, "lead runs again", func() bool {
+	testenv.EventuallyWithin(t, 5*time.Second, "lead runs again", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.terms == 2 && !f.termOver
