@@ -21,6 +21,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -210,7 +211,7 @@ func startTunnel(t *testing.T, ctx context.Context, g *Gateway, ca *testenv.CA, 
 // node's identity and writing the records through its tunnel.
 type tunnelCandidate struct {
 	node    string
-	elector *poolstore.Elector
+	elector *elect.Elector
 	stop    func()
 }
 
@@ -222,7 +223,7 @@ func startTunnelCandidate(t *testing.T, ctx context.Context, cp *testenv.Control
 		t.Fatal(err)
 	}
 	records := edgetunnel.PoolRecords{Client: tun}
-	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: client, Records: records, Pool: "pool-a", Node: node,
+	el, err := elect.New(elect.Options{Client: client, Records: records, Pool: "pool-a", Node: node,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
@@ -27,7 +28,7 @@ var poolRBAC = []string{"../packaging/kubernetes/edge-rbac.yaml", "../packaging/
 // leads.
 type candidate struct {
 	node    string
-	elector *Elector
+	elector *elect.Elector
 	store   *Store
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -42,7 +43,7 @@ func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node 
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := NewElector(ElectionOptions{Client: client, Records: records, Pool: "p1", Node: node,
+	el, err := elect.New(elect.Options{Client: client, Records: records, Pool: "p1", Node: node,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

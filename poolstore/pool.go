@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
+	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
@@ -71,7 +72,7 @@ type Options struct {
 type Pool struct {
 	o        Options
 	log      *slog.Logger
-	elector  *Elector
+	elector  *elect.Elector
 	server   *Server
 	follower *Follower
 	handler  *Handler
@@ -104,7 +105,7 @@ func New(o Options) (*Pool, error) {
 		o.Peers = func() []string { return nil }
 	}
 	p := &Pool{o: o, log: o.Logger}
-	if p.elector, err = NewElector(ElectionOptions{Client: o.Client, Records: o.Records, FollowOnly: o.Records == nil, Pool: o.Pool, Node: o.Self,
+	if p.elector, err = elect.New(elect.Options{Client: o.Client, Records: o.Records, FollowOnly: o.Records == nil, Pool: o.Pool, Node: o.Self,
 		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod, Logger: p.log}); err != nil {
 		return nil, err
 	}

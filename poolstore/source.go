@@ -51,7 +51,7 @@ type SourceOptions struct {
 	Client  *kube.Client
 	Dynamic dynamic.Interface
 	// Records writes the sync record on this node's behalf, as it does the
-	// election record (ElectionOptions.Records); nil: Client writes it.
+	// election record (elect.Options.Records); nil: Client writes it.
 	Records   record.Writer
 	Resources []schema.GroupVersionResource
 	Store     *Store

@@ -18,7 +18,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
@@ -77,7 +77,7 @@ func TestPoolsFromCloud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: nodeClient, Pool: "shop", Node: "edge-1",
+	el, err := elect.New(elect.Options{Client: nodeClient, Pool: "shop", Node: "edge-1",
 		Records: record.ClientWriter{ConfigMaps: adminKube.ConfigMaps(record.Namespace)}})
 	if err != nil {
 		t.Fatal(err)

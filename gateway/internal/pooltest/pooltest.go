@@ -21,7 +21,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
@@ -115,7 +115,7 @@ func (c *Cluster) Elect(pool, node string) (stop func()) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	e, err := poolstore.NewElector(poolstore.ElectionOptions{Client: client, Pool: pool, Node: node})
+	e, err := elect.New(elect.Options{Client: client, Pool: pool, Node: node})
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -1,4 +1,9 @@
-package poolstore
+// Package elect is a node pool's leader election: client-go's, on the
+// narrow client (internal/kube) and on the pool's election record
+// (poolstore/record), which nodes read and a record.Writer writes on
+// their behalf. poolstore's Pool runs an Elector; whoever holds the
+// record leads the pool.
+package elect
 
 import (
 	"bytes"
@@ -18,11 +23,11 @@ import (
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
-// ElectionOptions configure an Elector. The durations default to 15 s,
+// Options configure an Elector. The durations default to 15 s,
 // 10 s and 2 s (client-go's leader election defaults); LeaseDuration must
 // exceed RenewDeadline, and RenewDeadline RetryPeriod*1.2, as client-go
 // requires.
-type ElectionOptions struct {
+type Options struct {
 	// Client reaches the cloud apiserver with the node's identity: it
 	// reads the record.
 	Client *kube.Client
@@ -78,11 +83,11 @@ const jitterFactor = 1.2
 //     returned, and only if the record still names this node.
 //
 // The record is read with the node's identity and written by a
-// record.Writer (ElectionOptions.Records; see lock.go for why nodes do not
+// record.Writer (Options.Records; see lock.go for why nodes do not
 // write it themselves). With FollowOnly the Elector reads the record at
 // every try, to know the leader, and never writes it.
 type Elector struct {
-	o     ElectionOptions
+	o     Options
 	lock  *recordLock
 	clock clock.Clock
 
@@ -101,7 +106,7 @@ type Elector struct {
 }
 
 // NewElector checks o and returns an Elector; Run runs it.
-func NewElector(o ElectionOptions) (*Elector, error) {
+func New(o Options) (*Elector, error) {
 	if o.Client == nil {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
@@ -115,7 +120,7 @@ func NewElector(o ElectionOptions) (*Elector, error) {
 
 // newElector is NewElector reading the record with get and writing it
 // with w, on clk.
-func newElector(o ElectionOptions, get record.ConfigMapGetter, w record.Writer, clk clock.Clock) (*Elector, error) {
+func newElector(o Options, get record.ConfigMapGetter, w record.Writer, clk clock.Clock) (*Elector, error) {
 	if o.Pool == "" || o.Node == "" {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
@@ -361,4 +366,19 @@ func (e *Elector) Changed() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.changed
+}
+
+// sleep waits d by clk, or until ctx ends (false).
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
 }

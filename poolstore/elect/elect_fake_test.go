@@ -1,4 +1,4 @@
-package poolstore
+package elect
 
 import (
 	"context"
@@ -141,11 +141,11 @@ type fakeElection struct {
 
 func startFake(t *testing.T, cms *memConfigMaps, node string) *fakeElection {
 	t.Helper()
-	return startFakeWith(t, cms, ElectionOptions{Pool: "p1", Node: node}, record.ClientWriter{ConfigMaps: cms})
+	return startFakeWith(t, cms, Options{Pool: "p1", Node: node}, record.ClientWriter{ConfigMaps: cms})
 }
 
 // startFakeWith is startFake with options o, writing the record with w.
-func startFakeWith(t *testing.T, cms *memConfigMaps, o ElectionOptions, w record.Writer) *fakeElection {
+func startFakeWith(t *testing.T, cms *memConfigMaps, o Options, w record.Writer) *fakeElection {
 	t.Helper()
 	clk := testclock.NewFakeClock(t0)
 	e, err := newElector(o, cms, w, clk)
@@ -371,7 +371,7 @@ func TestNewElectorTimings(t *testing.T) {
 		{15 * time.Second, 10 * time.Second, 9 * time.Second, false},
 		{5 * time.Second, 0, 0, false}, // renew deadline's default is 10 s
 	} {
-		_, err := newElector(ElectionOptions{Pool: "p1", Node: "a", LeaseDuration: tc.lease, RenewDeadline: tc.renew,
+		_, err := newElector(Options{Pool: "p1", Node: "a", LeaseDuration: tc.lease, RenewDeadline: tc.renew,
 			RetryPeriod: tc.retry}, &memConfigMaps{}, record.ClientWriter{ConfigMaps: &memConfigMaps{}}, testclock.NewFakeClock(t0))
 		if (err == nil) != tc.ok {
 			t.Errorf("%v/%v/%v: %v", tc.lease, tc.renew, tc.retry, err)
@@ -383,7 +383,7 @@ func TestNewElectorTimings(t *testing.T) {
 // does not release the record another node has taken since.
 func TestElectorReleasesOnlyItsOwn(t *testing.T) {
 	cms := &memConfigMaps{}
-	e, err := newElector(ElectionOptions{Pool: "p1", Node: "a"}, cms, record.ClientWriter{ConfigMaps: cms}, testclock.NewFakeClock(t0))
+	e, err := newElector(Options{Pool: "p1", Node: "a"}, cms, record.ClientWriter{ConfigMaps: cms}, testclock.NewFakeClock(t0))
 	if err != nil {
 		t.Fatal(err)
 	}

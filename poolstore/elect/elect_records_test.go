@@ -1,4 +1,4 @@
-package poolstore
+package elect
 
 import (
 	"context"
@@ -69,7 +69,7 @@ func (g *gatewayRecords) written() []string {
 func TestElectorWritesThroughRecords(t *testing.T) {
 	cms := &memConfigMaps{}
 	gw := &gatewayRecords{cms: cms}
-	f := startFakeWith(t, cms, ElectionOptions{Pool: "p1", Node: "a"}, gw)
+	f := startFakeWith(t, cms, Options{Pool: "p1", Node: "a"}, gw)
 	f.wantLeader("a", true)
 	f.step(2 * time.Second)
 	f.step(2 * time.Second)
@@ -103,7 +103,7 @@ func TestElectorWritesThroughRecords(t *testing.T) {
 func TestElectorFollowOnly(t *testing.T) {
 	cms := &memConfigMaps{}
 	gw := &gatewayRecords{cms: cms}
-	f := startFakeWith(t, cms, ElectionOptions{Pool: "p1", Node: "a", FollowOnly: true}, gw)
+	f := startFakeWith(t, cms, Options{Pool: "p1", Node: "a", FollowOnly: true}, gw)
 	for range 3 {
 		f.step(maxRetry)
 		f.wantLeader("", false)
