@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tether-edge/tether/e2e/world"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 )
@@ -109,7 +110,7 @@ func TestNodePool(t *testing.T) {
 		}
 		url := fmt.Sprintf("https://%s:%d/pool/v1/replicate?rev=0", leader.Host.Addr, poolstore.DefaultPort)
 		// A node of another pool, with a valid node certificate.
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Labels: map[string]string{poolstore.PoolLabel: "other"}}}
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "elsewhere", Labels: map[string]string{openyurt.PoolLabel: "other"}}}
 		if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +155,7 @@ func TestNodePool(t *testing.T) {
 		var renewed time.Time
 		waitUntil(t, 40*time.Second, "a delegated renewal of "+f.Name, func() bool {
 			l, err := admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, f.Name, metav1.GetOptions{})
-			if err != nil || l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" {
+			if err != nil || l.Annotations[openyurt.DelegateHeartbeatAnnotation] != "true" {
 				return false
 			}
 			renewed = l.Spec.RenewTime.Time
@@ -185,7 +186,7 @@ func TestNodePool(t *testing.T) {
 		f.HealUplink(t)
 		waitUntil(t, 40*time.Second, "the annotation gone from "+f.Name+"'s Lease", func() bool {
 			l, err := admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, f.Name, metav1.GetOptions{})
-			return err == nil && l.Annotations[poolstore.DelegateHeartbeatAnnotation] == ""
+			return err == nil && l.Annotations[openyurt.DelegateHeartbeatAnnotation] == ""
 		})
 		waitUntil(t, 30*time.Second, "the taint gone from "+f.Name, func() bool { return !hasTaint(ctx, admin, f.Name) })
 	})

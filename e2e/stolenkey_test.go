@@ -20,9 +20,10 @@ import (
 
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -94,7 +95,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 	leaderA := waitOneLeader(t, ctx, siteA, nil, 60*time.Second)
 	waitOneLeader(t, ctx, []*world.Edge{thief}, nil, 60*time.Second)
 	holder := func(pool string) string {
-		el, err := poolstore.ReadElection(ctx, w.CP.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace), pool)
+		el, err := record.ReadLeader(ctx, w.CP.Client.CoreV1().ConfigMaps(record.Namespace), pool)
 		if err != nil {
 			return ""
 		}
@@ -223,14 +224,14 @@ func stolenNodeKey(t *testing.T, backend string) {
 	})
 
 	t.Run("ElectionRecordsThroughTheAPI", func(t *testing.T) {
-		cms := stolen.CoreV1().ConfigMaps(poolstore.RecordNamespace)
-		for _, name := range []string{poolstore.ElectionRecordName("site-a"), poolstore.ElectionRecordName("site-x"), poolstore.ElectionRecordName("nowhere")} {
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: poolstore.RecordNamespace,
+		cms := stolen.CoreV1().ConfigMaps(record.Namespace)
+		for _, name := range []string{record.ElectionName("site-a"), record.ElectionName("site-x"), record.ElectionName("nowhere")} {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: record.Namespace,
 				Annotations: map[string]string{"control-plane.alpha.kubernetes.io/leader": `{"holderIdentity":"edge-0","leaseDurationSeconds":3600}`}}}
 			if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); !apierrors.IsForbidden(err) && !apierrors.IsAlreadyExists(err) {
 				t.Errorf("create %s: %v, want Forbidden", name, err)
 			}
-			if cur, err := w.CP.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			if cur, err := w.CP.Client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, name, metav1.GetOptions{}); err == nil {
 				cur = cur.DeepCopy()
 				cur.Annotations = cm.Annotations
 				if _, err := cms.Update(ctx, cur, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
@@ -252,7 +253,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 		defer conn.CloseWithError(tunnel.CloseNormal, "")
 
 		// The election record of a pool it is not in.
-		rec, _ := json.Marshal(corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("site-a"), Namespace: poolstore.RecordNamespace,
+		rec, _ := json.Marshal(corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("site-a"), Namespace: record.Namespace,
 			Annotations: map[string]string{"control-plane.alpha.kubernetes.io/leader": `{"holderIdentity":"edge-0","leaseDurationSeconds":3600}`}}})
 		for _, op := range []tunnel.ElectionOp{tunnel.ElectionCreate, tunnel.ElectionUpdate} {
 			rep := electionRequest(t, ctx, conn, tunnel.ElectionRequest{Op: op, Record: tunnel.RecordElection, Pool: "site-a", ConfigMap: rec})
@@ -260,13 +261,13 @@ func stolenNodeKey(t *testing.T, backend string) {
 				t.Errorf("%s of pool site-a's election record through the tunnel: accepted", op)
 			}
 		}
-		if cm, err := w.CP.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, poolstore.ElectionRecordName("site-a"), metav1.GetOptions{}); err == nil &&
+		if cm, err := w.CP.Client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, record.ElectionName("site-a"), metav1.GetOptions{}); err == nil &&
 			strings.Contains(cm.Annotations["control-plane.alpha.kubernetes.io/leader"], `"edge-0"`) {
 			t.Errorf("pool site-a's election record names the thief: %v", cm.Annotations)
 		}
 
 		// An update of pool site-a's record from its current version.
-		cur, err := w.CP.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, poolstore.ElectionRecordName("site-a"), metav1.GetOptions{})
+		cur, err := w.CP.Client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, record.ElectionName("site-a"), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,7 +277,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 			t.Errorf("update of pool site-a's record from its current version: %v, want %v", rep.Code, tunnel.OtherPool)
 		}
 		// Its own pool's record, naming another node.
-		own, err := w.CP.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, poolstore.ElectionRecordName("site-x"), metav1.GetOptions{})
+		own, err := w.CP.Client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, record.ElectionName("site-x"), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,7 +323,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 			t.Errorf("delegated heartbeat for %s: %v, want %v", honest.Name, rep.Code, tunnel.OtherPool)
 		}
 		if l, err := w.CP.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, honest.Name, metav1.GetOptions{}); err == nil &&
-			l.Annotations[poolstore.DelegateHeartbeatAnnotation] == "true" {
+			l.Annotations[openyurt.DelegateHeartbeatAnnotation] == "true" {
 			t.Errorf("%s's Lease was written for the thief: %+v", honest.Name, l.Spec)
 		}
 	})

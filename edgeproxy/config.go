@@ -81,7 +81,7 @@ type Config struct {
 	// PoolResources are the pool-scope resources the leader shares:
 	// resource.group/version, or resource/version for the core group.
 	PoolResources []string `json:"pool-resources,omitempty"`
-	// The pool election's timings (poolstore.Elector; the defaults are
+	// The pool election's timings (poolstore/elect.Elector; the defaults are
 	// client-go leader election's).
 	PoolLeaseDuration metav1.Duration `json:"pool-lease-duration"`
 	PoolRenewDeadline metav1.Duration `json:"pool-renew-deadline"`

@@ -19,8 +19,8 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -76,14 +76,14 @@ func TestDelegatedHeartbeat(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) {
+		if l.Annotations[openyurt.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) {
 			t.Fatalf("edge-2's Lease after delegated heartbeat %d: %+v", i+1, l)
 		}
 	}
 	testenv.Eventually(t, "edge-2 is tainted", func() bool {
 		n, err := cp.Client.CoreV1().Nodes().Get(ctx, "edge-2", metav1.GetOptions{})
 		return err == nil && slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool {
-			return t.Key == poolstore.UnschedulableTaintKey && t.Value == "true" && t.Effect == corev1.TaintEffectNoSchedule
+			return t.Key == openyurt.UnschedulableTaintKey && t.Value == "true" && t.Effect == corev1.TaintEffectNoSchedule
 		})
 	})
 

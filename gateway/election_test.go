@@ -21,6 +21,8 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -38,7 +40,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	pc := pooltest.Start(t, pooltest.Options{Manifests: []string{"edge-rbac.yaml", "pool-rbac.yaml"},
 		Pools: map[string]string{"edge-1": "pool-a", "edge-2": "pool-a", "edge-3": "pool-b"}, Labels: map[string]string{nodewatch.EdgeLabel: "true"}})
 	cp, ctx := pc.ControlPlane, pc.Ctx
-	cms := cp.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
+	cms := cp.Client.CoreV1().ConfigMaps(record.Namespace)
 
 	// The gateway, as user tether-gateway.
 	cfg, ca := testConfig(t, cp.Kubeconfig(t, "tether-gateway", pc.GatewayCert))
@@ -92,29 +94,29 @@ func TestElectionThroughTunnel(t *testing.T) {
 	}
 	t.Logf("%s leads pool-a", first.node)
 	testenv.Eventually(t, "the follower sees the leader", func() bool { l, _ := second.elector.Leader(); return l == first.node })
-	el, err := poolstore.ReadElection(ctx, cms, "pool-a")
+	el, err := record.ReadLeader(ctx, cms, "pool-a")
 	if err != nil || el.Holder != first.node {
 		t.Fatalf("election record in the cloud: %+v, %v; want %s", el, err, first.node)
 	}
 	// The leader's sync record, written through its tunnel too.
 	testenv.Eventually(t, "the leader's sync record in the cloud", func() bool {
-		cm, err := cms.Get(ctx, poolstore.SyncRecordName("pool-a"), metav1.GetOptions{})
+		cm, err := cms.Get(ctx, record.SyncName("pool-a"), metav1.GetOptions{})
 		return err == nil && cm.Data["holderIdentity"] == first.node
 	})
 
 	// Refused: a node of pool-b taking pool-a's record, or creating
 	// pool-b's for another node; the follower releasing the leader's.
-	cm, err := cms.Get(ctx, poolstore.ElectionRecordName("pool-a"), metav1.GetOptions{})
+	cm, err := cms.Get(ctx, record.ElectionName("pool-a"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := metav1.Now()
 	take := cm.DeepCopy()
-	poolstore.SetElectionRecord(take, poolstore.ElectionRecord{HolderIdentity: "edge-3", LeaseDurationSeconds: 15, AcquireTime: now, RenewTime: now})
-	elsewhere := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("pool-b"), Namespace: poolstore.RecordNamespace}}
-	poolstore.SetElectionRecord(elsewhere, poolstore.ElectionRecord{HolderIdentity: "edge-1", LeaseDurationSeconds: 15, AcquireTime: now, RenewTime: now})
+	record.SetElection(take, record.Election{HolderIdentity: "edge-3", LeaseDurationSeconds: 15, AcquireTime: now, RenewTime: now})
+	elsewhere := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("pool-b"), Namespace: record.Namespace}}
+	record.SetElection(elsewhere, record.Election{HolderIdentity: "edge-1", LeaseDurationSeconds: 15, AcquireTime: now, RenewTime: now})
 	release := cm.DeepCopy()
-	poolstore.SetElectionRecord(release, poolstore.ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
+	record.SetElection(release, record.Election{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
 	for _, tc := range []struct {
 		sender string
 		op     tunnel.ElectionOp
@@ -136,10 +138,10 @@ func TestElectionThroughTunnel(t *testing.T) {
 			t.Errorf("%s writing %s: %v, want a %v refusal", tc.sender, tc.cm.Name, err, tc.want)
 		}
 	}
-	if el, err := poolstore.ReadElection(ctx, cms, "pool-a"); err != nil || el.Holder != first.node {
+	if el, err := record.ReadLeader(ctx, cms, "pool-a"); err != nil || el.Holder != first.node {
 		t.Fatalf("pool-a's record after the refusals: %+v, %v; want %s's", el, err, first.node)
 	}
-	if _, err := cms.Get(ctx, poolstore.ElectionRecordName("pool-b"), metav1.GetOptions{}); err == nil {
+	if _, err := cms.Get(ctx, record.ElectionName("pool-b"), metav1.GetOptions{}); err == nil {
 		t.Fatal("pool-b's record was created")
 	}
 	metrics := httpGet(t, admin+"/metrics")
@@ -163,7 +165,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	stopped := time.Now()
 	testenv.Eventually(t, second.node+" leads", func() bool { _, leading := second.elector.Leader(); return leading })
 	t.Logf("%s leads %v after %s stopped", second.node, time.Since(stopped).Round(time.Millisecond), first.node)
-	if el, err := poolstore.ReadElection(ctx, cms, "pool-a"); err != nil || el.Holder != second.node {
+	if el, err := record.ReadLeader(ctx, cms, "pool-a"); err != nil || el.Holder != second.node {
 		t.Fatalf("election record in the cloud: %+v, %v; want %s", el, err, second.node)
 	}
 
@@ -171,7 +173,7 @@ func TestElectionThroughTunnel(t *testing.T) {
 	// after its renew deadline, and the record still names it.
 	stop()
 	testenv.Eventually(t, second.node+" stops leading without a gateway", func() bool { _, leading := second.elector.Leader(); return !leading })
-	if el, err := poolstore.ReadElection(ctx, cms, "pool-a"); err != nil || el.Holder != second.node {
+	if el, err := record.ReadLeader(ctx, cms, "pool-a"); err != nil || el.Holder != second.node {
 		t.Fatalf("election record in the cloud: %+v, %v; want %s's, unchanged", el, err, second.node)
 	}
 }
@@ -209,7 +211,7 @@ func startTunnel(t *testing.T, ctx context.Context, g *Gateway, ca *testenv.CA, 
 // node's identity and writing the records through its tunnel.
 type tunnelCandidate struct {
 	node    string
-	elector *poolstore.Elector
+	elector *elect.Elector
 	stop    func()
 }
 
@@ -221,7 +223,7 @@ func startTunnelCandidate(t *testing.T, ctx context.Context, cp *testenv.Control
 		t.Fatal(err)
 	}
 	records := edgetunnel.PoolRecords{Client: tun}
-	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: client, Records: records, Pool: "pool-a", Node: node,
+	el, err := elect.New(elect.Options{Client: client, Records: records, Pool: "pool-a", Node: node,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

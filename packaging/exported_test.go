@@ -29,9 +29,9 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/gateway"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/netrules"
-	"github.com/tether-edge/tether/poolstore"
 )
 
 // This file learns what the two programs export, from their own metric
@@ -121,7 +121,7 @@ func edgeMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	}
 	if _, err := cp.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name:   node,
-		Labels: map[string]string{poolstore.PoolLabel: pool, "openyurt.io/is-edge-worker": "true"},
+		Labels: map[string]string{openyurt.PoolLabel: pool, "openyurt.io/is-edge-worker": "true"},
 	}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

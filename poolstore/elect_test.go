@@ -16,6 +16,8 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // poolRBAC are the manifests that let node identities read the election
@@ -26,7 +28,7 @@ var poolRBAC = []string{"../packaging/kubernetes/edge-rbac.yaml", "../packaging/
 // leads.
 type candidate struct {
 	node    string
-	elector *Elector
+	elector *elect.Elector
 	store   *Store
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -34,14 +36,14 @@ type candidate struct {
 
 // campaign runs node's election with its node identity, which reads the
 // records; records writes them, as the gateway does for tether-edge.
-func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records RecordWriter) *candidate {
+func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records record.Writer) *candidate {
 	t.Helper()
 	_, cfg, _ := cp.NodeClient(t, node)
 	client, err := kube.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := NewElector(ElectionOptions{Client: client, Records: records, Pool: "p1", Node: node,
+	el, err := elect.New(elect.Options{Client: client, Records: records, Pool: "p1", Node: node,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -71,19 +73,6 @@ func leaders(cs []*candidate) []*candidate {
 	return out
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for time.Since(start) < d {
-		if cond() {
-			return time.Since(start)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v", what, d)
-	return 0
-}
-
 // TestElectionAndSource campaigns with three node identities against a
 // real apiserver (with the shipped RBAC): they read the records, and an
 // administrator's client writes them for them (the gateway's part in
@@ -101,12 +90,12 @@ func TestElectionAndSource(t *testing.T) {
 
 	// A node identity may read the records but write none.
 	nodeClient, _, _ := cp.NodeClient(t, "edge-0")
-	nodeCMs := nodeClient.CoreV1().ConfigMaps(RecordNamespace)
-	waitFor(t, 10*time.Second, "RBAC lets a node read the records", func() bool {
-		_, err := nodeCMs.Get(ctx, ElectionRecordName("p1"), metav1.GetOptions{})
+	nodeCMs := nodeClient.CoreV1().ConfigMaps(record.Namespace)
+	testenv.EventuallyWithin(t, 10*time.Second, "RBAC lets a node read the records", func() bool {
+		_, err := nodeCMs.Get(ctx, record.ElectionName("p1"), metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+	if _, err := nodeCMs.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("p1")}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("a node created its pool's election record: %v; want forbidden", err)
 	}
 
@@ -114,27 +103,27 @@ func TestElectionAndSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	records := ClientRecords{ConfigMaps: admin.ConfigMaps(RecordNamespace)}
+	records := record.ClientWriter{ConfigMaps: admin.ConfigMaps(record.Namespace)}
 	var cs []*candidate
 	for i := range 3 {
 		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i), records))
 	}
-	waitFor(t, 10*time.Second, "a leader", func() bool { return len(leaders(cs)) == 1 })
+	testenv.EventuallyWithin(t, 10*time.Second, "a leader", func() bool { return len(leaders(cs)) == 1 })
 	first := leaders(cs)[0]
-	waitFor(t, 10*time.Second, "the leader's store has the slices", func() bool { return countSlices(first.store) == 20 })
+	testenv.EventuallyWithin(t, 10*time.Second, "the leader's store has the slices", func() bool { return countSlices(first.store) == 20 })
 	for _, c := range cs {
 		if c != first {
-			waitFor(t, 5*time.Second, "followers see the leader", func() bool { l, _ := c.elector.Leader(); return l == first.node })
+			testenv.EventuallyWithin(t, 5*time.Second, "followers see the leader", func() bool { l, _ := c.elector.Leader(); return l == first.node })
 		}
 	}
 	createSlices(t, ctx, cp.Client, 20, 25)
-	waitFor(t, 5*time.Second, "a new slice in the leader's store", func() bool { return countSlices(first.store) == 25 })
-	waitFor(t, 15*time.Second, "the sync mark", func() bool { return !first.store.SyncedAt().IsZero() })
-	waitFor(t, 5*time.Second, "the sync record in the cloud", func() bool {
-		rec, err := cp.Client.CoreV1().ConfigMaps(RecordNamespace).Get(ctx, SyncRecordName("p1"), metav1.GetOptions{})
+	testenv.EventuallyWithin(t, 5*time.Second, "a new slice in the leader's store", func() bool { return countSlices(first.store) == 25 })
+	testenv.EventuallyWithin(t, 15*time.Second, "the sync mark", func() bool { return !first.store.SyncedAt().IsZero() })
+	testenv.EventuallyWithin(t, 5*time.Second, "the sync record in the cloud", func() bool {
+		rec, err := cp.Client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, record.SyncName("p1"), metav1.GetOptions{})
 		return err == nil && rec.Data["holderIdentity"] == first.node
 	})
-	el, err := ReadElection(ctx, cp.Client.CoreV1().ConfigMaps(RecordNamespace), "p1")
+	el, err := record.ReadLeader(ctx, cp.Client.CoreV1().ConfigMaps(record.Namespace), "p1")
 	if err != nil || el.Holder != first.node || !el.Expires.After(time.Now()) {
 		t.Fatalf("election record: %+v, %v", el, err)
 	}
@@ -144,11 +133,12 @@ func TestElectionAndSource(t *testing.T) {
 	first.cancel()
 	<-first.done
 	rest := slicesWithout(cs, first)
-	took := waitFor(t, 3*time.Second+2*time.Second, "a new leader", func() bool { return len(leaders(rest)) == 1 })
+	// Within the lease (3 s) and a retry or so, not the lease after a
+	// missed renewal: the record was released.
+	testenv.EventuallyWithin(t, 3*time.Second+2*time.Second, "a new leader", func() bool { return len(leaders(rest)) == 1 })
 	t.Logf("new leader %s %v after the old one stopped", leaders(rest)[0].node, time.Since(stopped).Round(time.Millisecond))
-	_ = took
 	second := leaders(rest)[0]
-	waitFor(t, 10*time.Second, "the new leader's store", func() bool { return countSlices(second.store) == 25 })
+	testenv.EventuallyWithin(t, 10*time.Second, "the new leader's store", func() bool { return countSlices(second.store) == 25 })
 }
 
 func slicesWithout(cs []*candidate, c *candidate) []*candidate {

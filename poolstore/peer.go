@@ -14,6 +14,9 @@ import (
 	"github.com/tether-edge/tether/tunnel"
 )
 
+// DefaultPort is the pool listener's port.
+const DefaultPort = 10269
+
 // Members is this node's view of the pool members, from the Node objects
 // the edge caches. Methods must not block.
 type Members interface {

@@ -36,7 +36,7 @@ type ServerOptions struct {
 	// node leads.
 	Store *Store
 	// Leader is the pool's leader as this node sees it ("" if unknown),
-	// such as the Elector's. This node serves replication and delegated
+	// such as the elect.Elector's. This node serves replication and delegated
 	// heartbeats only while it is Self; report Self only once the term's
 	// Store.StartEpoch is done.
 	Leader func() string

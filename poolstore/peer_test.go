@@ -63,7 +63,7 @@ func TestPeerRefusals(t *testing.T) {
 			case !tc.forbidden && isPeerErr:
 				t.Fatalf("err = %v, want the handshake to fail", err)
 			}
-			eventually(t, "the refusal is counted", func() bool { return value(counted) == before+1 })
+			testenv.Eventually(t, "the refusal is counted", func() bool { return value(counted) == before+1 })
 			if n := value(l.server.m.bytes); n != 0 {
 				t.Fatalf("the leader sent %v bytes of frames", n)
 			}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
+	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -28,7 +30,7 @@ const DefaultFreshFor = 30 * time.Second
 // and CloudHealthy are required.
 type Options struct {
 	PeerConfig
-	// Pool is the pool's name (the nodes' PoolLabel value).
+	// Pool is the pool's name (the nodes' openyurt.PoolLabel value).
 	Pool string
 	// Client reaches the cloud apiserver with the node's identity: it
 	// reads the election and sync records, and runs the leader's watches.
@@ -39,7 +41,7 @@ type Options struct {
 	// (tether-edge: the gateway, through the tunnel). nil: this node never
 	// campaigns and follows the leader the others elect; a node identity
 	// may only read the records (pool-rbac.yaml).
-	Records RecordWriter
+	Records record.Writer
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource
 	Store     *Store
@@ -70,11 +72,12 @@ type Options struct {
 type Pool struct {
 	o        Options
 	log      *slog.Logger
-	elector  *Elector
+	elector  *elect.Elector
 	server   *Server
 	follower *Follower
 	handler  *Handler
 	rt       http.RoundTripper
+	m        *poolMetrics
 
 	mu       sync.Mutex
 	termOpen bool   // this node leads and its term's epoch is started
@@ -102,7 +105,7 @@ func New(o Options) (*Pool, error) {
 		o.Peers = func() []string { return nil }
 	}
 	p := &Pool{o: o, log: o.Logger}
-	if p.elector, err = NewElector(ElectionOptions{Client: o.Client, Records: o.Records, FollowOnly: o.Records == nil, Pool: o.Pool, Node: o.Self,
+	if p.elector, err = elect.New(elect.Options{Client: o.Client, Records: o.Records, FollowOnly: o.Records == nil, Pool: o.Pool, Node: o.Self,
 		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod, Logger: p.log}); err != nil {
 		return nil, err
 	}
@@ -116,8 +119,8 @@ func New(o Options) (*Pool, error) {
 	}
 	p.handler = NewHandler(o.Store, HandlerOptions{Logger: p.log})
 	p.rt = HandlerTransport(p.handler)
-	if err := p.registerMetrics(o.Registerer); err != nil {
-		return nil, err
+	if p.m, err = newPoolMetrics(o.Registerer, p); err != nil {
+		return nil, fmt.Errorf("pool metrics: %w", err)
 	}
 	return p, nil
 }
@@ -268,45 +271,6 @@ func (p *Pool) Status() statusapi.Pool {
 		st.Replication = &fs
 	}
 	return st
-}
-
-func (p *Pool) registerMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	const ns, sub = "tether", "edge_pool"
-	role := func(r string) func() float64 {
-		return func() float64 {
-			if p.roleOf(p.Leader()) == r {
-				return 1
-			}
-			return 0
-		}
-	}
-	cs := []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
-			Help: "1 while this node leads its pool."}, role("leader")),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "follower",
-			Help: "1 while this node follows a known leader."}, role("follower")),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "revision",
-			Help: "The replica's revision in the current leader's term."}, func() float64 { return float64(p.o.Store.Rev()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "objects",
-			Help: "Objects in the replica."}, func() float64 { return float64(p.o.Store.Len()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "last_sync_age_seconds",
-			Help: "Age of the leader's last sync as the replica knows it (-1: none); the replica answers reads while it is at most 30 s."},
-			func() float64 {
-				if at := p.o.Store.SyncedAt(); !at.IsZero() {
-					return time.Since(at).Seconds()
-				}
-				return -1
-			}),
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // roleOf is this node's role when leader leads: leader, follower, or none

@@ -221,23 +221,11 @@ func value(m prometheus.Metric) float64 {
 	return d.Gauge.GetValue()
 }
 
-// eventually polls cond every 5 ms for up to 10 s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // converged waits until every follower's digest is the leader's.
 func converged(t testing.TB, leader *node, followers ...*node) {
 	t.Helper()
 	for _, f := range followers {
-		eventually(t, f.name+" has "+leader.name+"'s content", func() bool {
+		testenv.Eventually(t, f.name+" has "+leader.name+"'s content", func() bool {
 			return f.store.Rev() == leader.store.Rev() && f.store.Digest() == leader.store.Digest()
 		})
 	}

@@ -44,12 +44,12 @@ func TestFollowerVerifiesLeaderMembership(t *testing.T) {
 			f := c.follower("f", "a", store, FollowerOptions{PeerConfig: PeerConfig{Members: v, Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 			refused := f.m.refused.WithLabelValues(tc.reason)
 
-			eventually(t, "the refusal is counted", func() bool { return value(refused) == 1 })
+			testenv.Eventually(t, "the refusal is counted", func() bool { return value(refused) == 1 })
 			for range 5 { // the follower looks again at each CheckInterval
-				eventually(t, "the follower waits", clk.HasWaiters)
+				testenv.Eventually(t, "the follower waits", clk.HasWaiters)
 				clk.Step(10 * time.Millisecond)
 			}
-			eventually(t, "the follower waits", clk.HasWaiters)
+			testenv.Eventually(t, "the follower waits", clk.HasWaiters)
 			if n := value(refused); n != 1 {
 				t.Fatalf("refusals counted %v, want 1 for one leader", n)
 			}
@@ -71,7 +71,7 @@ func TestFollowerVerifiesLeaderMembership(t *testing.T) {
 			v.set("l", "a")
 			v.set("f", "a")
 			for store.Rev() != l.store.Rev() {
-				eventually(t, "the follower waits", clk.HasWaiters)
+				testenv.Eventually(t, "the follower waits", clk.HasWaiters)
 				clk.Step(10 * time.Millisecond)
 			}
 			if !f.Status().Connected {
@@ -80,10 +80,10 @@ func TestFollowerVerifiesLeaderMembership(t *testing.T) {
 			v.set("l", tc.leader)
 			v.set("f", tc.self)
 			for f.Status().Connected {
-				eventually(t, "the follower waits", clk.HasWaiters)
+				testenv.Eventually(t, "the follower waits", clk.HasWaiters)
 				clk.Step(10 * time.Millisecond)
 			}
-			eventually(t, "the second refusal is counted", func() bool { return value(refused) == 2 })
+			testenv.Eventually(t, "the second refusal is counted", func() bool { return value(refused) == 2 })
 		})
 	}
 }
@@ -102,7 +102,7 @@ func TestFollowerStreamsFromNamedLeaderOnly(t *testing.T) {
 	c.setLeader("l")
 	store := open(t, filepath.Join(t.TempDir(), FileName))
 	f := c.follower("f", "a", store, FollowerOptions{})
-	eventually(t, "the follower says why", func() bool { return strings.Contains(f.Status().LastError, "is node x, not l") })
+	testenv.Eventually(t, "the follower says why", func() bool { return strings.Contains(f.Status().LastError, "is node x, not l") })
 	if store.Len() != 0 || value(impostor.server.m.frames.WithLabelValues(frameSnapshot)) != 0 {
 		t.Fatalf("the replica took %d objects from an impostor", store.Len())
 	}
@@ -151,7 +151,7 @@ func TestReplicaBounds(t *testing.T) {
 			digest := store.Digest()
 			f := c.follower("f", "a", store, tc.o)
 			refused := f.m.refused.WithLabelValues(tc.reason)
-			eventually(t, "the refusal is counted", func() bool { return value(refused) >= 2 }) // and again after reconnecting
+			testenv.Eventually(t, "the refusal is counted", func() bool { return value(refused) >= 2 }) // and again after reconnecting
 			if store.Digest() != digest || store.Epoch() != "old/1" || f.Status().Resyncs != 0 {
 				t.Fatalf("the replica changed: %d objects, epoch %q", store.Len(), store.Epoch())
 			}
@@ -168,14 +168,14 @@ func TestReplicaBounds(t *testing.T) {
 		mustNil(t, l.store.Replace(slices_, []json.RawMessage{big("a", 1)}, 1))
 		store := open(t, filepath.Join(t.TempDir(), FileName))
 		f := c.follower("f", "a", store, FollowerOptions{MaxObjects: 5, MaxBytes: 9000})
-		eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
+		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
 
 		mustNil(t, l.store.Apply(slices_, Added, big("b", 2))) // two objects, ~4 KB: taken
-		eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
+		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
 		mustNil(t, l.store.Apply(slices_, Added, big("c", 3))) // ~6 KB
 		mustNil(t, l.store.Apply(slices_, Added, big("d", 4))) // ~8 KB
 		mustNil(t, l.store.Apply(slices_, Added, big("e", 5))) // ~10 KB: past 9000
-		eventually(t, "the refusal is counted", func() bool { return value(f.m.refused.WithLabelValues(refusedTooLarge)) >= 1 })
+		testenv.Eventually(t, "the refusal is counted", func() bool { return value(f.m.refused.WithLabelValues(refusedTooLarge)) >= 1 })
 		if store.Bytes() > 9000 || store.Len() > 4 {
 			t.Fatalf("the replica holds %d objects, %d bytes", store.Len(), store.Bytes())
 		}
@@ -183,7 +183,7 @@ func TestReplicaBounds(t *testing.T) {
 			mustNil(t, l.store.Apply(slices_, Deleted, big("e", uint64(6+i))))
 			mustNil(t, l.store.Apply(slices_, Added, slice("ns", fmt.Sprint("small", i), uint64(6+i))))
 		}
-		eventually(t, "the count refusal", func() bool { return value(f.m.refused.WithLabelValues(refusedTooManyObjects)) >= 1 })
+		testenv.Eventually(t, "the count refusal", func() bool { return value(f.m.refused.WithLabelValues(refusedTooManyObjects)) >= 1 })
 		if store.Len() > 5 {
 			t.Fatalf("the replica holds %d objects, more than 5", store.Len())
 		}
@@ -204,14 +204,14 @@ func TestSyncFromTheFutureRefused(t *testing.T) {
 	// Within the allowance (a leader's clock a little ahead): taken, and
 	// the replica's mark is on the follower's clock, never ahead of it.
 	l.store.MarkSynced(time.Now().Add(30 * time.Second))
-	eventually(t, "the sync is taken", func() bool { return !store.SyncedAt().IsZero() })
+	testenv.Eventually(t, "the sync is taken", func() bool { return !store.SyncedAt().IsZero() })
 	if at := store.SyncedAt(); at.After(time.Now()) {
 		t.Fatalf("replica synced at %v, in the future", at)
 	}
 
 	marked := store.SyncedAt()
 	l.store.MarkSynced(time.Now().Add(24 * time.Hour))
-	eventually(t, "the refusal is counted", func() bool { return value(refused) >= 1 })
+	testenv.Eventually(t, "the refusal is counted", func() bool { return value(refused) >= 1 })
 	if at := store.SyncedAt(); !at.Equal(marked) {
 		t.Fatalf("replica synced at %v after a mark from the future, was %v", at, marked)
 	}

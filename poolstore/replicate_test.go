@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 func TestFollowersConverge(t *testing.T) {
@@ -178,14 +180,12 @@ func TestNoGoroutineLeft(t *testing.T) {
 		mustNil(t, f.follower.DelegateToLeader(context.Background(), leaseOf(t, "f", "kube-node-lease")))
 	})
 	ours := regexp.MustCompile(`poolstore\.\(\*(Server|Follower|Client|stream)\)`)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testenv.EventuallyNoError(t, "the pool's goroutines to end", func() error {
 		stacks := make([]byte, 1<<20)
 		stacks = stacks[:runtime.Stack(stacks, true)]
-		if !ours.Match(stacks) {
-			return
+		if ours.Match(stacks) {
+			return fmt.Errorf("goroutines left:\n%s", stacks)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("goroutines left:\n%s", stacks)
-		}
-	}
+		return nil
+	})
 }

@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // requestLog wraps a handler and records what client-go asks of it and
@@ -231,7 +233,7 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 			mustNil(t, follower.Load(leader.Snapshot()))
 
 			want := []string{"default/api-1 102", "default/web-abc 10", "kube-system/kube-dns-q 12"}
-			waitFor(t, 10*time.Second, "informer relisted", func() bool { return slices.Equal(lister(), want) })
+			testenv.EventuallyWithin(t, 10*time.Second, "informer relisted", func() bool { return slices.Equal(lister(), want) })
 			if log.count(mode.first) != 2 || log.expiredCount() != 1 {
 				t.Fatalf("requests %q, %d expired; want a second %s after one 410", log.snapshot(), log.expiredCount(), mode.first)
 			}
@@ -272,7 +274,7 @@ func TestInformerServices(t *testing.T) {
 	// A few bookmarks written after the sync; the event that follows
 	// them on the same stream shows the informer read past them.
 	synced := log.bookmarkCount()
-	waitFor(t, 10*time.Second, "three bookmarks after the sync", func() bool { return log.bookmarkCount() >= synced+3 })
+	testenv.EventuallyWithin(t, 10*time.Second, "three bookmarks after the sync", func() bool { return log.bookmarkCount() >= synced+3 })
 	if got := inf.Informer().LastSyncResourceVersion(); got != "90" {
 		t.Fatalf("last sync resourceVersion %q, want 90", got)
 	}

@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 var (
@@ -249,23 +251,23 @@ func TestListWaitsForResourceVersion(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
 	h := NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
+	type answer struct {
+		resp *http.Response
+		body []byte
+	}
+	answered := make(chan answer, 1)
 	go func() {
-		waitWaiting(clk)
-		s.Apply(sliceRes, Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
+		resp, body := getAnswer(t, h, slicesPath+"?resourceVersion=101&resourceVersionMatch=NotOlderThan")
+		answered <- answer{resp, body}
 	}()
-	resp, body := getAnswer(t, h, slicesPath+"?resourceVersion=101&resourceVersionMatch=NotOlderThan")
+	testenv.Eventually(t, "the list waits for 101", clk.HasWaiters)
+	s.Apply(sliceRes, Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
+	a := <-answered
+	resp, body := a.resp, a.body
 	var l listAnswer
 	mustNil(t, json.Unmarshal(body, &l))
 	if resp.StatusCode != http.StatusOK || l.Metadata.ResourceVersion != "101" || len(l.Items) != 4 {
 		t.Fatalf("%s: %s", resp.Status, body)
-	}
-}
-
-// waitWaiting returns once something waits on clk (at most 30 s, after
-// which the test's own checks tell what went wrong).
-func waitWaiting(clk *testingclock.FakeClock) {
-	for deadline := time.Now().Add(30 * time.Second); !clk.HasWaiters() && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/internal/testenv"
 )
 
 // watchStream is an open watch: its events as they are decoded.
@@ -194,11 +196,10 @@ func TestWatchListWaits(t *testing.T) {
 
 	clk := testingclock.NewFakeClock(time.Now())
 	h = NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
-	go func() {
-		waitWaiting(clk) // the watch-list waits for 500
-		s.Replace(sliceRes, nil, 500)
-	}()
-	diffEvents(t, "reached", []string{"BOOKMARK EndpointSlice 500 end"}, openWatch(t, h, slicesPath+q).nextN(1))
+	w := openWatch(t, h, slicesPath+q) // answered before it waits
+	testenv.Eventually(t, "the watch-list waits for 500", clk.HasWaiters)
+	s.Replace(sliceRes, nil, 500)
+	diffEvents(t, "reached", []string{"BOOKMARK EndpointSlice 500 end"}, w.nextN(1))
 }
 
 // TestWatchExpired: a watch from a resourceVersion the log no longer
@@ -296,7 +297,7 @@ func TestWatchBookmarks(t *testing.T) {
 	h := NewHandler(s, HandlerOptions{Clock: clk, BookmarkInterval: 10 * time.Second})
 	w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100&allowWatchBookmarks=true")
 	none := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100")
-	waitFor(t, 10*time.Second, "bookmark tickers", func() bool { return clk.Waiters() == 1 })
+	testenv.EventuallyWithin(t, 10*time.Second, "bookmark tickers", func() bool { return clk.Waiters() == 1 })
 
 	clk.Step(10 * time.Second)
 	diffEvents(t, "first", []string{"BOOKMARK EndpointSlice 100"}, w.nextN(1))
@@ -314,7 +315,7 @@ func TestWatchTimeout(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
 	w := openWatch(t, NewHandler(s, HandlerOptions{Clock: clk}), slicesPath+"?watch=1&resourceVersion=100&timeoutSeconds=30")
-	waitFor(t, 10*time.Second, "timeout timer", func() bool { return clk.HasWaiters() })
+	testenv.EventuallyWithin(t, 10*time.Second, "timeout timer", func() bool { return clk.HasWaiters() })
 	clk.Step(29 * time.Second)
 	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api", 101, "api")))
 	diffEvents(t, "before the timeout", []string{"ADDED default/api 101"}, w.nextN(1))

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/localapi"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 //lint:file-ignore SA1019 core/v1 Endpoints is deprecated but still served and read by older clients; the pool shares it.
@@ -50,8 +51,8 @@ type SourceOptions struct {
 	Client  *kube.Client
 	Dynamic dynamic.Interface
 	// Records writes the sync record on this node's behalf, as it does the
-	// election record (ElectionOptions.Records); nil: Client writes it.
-	Records   RecordWriter
+	// election record (elect.Options.Records); nil: Client writes it.
+	Records   record.Writer
 	Resources []schema.GroupVersionResource
 	Store     *Store
 	Pool      string
@@ -137,28 +138,28 @@ func (s *Source) markSynced(ctx context.Context) {
 }
 
 // renewSyncLease writes the leader-informer-sync record,
-// RecordNamespace/SyncRecordName(pool): a ConfigMap (see lock.go) naming this
+// record.Namespace/record.SyncName(pool): a ConfigMap (see lock.go) naming this
 // node and the time its watches were last seen synced. It is read with
 // Client and written with Records, as the election record is.
 func (s *Source) renewSyncLease(ctx context.Context, now time.Time) error {
-	cms := s.o.Client.ConfigMaps(RecordNamespace)
+	cms := s.o.Client.ConfigMaps(record.Namespace)
 	w := s.o.Records
 	if w == nil {
-		w = ClientRecords{ConfigMaps: cms}
+		w = record.ClientWriter{ConfigMaps: cms}
 	}
-	name := SyncRecordName(s.o.Pool)
-	data := SyncRecord{HolderIdentity: s.o.Node, RenewTime: now, LeaseDurationSeconds: syncLeaseSeconds}.Data()
+	name := record.SyncName(s.o.Pool)
+	data := record.Sync{HolderIdentity: s.o.Node, RenewTime: now, LeaseDurationSeconds: syncLeaseSeconds}.Data()
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RecordNamespace}, Data: data}
-		_, err = w.WriteRecord(ctx, RecordWrite{Kind: RecordSync, Pool: s.o.Pool, Create: true, ConfigMap: cm})
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: record.Namespace}, Data: data}
+		_, err = w.WriteRecord(ctx, record.Write{Kind: record.KindSync, Pool: s.o.Pool, Create: true, ConfigMap: cm})
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	cm.Data = data
-	_, err = w.WriteRecord(ctx, RecordWrite{Kind: RecordSync, Pool: s.o.Pool, ConfigMap: cm})
+	_, err = w.WriteRecord(ctx, record.Write{Kind: record.KindSync, Pool: s.o.Pool, ConfigMap: cm})
 	return err
 }
 

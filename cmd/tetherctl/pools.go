@@ -18,8 +18,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/version"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // cloudPool is one node pool as the cloud apiserver holds it; the JSON
@@ -52,7 +53,7 @@ type poolRecord struct {
 
 // poolsRBAC says what `tetherctl pools` reads, for Forbidden errors.
 const poolsRBAC = "tetherctl pools needs list on nodes, list on leases in kube-node-lease and get on configmaps in " +
-	poolstore.RecordNamespace + ": an admin kubeconfig has them, and so has the gateway's identity (packaging/kubernetes/gateway-rbac.yaml)"
+	record.Namespace + ": an admin kubeconfig has them, and so has the gateway's identity (packaging/kubernetes/gateway-rbac.yaml)"
 
 // pools prints the node pools: with --edge the pool part of the edges'
 // /status, otherwise what the cloud apiserver holds.
@@ -107,7 +108,7 @@ func kubeClient(o options) (kubernetes.Interface, error) {
 // gateway's RBAC gets them but does not list ConfigMaps), and the node
 // Leases and taints of its members.
 func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) ([]cloudPool, error) {
-	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: poolstore.PoolLabel})
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: openyurt.PoolLabel})
 	if err != nil {
 		return nil, kubeError("list nodes", err)
 	}
@@ -117,14 +118,14 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 	}
 	delegated := map[string]bool{}
 	for _, l := range leases.Items {
-		if l.Annotations[poolstore.DelegateHeartbeatAnnotation] == "true" {
+		if l.Annotations[openyurt.DelegateHeartbeatAnnotation] == "true" {
 			delegated[l.Name] = true
 		}
 	}
 
 	byName := map[string]*cloudPool{}
 	for _, n := range nodes.Items {
-		name := n.Labels[poolstore.PoolLabel]
+		name := n.Labels[openyurt.PoolLabel]
 		if name == "" {
 			continue // in no pool, as tether-edge takes it
 		}
@@ -137,7 +138,7 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 		if delegated[n.Name] {
 			p.Delegated = append(p.Delegated, n.Name)
 		}
-		if slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == poolstore.UnschedulableTaintKey }) {
+		if slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == openyurt.UnschedulableTaintKey }) {
 			p.Tainted = append(p.Tainted, n.Name)
 		}
 	}
@@ -155,11 +156,11 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 	for i := range ps {
 		p := &ps[i]
 		g.Go(func() error {
-			el, err := poolstore.ReadElection(gctx, client.CoreV1().ConfigMaps(poolstore.RecordNamespace), p.Pool)
+			el, err := record.ReadLeader(gctx, client.CoreV1().ConfigMaps(record.Namespace), p.Pool)
 			switch {
 			case apierrors.IsNotFound(err):
 			case err != nil:
-				return kubeError("get election record "+poolstore.RecordNamespace+"/"+poolstore.ElectionRecordName(p.Pool), err)
+				return kubeError("get election record "+record.Namespace+"/"+record.ElectionName(p.Pool), err)
 			default:
 				p.Election = &poolRecord{Holder: el.Holder, Renewed: el.Renewed, Expires: el.Expires, Expired: now.After(el.Expires)}
 			}
@@ -176,12 +177,12 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 // readSyncRecord reads pool's leader-informer-sync record (nil when there
 // is none, or it is not in the format poolstore writes).
 func readSyncRecord(ctx context.Context, client kubernetes.Interface, pool string, now time.Time) (*poolRecord, error) {
-	name := poolstore.SyncRecordName(pool)
-	cm, err := client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, name, metav1.GetOptions{})
+	name := record.SyncName(pool)
+	cm, err := client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	} else if err != nil {
-		return nil, kubeError("get sync record "+poolstore.RecordNamespace+"/"+name, err)
+		return nil, kubeError("get sync record "+record.Namespace+"/"+name, err)
 	}
 	renewed, err := time.Parse(time.RFC3339Nano, cm.Data["renewTime"])
 	if err != nil || cm.Data["holderIdentity"] == "" {
@@ -210,7 +211,7 @@ func kubeError(what string, err error) error {
 // writePoolsTable prints a line per pool; wide adds the members' names.
 func writePoolsTable(w io.Writer, ps []cloudPool, now time.Time, wide bool) {
 	if len(ps) == 0 {
-		fmt.Fprintf(w, "no node pools: no Node has the label %s\n", poolstore.PoolLabel)
+		fmt.Fprintf(w, "no node pools: no Node has the label %s\n", openyurt.PoolLabel)
 		return
 	}
 	tw := newTable(w, wide, "POOL\tMEMBERS\tLEADER\tRENEWED\tLAST SYNC\tDELEGATED\tTAINTED", "NODES")

@@ -16,8 +16,10 @@ import (
 
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // TestPoolsFromCloud runs `tetherctl pools` against a real kube-apiserver
@@ -41,7 +43,7 @@ func TestPoolsFromCloud(t *testing.T) {
 	for node, pool := range map[string]string{"edge-1": "shop", "edge-2": "shop", "edge-3": "shop", "lab-1": "lab", "yard-1": "yard", "cloud-1": ""} {
 		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{}}}
 		if pool != "" {
-			n.Labels[poolstore.PoolLabel] = pool
+			n.Labels[openyurt.PoolLabel] = pool
 		}
 		if node == "edge-3" {
 			n.Spec.Taints = []corev1.Taint{pooltaint.Taint}
@@ -57,7 +59,7 @@ func TestPoolsFromCloud(t *testing.T) {
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](40),
 				RenewTime: &metav1.MicroTime{Time: time.Now()}}}
 		if delegated {
-			l.Annotations = map[string]string{poolstore.DelegateHeartbeatAnnotation: "true"}
+			l.Annotations = map[string]string{openyurt.DelegateHeartbeatAnnotation: "true"}
 		}
 		if _, err := admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -75,8 +77,8 @@ func TestPoolsFromCloud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := poolstore.NewElector(poolstore.ElectionOptions{Client: nodeClient, Pool: "shop", Node: "edge-1",
-		Records: poolstore.ClientRecords{ConfigMaps: adminKube.ConfigMaps(poolstore.RecordNamespace)}})
+	el, err := elect.New(elect.Options{Client: nodeClient, Pool: "shop", Node: "edge-1",
+		Records: record.ClientWriter{ConfigMaps: adminKube.ConfigMaps(record.Namespace)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,12 +107,12 @@ func TestPoolsFromCloud(t *testing.T) {
 	rec, _ := json.Marshal(resourcelock.LeaderElectionRecord{HolderIdentity: "yard-1", LeaseDurationSeconds: 15,
 		AcquireTime: yardRenewed, RenewTime: yardRenewed})
 	for _, cm := range []*corev1.ConfigMap{
-		{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName("shop")}, Data: map[string]string{
+		{ObjectMeta: metav1.ObjectMeta{Name: record.SyncName("shop")}, Data: map[string]string{
 			"holderIdentity": "edge-1", "renewTime": synced.UTC().Format(time.RFC3339Nano), "leaseDurationSeconds": "30"}},
-		{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("yard"),
+		{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("yard"),
 			Annotations: map[string]string{resourcelock.LeaderElectionRecordAnnotationKey: string(rec)}}},
 	} {
-		if _, err := admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		if _, err := admin.CoreV1().ConfigMaps(record.Namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

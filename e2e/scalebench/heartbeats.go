@@ -15,7 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/tether-edge/tether/e2e/benchkit"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/openyurt"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // hbPhase is the delegated heartbeats phase.
@@ -94,7 +95,7 @@ func (b *bench) heartbeats(ctx context.Context, res *results) error {
 	watchDone := make(chan error, 1)
 	go func() {
 		watchDone <- b.watchLeases(wctx, list.ResourceVersion, func(l *coordinationv1.Lease, seen time.Time) {
-			if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || l.Spec.RenewTime == nil {
+			if l.Annotations[openyurt.DelegateHeartbeatAnnotation] != "true" || l.Spec.RenewTime == nil {
 				return
 			}
 			mu.Lock()
@@ -160,8 +161,8 @@ func (b *bench) heartbeats(ctx context.Context, res *results) error {
 // naming its leader (as the pool's election would have written it, valid
 // for an hour) and each offline member's Lease.
 func (b *bench) hbObjects(ctx context.Context, pools []hbPool) error {
-	cms := b.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace)
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: poolstore.RecordNamespace}}
+	cms := b.admin.CoreV1().ConfigMaps(record.Namespace)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: record.Namespace}}
 	if _, err := b.admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
@@ -169,8 +170,8 @@ func (b *bench) hbObjects(ctx context.Context, pools []hbPool) error {
 	err := benchkit.Parallel(ctx, b.o.createParallel, len(pools), func(k int) error {
 		p := pools[k]
 		pool := poolOf(p.Leader)
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace}}
-		if err := poolstore.SetElectionRecord(cm, poolstore.ElectionRecord{HolderIdentity: edgeName(p.Leader),
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName(pool), Namespace: record.Namespace}}
+		if err := record.SetElection(cm, record.Election{HolderIdentity: edgeName(p.Leader),
 			LeaseDurationSeconds: 3600, AcquireTime: now, RenewTime: now}); err != nil {
 			return err
 		}

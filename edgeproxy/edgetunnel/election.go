@@ -10,7 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -79,16 +79,16 @@ func (c *Client) WriteElectionRecord(ctx context.Context, req tunnel.ElectionReq
 }
 
 // PoolRecords has the pool's election and sync records written by a
-// gateway through Client (poolstore.RecordWriter): a node identity may only
+// gateway through Client (record.Writer): a node identity may only
 // read them (packaging/kubernetes/pool-rbac.yaml). A conflict comes back
 // as the apiserver's (apierrors.IsConflict); other refusals as an
 // *ElectionRefusedError.
 type PoolRecords struct{ Client *Client }
 
-var _ poolstore.RecordWriter = PoolRecords{}
+var _ record.Writer = PoolRecords{}
 
-// WriteRecord implements poolstore.RecordWriter.
-func (p PoolRecords) WriteRecord(ctx context.Context, w poolstore.RecordWrite) (*corev1.ConfigMap, error) {
+// WriteRecord implements record.Writer.
+func (p PoolRecords) WriteRecord(ctx context.Context, w record.Write) (*corev1.ConfigMap, error) {
 	body, err := json.Marshal(w.ConfigMap)
 	if err != nil {
 		return nil, fmt.Errorf("record %s: %w", w.ConfigMap.Name, err)
@@ -97,7 +97,7 @@ func (p PoolRecords) WriteRecord(ctx context.Context, w poolstore.RecordWrite) (
 	if w.Create {
 		req.Op = tunnel.ElectionCreate
 	}
-	if w.Kind == poolstore.RecordSync {
+	if w.Kind == record.KindSync {
 		req.Record = tunnel.RecordSync
 	}
 	stored, err := p.Client.WriteElectionRecord(ctx, req)

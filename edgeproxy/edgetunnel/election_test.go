@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -207,7 +207,7 @@ func TestPoolRecords(t *testing.T) {
 	w := PoolRecords{Client: e.Client}
 	sync := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-shop-sync", Namespace: "tether-system"},
 		Data: map[string]string{"holderIdentity": "edge-1"}}
-	stored, err := w.WriteRecord(ctx, poolstore.RecordWrite{Kind: poolstore.RecordSync, Pool: "shop", Create: true, ConfigMap: sync})
+	stored, err := w.WriteRecord(ctx, record.Write{Kind: record.KindSync, Pool: "shop", Create: true, ConfigMap: sync})
 	if err != nil || stored.ResourceVersion != "7" || stored.Name != "pool-shop" {
 		t.Fatalf("WriteRecord = %+v, %v; want the stored record", stored, err)
 	}
@@ -224,7 +224,7 @@ func TestPoolRecords(t *testing.T) {
 	reply = tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.Conflict, Message: "the object has been modified"}}
 	mu.Unlock()
 	rec := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-shop", Namespace: "tether-system", ResourceVersion: "6"}}
-	if _, err := w.WriteRecord(ctx, poolstore.RecordWrite{Kind: poolstore.RecordElection, Pool: "shop", ConfigMap: rec}); !apierrors.IsConflict(err) {
+	if _, err := w.WriteRecord(ctx, record.Write{Kind: record.KindElection, Pool: "shop", ConfigMap: rec}); !apierrors.IsConflict(err) {
 		t.Fatalf("err = %v, want a conflict", err)
 	}
 	if req := <-reqs; req.Op != tunnel.ElectionUpdate || req.Record != tunnel.RecordElection {
@@ -233,7 +233,7 @@ func TestPoolRecords(t *testing.T) {
 	mu.Lock()
 	reply = tunnel.ElectionReply{Reply: tunnel.Reply{Code: tunnel.NotHolder}}
 	mu.Unlock()
-	_, err = w.WriteRecord(ctx, poolstore.RecordWrite{Kind: poolstore.RecordElection, Pool: "shop", ConfigMap: rec})
+	_, err = w.WriteRecord(ctx, record.Write{Kind: record.KindElection, Pool: "shop", ConfigMap: rec})
 	var re *ElectionRefusedError
 	if !errors.As(err, &re) || re.Code != tunnel.NotHolder || apierrors.IsConflict(err) {
 		t.Fatalf("err = %v, want a not_holder refusal", err)

@@ -31,9 +31,11 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // Options configure a Runner; the names in parentheses are tether-edge's
@@ -41,7 +43,7 @@ import (
 type Options struct {
 	Node string // the node's name; not empty
 	// Pool is the node's pool (--pool); "" to take its Node's
-	// poolstore.PoolLabel.
+	// openyurt.PoolLabel.
 	Pool string
 	// DataDir (--data-dir) holds the pool's replica.
 	DataDir string
@@ -121,7 +123,7 @@ func (r *Runner) Run(ctx context.Context, proxyAddr net.Addr) error {
 	}
 	if pool == "" {
 		if ctx.Err() == nil {
-			r.log.Info("node is in no node pool (no " + poolstore.PoolLabel + " label, no --pool): pool off until restart")
+			r.log.Info("node is in no node pool (no " + openyurt.PoolLabel + " label, no --pool): pool off until restart")
 		}
 		<-ctx.Done()
 		return nil
@@ -161,13 +163,13 @@ func (r *Runner) build(pool string, members *nodeMembers) (*poolstore.Pool, erro
 	}
 	r.store = store
 	var delegate func(ctx context.Context, node string, lease []byte) error
-	var records poolstore.RecordWriter
+	var records record.Writer
 	if tun := r.opts.Tunnel; tun != nil {
 		delegate = tun.DelegateHeartbeat
 		records = edgetunnel.PoolRecords{Client: tun}
 	} else {
 		r.log.Warn("no --gateway: this node never leads its pool, it follows the leader the others elect (a node may only read the "+
-			"pool's election record, "+poolstore.RecordNamespace+"/"+poolstore.ElectionRecordName(pool)+"; the gateway writes it for the edges)", "pool", pool)
+			"pool's election record, "+record.Namespace+"/"+record.ElectionName(pool)+"; the gateway writes it for the edges)", "pool", pool)
 	}
 	return poolstore.New(poolstore.Options{
 		PeerConfig: poolstore.PeerConfig{Self: r.opts.Node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},
@@ -245,7 +247,7 @@ func (m *nodeMembers) Pool(node string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	pool, ok := n.Labels[poolstore.PoolLabel]
+	pool, ok := n.Labels[openyurt.PoolLabel]
 	return pool, ok && pool != ""
 }
 
@@ -264,7 +266,7 @@ func (m *nodeMembers) Address(node string) (string, bool) {
 
 // Nodes are the pool's members, sorted.
 func (m *nodeMembers) Nodes(pool string) []string {
-	sel := labels.SelectorFromSet(labels.Set{poolstore.PoolLabel: pool})
+	sel := labels.SelectorFromSet(labels.Set{openyurt.PoolLabel: pool})
 	nodes, err := m.lister.List(sel)
 	if err != nil {
 		return nil

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -24,12 +24,12 @@ import (
 func FuzzParseConfigMap(f *testing.F) {
 	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	election := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
-		ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("p1"), Namespace: poolstore.RecordNamespace, ResourceVersion: "17"}}
-	if err := poolstore.SetElectionRecord(election, poolstore.ElectionRecord{HolderIdentity: "edge-1", LeaseDurationSeconds: 15,
+		ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("p1"), Namespace: record.Namespace, ResourceVersion: "17"}}
+	if err := record.SetElection(election, record.Election{HolderIdentity: "edge-1", LeaseDurationSeconds: 15,
 		AcquireTime: metav1.NewTime(now.Add(-time.Minute)), RenewTime: metav1.NewTime(now.Add(time.Hour)), LeaderTransitions: 2}); err != nil {
 		f.Fatal(err)
 	}
-	sync := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName("p1")},
+	sync := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.SyncName("p1")},
 		Data: map[string]string{"leader": "edge-1"}}
 	for _, cm := range []*corev1.ConfigMap{election, sync} {
 		b, err := json.Marshal(cm)
@@ -44,8 +44,8 @@ func FuzzParseConfigMap(f *testing.F) {
 	}
 	f.Add(byte(tunnel.ElectionUpdate), byte(tunnel.RecordElection), "p1", "edge-1",
 		[]byte(`{"metadata":{"name":"pool-p1","resourceVersion":"3","annotations":{"control-plane.alpha.kubernetes.io/leader":"{\"holderIdentity\":\"\"}"}}}`))
-	f.Fuzz(func(t *testing.T, op, record byte, pool, sender string, cm []byte) {
-		req := tunnel.ElectionRequest{Op: tunnel.ElectionOp(op), Record: tunnel.RecordKind(record), Pool: pool, ConfigMap: cm}
+	f.Fuzz(func(t *testing.T, op, kind byte, pool, sender string, cm []byte) {
+		req := tunnel.ElectionRequest{Op: tunnel.ElectionOp(op), Record: tunnel.RecordKind(kind), Pool: pool, ConfigMap: cm}
 		got, err := parseConfigMap(req)
 		if err != nil {
 			var r *poolcheck.Refusal
@@ -54,11 +54,11 @@ func FuzzParseConfigMap(f *testing.F) {
 			}
 			return
 		}
-		want := poolstore.ElectionRecordName(pool)
+		want := record.ElectionName(pool)
 		if req.Record == tunnel.RecordSync {
-			want = poolstore.SyncRecordName(pool)
+			want = record.SyncName(pool)
 		}
-		if got.Name != want || got.Namespace != poolstore.RecordNamespace ||
+		if got.Name != want || got.Namespace != record.Namespace ||
 			(req.Op == tunnel.ElectionUpdate && got.ResourceVersion == "") ||
 			(got.Kind != "" && got.Kind != "ConfigMap") || (got.APIVersion != "" && got.APIVersion != "v1") {
 			t.Fatalf("accepted %s/%s (%s %s, resourceVersion %q) as pool %q's %s record", got.Namespace, got.Name,
@@ -86,12 +86,12 @@ func FuzzParseConfigMap(f *testing.F) {
 			}
 			return
 		}
-		rec, err := poolstore.DecodeElectionRecord(out)
+		rec, err := record.DecodeElection(out)
 		if err != nil {
 			t.Fatalf("written election record does not decode: %v", err)
 		}
 		if rec.HolderIdentity != sender || rec.RenewTime.After(now) || rec.AcquireTime.After(now) ||
-			out.Name != want || out.Namespace != poolstore.RecordNamespace {
+			out.Name != want || out.Namespace != record.Namespace {
 			t.Fatalf("a new record %s/%s from %q: %+v (now %v)", out.Namespace, out.Name, sender, rec, now)
 		}
 	})

@@ -2,9 +2,9 @@
 // elections on behalf of the edges, which may only read them.
 //
 // A pool's election record is the ConfigMap tether-system/pool-<pool>
-// (poolstore.ElectionRecordName; client-go's leader record in its annotation), and
+// (record.ElectionName; client-go's leader record in its annotation), and
 // its leader's sync mark tether-system/pool-<pool>-sync
-// (poolstore.SyncRecordName; holder and renewTime in its data). They are
+// (record.SyncName; holder and renewTime in its data). They are
 // ConfigMaps because NodeRestriction lets a node identity write no Lease
 // but its own. If nodes wrote them, any node could write any pool's: RBAC
 // cannot tell the pools' ConfigMaps apart (create cannot be limited by
@@ -90,7 +90,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -103,7 +103,7 @@ type Options struct {
 	Nodes poolcheck.NodePools
 	// Records reads the election records for the leader check of a sync
 	// record (a poolcheck.RecordCache); nil means a GET with Client.
-	Records poolstore.ConfigMapGetter
+	Records record.ConfigMapGetter
 	// Limit is how many refusals a sender may draw before it is answered
 	// tunnel.RateLimited; zero means poolcheck.DefaultLimit.
 	Limit poolcheck.Limit
@@ -135,7 +135,7 @@ func New(o Options) (*Handler, error) {
 	}
 	records := o.Records
 	if records == nil {
-		records = o.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
+		records = o.Client.CoreV1().ConfigMaps(record.Namespace)
 	}
 	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: o.Nodes, Records: records},
@@ -236,7 +236,7 @@ func (h *Handler) elect(ctx context.Context, sender string, req tunnel.ElectionR
 }
 
 func (h *Handler) configMaps() typedcorev1.ConfigMapInterface {
-	return h.client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
+	return h.client.CoreV1().ConfigMaps(record.Namespace)
 }
 
 // parseConfigMap decodes the sent ConfigMap and checks that it is the
@@ -249,15 +249,15 @@ func parseConfigMap(req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
 	if (cm.APIVersion != "" && cm.APIVersion != "v1") || (cm.Kind != "" && cm.Kind != "ConfigMap") {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "a %s %s, not a ConfigMap", cm.APIVersion, cm.Kind)
 	}
-	want := poolstore.ElectionRecordName(req.Pool)
+	want := record.ElectionName(req.Pool)
 	if req.Record == tunnel.RecordSync {
-		want = poolstore.SyncRecordName(req.Pool)
+		want = record.SyncName(req.Pool)
 	}
-	if (cm.Namespace != "" && cm.Namespace != poolstore.RecordNamespace) || cm.Name != want {
+	if (cm.Namespace != "" && cm.Namespace != record.Namespace) || cm.Name != want {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "ConfigMap %s/%s is not pool %s's %s record %s/%s", cm.Namespace, cm.Name,
-			req.Pool, req.Record, poolstore.RecordNamespace, want)
+			req.Pool, req.Record, record.Namespace, want)
 	}
-	cm.Namespace = poolstore.RecordNamespace
+	cm.Namespace = record.Namespace
 	if req.Op == tunnel.ElectionUpdate && cm.ResourceVersion == "" {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "an update of %s/%s names no resourceVersion", cm.Namespace, cm.Name)
 	}
@@ -267,10 +267,10 @@ func parseConfigMap(req tunnel.ElectionRequest) (*corev1.ConfigMap, error) {
 // electionRecord checks the election record sent and returns the object
 // to write: cur (nil to create one) with the record, clamped to now.
 func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now time.Time) (*corev1.ConfigMap, error) {
-	if _, ok := sent.Annotations[poolstore.ElectionAnnotation]; !ok {
-		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s/%s has no %s annotation", sent.Namespace, sent.Name, poolstore.ElectionAnnotation)
+	if _, ok := sent.Annotations[record.ElectionAnnotation]; !ok {
+		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s/%s has no %s annotation", sent.Namespace, sent.Name, record.ElectionAnnotation)
 	}
-	rec, err := poolstore.DecodeElectionRecord(sent)
+	rec, err := record.DecodeElection(sent)
 	if err != nil {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
 	}
@@ -284,7 +284,7 @@ func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now
 		if cur == nil {
 			return nil, poolcheck.Refuse(tunnel.NotHolder, "a new election record %s/%s must name %s as holder", sent.Namespace, sent.Name, sender)
 		}
-		held, err := poolstore.DecodeElectionRecord(cur)
+		held, err := record.DecodeElection(cur)
 		if err != nil {
 			return nil, poolcheck.Refuse(tunnel.Unavailable, "stored election record %s/%s: %v", cur.Namespace, cur.Name, err)
 		}
@@ -297,7 +297,7 @@ func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now
 	clampTime(&rec.RenewTime, now)
 	clampTime(&rec.AcquireTime, now)
 	out := newObject(sent, cur)
-	if err := poolstore.SetElectionRecord(out, rec); err != nil {
+	if err := record.SetElection(out, rec); err != nil {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
 	}
 	return out, nil
@@ -306,7 +306,7 @@ func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now
 // syncRecord checks the sync record sent and returns the object to write:
 // cur (nil to create one) with the record, clamped to now.
 func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur *corev1.ConfigMap, now time.Time) (*corev1.ConfigMap, error) {
-	rec, err := poolstore.DecodeSyncRecord(sent)
+	rec, err := record.DecodeSync(sent)
 	if err != nil {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "%s/%s: %v", sent.Namespace, sent.Name, err)
 	}
@@ -337,7 +337,7 @@ func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur
 // create one, a ConfigMap with nothing but sent's name.
 func newObject(sent, cur *corev1.ConfigMap) *corev1.ConfigMap {
 	if cur == nil {
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: poolstore.RecordNamespace}}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: sent.Name, Namespace: record.Namespace}}
 	}
 	out := cur.DeepCopy()
 	out.ResourceVersion = sent.ResourceVersion
@@ -360,11 +360,11 @@ func reply(stored *corev1.ConfigMap, kind tunnel.RecordKind) *corev1.ConfigMap {
 			ResourceVersion: stored.ResourceVersion, CreationTimestamp: stored.CreationTimestamp},
 	}
 	if kind == tunnel.RecordElection {
-		out.Annotations = map[string]string{poolstore.ElectionAnnotation: stored.Annotations[poolstore.ElectionAnnotation]}
+		out.Annotations = map[string]string{record.ElectionAnnotation: stored.Annotations[record.ElectionAnnotation]}
 		return out
 	}
 	out.Data = map[string]string{}
-	for k := range (poolstore.SyncRecord{}).Data() {
+	for k := range (record.Sync{}).Data() {
 		out.Data[k] = stored.Data[k]
 	}
 	return out

@@ -21,7 +21,7 @@ import (
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/gateway/poolcheck"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -55,25 +55,25 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
-// record is an election record ConfigMap for pool as the edge's elector
+// electionRecord is an election record ConfigMap for pool as the edge's elector
 // sends it.
-func record(pool, rv string, rec poolstore.ElectionRecord) *corev1.ConfigMap {
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace, ResourceVersion: rv}}
-	if err := poolstore.SetElectionRecord(cm, rec); err != nil {
+func electionRecord(pool, rv string, rec record.Election) *corev1.ConfigMap {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName(pool), Namespace: record.Namespace, ResourceVersion: rv}}
+	if err := record.SetElection(cm, rec); err != nil {
 		panic(err)
 	}
 	return cm
 }
 
 // syncRecord is a sync record ConfigMap for pool as the edge sends it.
-func syncRecord(pool, rv string, rec poolstore.SyncRecord) *corev1.ConfigMap {
-	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName(pool), Namespace: poolstore.RecordNamespace,
+func syncRecord(pool, rv string, rec record.Sync) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.SyncName(pool), Namespace: record.Namespace,
 		ResourceVersion: rv}, Data: rec.Data()}
 }
 
 // held is a record of holder, renewed at renew, of 15 s.
-func held(holder string, renew time.Time) poolstore.ElectionRecord {
-	return poolstore.ElectionRecord{HolderIdentity: holder, LeaseDurationSeconds: 15,
+func held(holder string, renew time.Time) record.Election {
+	return record.Election{HolderIdentity: holder, LeaseDurationSeconds: 15,
 		AcquireTime: metav1.NewTime(renew), RenewTime: metav1.NewTime(renew)}
 }
 
@@ -104,7 +104,7 @@ func (c *cluster) stored(rep tunnel.ElectionReply) *corev1.ConfigMap {
 // (nil if there is none).
 func (c *cluster) get(name string) *corev1.ConfigMap {
 	c.t.Helper()
-	cm, err := c.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(c.ctx, name, metav1.GetOptions{})
+	cm, err := c.admin.CoreV1().ConfigMaps(record.Namespace).Get(c.ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}
@@ -114,13 +114,13 @@ func (c *cluster) get(name string) *corev1.ConfigMap {
 	return cm
 }
 
-func (c *cluster) electionRecord(pool string) poolstore.ElectionRecord {
+func (c *cluster) electionRecord(pool string) record.Election {
 	c.t.Helper()
-	cm := c.get(poolstore.ElectionRecordName(pool))
+	cm := c.get(record.ElectionName(pool))
 	if cm == nil {
 		c.t.Fatalf("no election record for %s", pool)
 	}
-	rec, err := poolstore.DecodeElectionRecord(cm)
+	rec, err := record.DecodeElection(cm)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestElect(t *testing.T) {
 
 	// edge-1 takes shop's record, with labels and annotations of its own
 	// that are not written.
-	sent := record("shop", "", held("edge-1", edgeNow))
+	sent := electionRecord("shop", "", held("edge-1", edgeNow))
 	sent.Labels = map[string]string{"from": "edge"}
 	sent.Annotations["other"] = "from the edge"
 	sent.Data = map[string]string{"k": "from the edge"}
@@ -164,20 +164,20 @@ func TestElect(t *testing.T) {
 	if diff := cmp.Diff(want, c.electionRecord("shop")); diff != "" {
 		t.Fatalf("record (-want +got):\n%s", diff)
 	}
-	if got.Annotations[poolstore.ElectionAnnotation] != cm.Annotations[poolstore.ElectionAnnotation] {
-		t.Fatalf("reply's record %q, stored %q", got.Annotations[poolstore.ElectionAnnotation], cm.Annotations[poolstore.ElectionAnnotation])
+	if got.Annotations[record.ElectionAnnotation] != cm.Annotations[record.ElectionAnnotation] {
+		t.Fatalf("reply's record %q, stored %q", got.Annotations[record.ElectionAnnotation], cm.Annotations[record.ElectionAnnotation])
 	}
 
 	// An operator labels and annotates it: kept by the next renewal, on
 	// the version the edge last got back; data the edge sends is not.
 	cm.Labels = map[string]string{"team": "ops"}
 	cm.Annotations["note"] = "kept"
-	cm, err := c.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Update(c.ctx, cm, metav1.UpdateOptions{})
+	cm, err := c.admin.CoreV1().ConfigMaps(record.Namespace).Update(c.ctx, cm, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.clock.SetTime(c.clock.Now().Add(2 * time.Second))
-	renew := record("shop", cm.ResourceVersion, poolstore.ElectionRecord{HolderIdentity: "edge-1", LeaseDurationSeconds: 15,
+	renew := electionRecord("shop", cm.ResourceVersion, record.Election{HolderIdentity: "edge-1", LeaseDurationSeconds: 15,
 		AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0.Add(2 * time.Second))})
 	renew.Labels = map[string]string{"team": "edge"}
 	renew.Data = map[string]string{"k": "from the edge"}
@@ -192,9 +192,9 @@ func TestElect(t *testing.T) {
 
 	// The leader's sync record: created, clamped, then updated.
 	got = c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordSync, "shop",
-		syncRecord("shop", "", poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: edgeNow, LeaseDurationSeconds: 30})))
+		syncRecord("shop", "", record.Sync{HolderIdentity: "edge-1", RenewTime: edgeNow, LeaseDurationSeconds: 30})))
 	sync := c.get("pool-shop-sync")
-	sr, err := poolstore.DecodeSyncRecord(sync)
+	sr, err := record.DecodeSync(sync)
 	if err != nil || sr.HolderIdentity != "edge-1" || !sr.RenewTime.Equal(c.clock.Now()) || sr.LeaseDurationSeconds != 30 {
 		t.Fatalf("sync record %+v, %v; want edge-1's, renewed at the gateway's clock %v", sr, err, c.clock.Now())
 	}
@@ -204,23 +204,23 @@ func TestElect(t *testing.T) {
 	c.clock.SetTime(c.clock.Now().Add(time.Second))
 	synced := c.clock.Now().Add(-time.Second)
 	got = c.stored(c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordSync, "shop",
-		syncRecord("shop", got.ResourceVersion, poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: synced, LeaseDurationSeconds: 30})))
+		syncRecord("shop", got.ResourceVersion, record.Sync{HolderIdentity: "edge-1", RenewTime: synced, LeaseDurationSeconds: 30})))
 	sync = c.get("pool-shop-sync")
-	if sr, _ := poolstore.DecodeSyncRecord(sync); !sr.RenewTime.Equal(synced) || got.ResourceVersion != sync.ResourceVersion {
+	if sr, _ := record.DecodeSync(sync); !sr.RenewTime.Equal(synced) || got.ResourceVersion != sync.ResourceVersion {
 		t.Fatalf("sync record renewed at %v (version %s, reply %s), want %v (not clamped: in the past)", sr.RenewTime,
 			sync.ResourceVersion, got.ResourceVersion, synced)
 	}
 
 	// edge-1 releases; edge-2 takes the released record.
 	cm = c.get("pool-shop")
-	got = c.stored(c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", record("shop", cm.ResourceVersion,
-		poolstore.ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0)})))
+	got = c.stored(c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", electionRecord("shop", cm.ResourceVersion,
+		record.Election{LeaseDurationSeconds: 1, AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0)})))
 	if r := c.electionRecord("shop"); r.HolderIdentity != "" {
 		t.Fatalf("after the release: holder %q", r.HolderIdentity)
 	}
 	took := held("edge-2", t0)
 	took.LeaderTransitions = 1
-	c.stored(c.send("edge-2", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", record("shop", got.ResourceVersion, took)))
+	c.stored(c.send("edge-2", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", electionRecord("shop", got.ResourceVersion, took)))
 	if diff := cmp.Diff(took, c.electionRecord("shop")); diff != "" {
 		t.Fatalf("edge-2's record (-want +got):\n%s", diff)
 	}
@@ -234,10 +234,10 @@ func TestElect(t *testing.T) {
 // nothing.
 func TestConflict(t *testing.T) {
 	c := newCluster(t)
-	first := c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop", record("shop", "", held("edge-1", t0))))
+	first := c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop", electionRecord("shop", "", held("edge-1", t0))))
 	c.clock.SetTime(t0.Add(time.Second))
 	renewed := c.stored(c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop",
-		record("shop", first.ResourceVersion, held("edge-1", t0.Add(time.Second)))))
+		electionRecord("shop", first.ResourceVersion, held("edge-1", t0.Add(time.Second)))))
 	rv := c.get("pool-shop").ResourceVersion
 	if rv != renewed.ResourceVersion || rv == first.ResourceVersion {
 		t.Fatalf("versions: created %s, renewed %s, stored %s", first.ResourceVersion, renewed.ResourceVersion, rv)
@@ -247,8 +247,8 @@ func TestConflict(t *testing.T) {
 		op tunnel.ElectionOp
 		cm *corev1.ConfigMap
 	}{
-		"stale version": {tunnel.ElectionUpdate, record("shop", first.ResourceVersion, held("edge-2", t0))},
-		"create again":  {tunnel.ElectionCreate, record("shop", "", held("edge-2", t0))},
+		"stale version": {tunnel.ElectionUpdate, electionRecord("shop", first.ResourceVersion, held("edge-2", t0))},
+		"create again":  {tunnel.ElectionCreate, electionRecord("shop", "", held("edge-2", t0))},
 	} {
 		rep := c.send("edge-2", tc.op, tunnel.RecordElection, "shop", tc.cm)
 		if rep.Code != tunnel.Conflict || rep.ConfigMap != nil {
@@ -258,10 +258,10 @@ func TestConflict(t *testing.T) {
 	if cm := c.get("pool-shop"); cm.ResourceVersion != rv {
 		t.Fatalf("record written by a conflicting write: %+v", cm)
 	}
-	if err := c.admin.CoreV1().ConfigMaps(poolstore.RecordNamespace).Delete(c.ctx, "pool-shop", metav1.DeleteOptions{}); err != nil {
+	if err := c.admin.CoreV1().ConfigMaps(record.Namespace).Delete(c.ctx, "pool-shop", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if rep := c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", record("shop", rv, held("edge-1", t0))); rep.Code != tunnel.Conflict {
+	if rep := c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", electionRecord("shop", rv, held("edge-1", t0))); rep.Code != tunnel.Conflict {
 		t.Fatalf("update of a deleted record: %+v, want a conflict", rep)
 	}
 	if cm := c.get("pool-shop"); cm != nil {
@@ -277,14 +277,14 @@ func TestConflict(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	c := newCluster(t)
 	// shop is led by edge-1; yard's record names yard-1 but has expired.
-	shop := c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop", record("shop", "", held("edge-1", t0))))
-	c.stored(c.send("yard-1", tunnel.ElectionCreate, tunnel.RecordElection, "yard", record("yard", "", held("yard-1", t0.Add(-time.Minute)))))
+	shop := c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop", electionRecord("shop", "", held("edge-1", t0))))
+	c.stored(c.send("yard-1", tunnel.ElectionCreate, tunnel.RecordElection, "yard", electionRecord("yard", "", held("yard-1", t0.Add(-time.Minute)))))
 	before := map[string]string{}
 	for _, name := range []string{"pool-shop", "pool-yard"} {
 		before[name] = c.get(name).ResourceVersion
 	}
 	shopRV := shop.ResourceVersion
-	mine := func(pool string) *corev1.ConfigMap { return record(pool, "", held("edge-1", t0)) }
+	mine := func(pool string) *corev1.ConfigMap { return electionRecord(pool, "", held("edge-1", t0)) }
 	raw := func(s string) []byte { return []byte(s) }
 	for _, tc := range []struct {
 		name   string
@@ -296,17 +296,17 @@ func TestRefusals(t *testing.T) {
 		body   []byte
 		want   tunnel.Code
 	}{
-		{"sender unknown", "ghost", tunnel.ElectionCreate, tunnel.RecordElection, "shop", record("shop", "", held("ghost", t0)), nil, tunnel.UnknownNode},
-		{"sender in no pool", "loner", tunnel.ElectionCreate, tunnel.RecordElection, "shop", record("shop", "", held("loner", t0)), nil, tunnel.NotInPool},
-		{"another pool's record", "edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "yard", record("yard", before["pool-yard"], held("edge-1", t0)), nil, tunnel.OtherPool},
+		{"sender unknown", "ghost", tunnel.ElectionCreate, tunnel.RecordElection, "shop", electionRecord("shop", "", held("ghost", t0)), nil, tunnel.UnknownNode},
+		{"sender in no pool", "loner", tunnel.ElectionCreate, tunnel.RecordElection, "shop", electionRecord("shop", "", held("loner", t0)), nil, tunnel.NotInPool},
+		{"another pool's record", "edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "yard", electionRecord("yard", before["pool-yard"], held("edge-1", t0)), nil, tunnel.OtherPool},
 		{"a new pool's record", "edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "lab", mine("lab"), nil, tunnel.OtherPool},
 		{"another pool's sync record", "edge-1", tunnel.ElectionCreate, tunnel.RecordSync, "yard",
-			syncRecord("yard", "", poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.OtherPool},
+			syncRecord("yard", "", record.Sync{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.OtherPool},
 		{"the sync record's name as the election record", "edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop",
-			record("shop-sync", "", held("edge-1", t0)), nil, tunnel.BadRecord},
+			electionRecord("shop-sync", "", held("edge-1", t0)), nil, tunnel.BadRecord},
 		{"the election record's name as the sync record", "edge-1", tunnel.ElectionUpdate, tunnel.RecordSync, "shop",
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-shop", ResourceVersion: shopRV},
-				Data: poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 30}.Data()}, nil, tunnel.BadRecord},
+				Data: record.Sync{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 30}.Data()}, nil, tunnel.BadRecord},
 		{"another ConfigMap", "edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop",
 			func() *corev1.ConfigMap { cm := mine("shop"); cm.Name = "coredns"; return cm }(), nil, tunnel.BadRecord},
 		{"another namespace", "edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop",
@@ -318,20 +318,20 @@ func TestRefusals(t *testing.T) {
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-shop", ResourceVersion: shopRV}}, nil, tunnel.BadRecord},
 		{"record not JSON", "edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop",
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-shop", ResourceVersion: shopRV,
-				Annotations: map[string]string{poolstore.ElectionAnnotation: "edge-1"}}}, nil, tunnel.BadRecord},
+				Annotations: map[string]string{record.ElectionAnnotation: "edge-1"}}}, nil, tunnel.BadRecord},
 		{"update without a version", "edge-1", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", mine("shop"), nil, tunnel.BadRecord},
 		{"sync record without renewTime", "edge-1", tunnel.ElectionCreate, tunnel.RecordSync, "shop",
 			&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-shop-sync"},
 				Data: map[string]string{"holderIdentity": "edge-1", "leaseDurationSeconds": "30"}}, nil, tunnel.BadRecord},
-		{"names another holder", "edge-2", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", record("shop", shopRV, held("edge-1", t0)), nil, tunnel.NotHolder},
-		{"creates a released record", "edge-2", tunnel.ElectionCreate, tunnel.RecordElection, "shop", record("shop", "", held("", t0)), nil, tunnel.NotHolder},
-		{"releases another's record", "edge-2", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", record("shop", shopRV, held("", t0)), nil, tunnel.NotLeader},
+		{"names another holder", "edge-2", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", electionRecord("shop", shopRV, held("edge-1", t0)), nil, tunnel.NotHolder},
+		{"creates a released record", "edge-2", tunnel.ElectionCreate, tunnel.RecordElection, "shop", electionRecord("shop", "", held("", t0)), nil, tunnel.NotHolder},
+		{"releases another's record", "edge-2", tunnel.ElectionUpdate, tunnel.RecordElection, "shop", electionRecord("shop", shopRV, held("", t0)), nil, tunnel.NotLeader},
 		{"sync record naming another", "edge-2", tunnel.ElectionCreate, tunnel.RecordSync, "shop",
-			syncRecord("shop", "", poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.NotHolder},
+			syncRecord("shop", "", record.Sync{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.NotHolder},
 		{"sync record of a follower", "edge-2", tunnel.ElectionCreate, tunnel.RecordSync, "shop",
-			syncRecord("shop", "", poolstore.SyncRecord{HolderIdentity: "edge-2", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.NotLeader},
+			syncRecord("shop", "", record.Sync{HolderIdentity: "edge-2", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.NotLeader},
 		{"sync record of an expired leader", "yard-1", tunnel.ElectionCreate, tunnel.RecordSync, "yard",
-			syncRecord("yard", "", poolstore.SyncRecord{HolderIdentity: "yard-1", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.LeaderExpired},
+			syncRecord("yard", "", record.Sync{HolderIdentity: "yard-1", RenewTime: t0, LeaseDurationSeconds: 30}), nil, tunnel.LeaderExpired},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			body := tc.body
@@ -381,7 +381,7 @@ func TestUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(record("shop", "", held("edge-1", t0)))
+	b, _ := json.Marshal(electionRecord("shop", "", held("edge-1", t0)))
 	rep := h.Elect(c.ctx, "edge-1", tunnel.ElectionRequest{Op: tunnel.ElectionCreate, Record: tunnel.RecordElection, Pool: "shop", ConfigMap: b})
 	if rep.Code != tunnel.Unavailable {
 		t.Fatalf("reply %+v, want unavailable", rep)

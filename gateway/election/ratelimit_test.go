@@ -16,8 +16,9 @@ import (
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/gateway/poolcheck"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -30,9 +31,9 @@ func TestRateLimited(t *testing.T) {
 	ctx := context.Background()
 	clk := testclock.NewFakePassiveClock(t0)
 	node := func(name string) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{poolstore.PoolLabel: "shop"}}}
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{openyurt.PoolLabel: "shop"}}}
 	}
-	released := record("shop", "", poolstore.ElectionRecord{})
+	released := electionRecord("shop", "", record.Election{})
 	client := fake.NewSimpleClientset(node("edge-1"), node("edge-2"), released)
 	logs := &testenv.LogBuffer{}
 	h, err := New(Options{Client: client, Nodes: poolcheck.APINodes{Client: client}, Clock: clk,
@@ -43,7 +44,7 @@ func TestRateLimited(t *testing.T) {
 	}
 	send := func(sender, holder string) tunnel.ElectionReply {
 		t.Helper()
-		b, err := json.Marshal(record("shop", "1", held(holder, t0)))
+		b, err := json.Marshal(electionRecord("shop", "1", held(holder, t0)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,11 +80,11 @@ func TestRateLimited(t *testing.T) {
 	if rep := send("edge-2", "edge-2"); rep.Code != tunnel.OK {
 		t.Fatalf("after the window: %+v, want ok", rep)
 	}
-	cm, err := client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, poolstore.ElectionRecordName("shop"), metav1.GetOptions{})
+	cm, err := client.CoreV1().ConfigMaps(record.Namespace).Get(ctx, record.ElectionName("shop"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := poolstore.DecodeElectionRecord(cm); err != nil || rec.HolderIdentity != "edge-2" {
+	if rec, err := record.DecodeElection(cm); err != nil || rec.HolderIdentity != "edge-2" {
 		t.Errorf("record after the window: %+v, %v; want held by edge-2", rec, err)
 	}
 }

@@ -11,7 +11,7 @@
 //     the request, and the delegated node both have a Node (UnknownNode)
 //     with a pool label (NotInPool), the same one (OtherPool);
 //  3. the sender holds that pool's election record,
-//     tether-system/pool-<pool> as poolstore.ReadElection reads it
+//     tether-system/pool-<pool> as record.ReadLeader reads it
 //     (NotLeader), and it has not expired: renewTime +
 //     leaseDurationSeconds is after now (LeaderExpired). The record is a
 //     ConfigMap, not a Lease: NodeRestriction lets a node identity write
@@ -92,7 +92,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/openyurt"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -105,7 +106,7 @@ type Options struct {
 	Nodes poolcheck.NodePools
 	// Records reads the election records (a poolcheck.RecordCache); nil
 	// means a GET with Client for every check.
-	Records poolstore.ConfigMapGetter
+	Records record.ConfigMapGetter
 	// Leases is an informer on the Leases of kube-node-lease (such as
 	// pooltaint.NewLeaseInformer's), which the caller runs: a Lease in its
 	// store is updated from a copy of it, without a GET, so its objects
@@ -179,7 +180,7 @@ func New(o Options) (*Handler, error) {
 	}
 	records := o.Records
 	if records == nil {
-		records = o.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
+		records = o.Client.CoreV1().ConfigMaps(record.Namespace)
 	}
 	h := &Handler{client: o.Client, leases: o.Leases, requests: o.Requests, maxWait: o.MaxWait, clock: o.Clock, log: o.Logger,
 		check: poolcheck.Checker{Nodes: nodes, Records: records},
@@ -410,5 +411,5 @@ func apply(l, sent *coordinationv1.Lease) {
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
-	l.Annotations[poolstore.DelegateHeartbeatAnnotation] = "true"
+	l.Annotations[openyurt.DelegateHeartbeatAnnotation] = "true"
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -102,7 +102,7 @@ func TestDelegate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) ||
+	if l.Annotations[openyurt.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) ||
 		ptr.Deref(l.Spec.HolderIdentity, "") != "member" || ptr.Deref(l.Spec.LeaseDurationSeconds, 0) != 40 {
 		t.Fatalf("Lease after the delegated heartbeat: %+v", l)
 	}
@@ -128,7 +128,7 @@ func TestDelegate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Annotations[poolstore.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) || l.Labels["kept"] != "yes" {
+	if l.Annotations[openyurt.DelegateHeartbeatAnnotation] != "true" || !l.Spec.RenewTime.Time.Equal(renew) || l.Labels["kept"] != "yes" {
 		t.Fatalf("Lease after the delegated heartbeat: %+v", l)
 	}
 

@@ -15,8 +15,9 @@ import (
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/gateway/poolcheck"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -30,17 +31,17 @@ func TestRateLimited(t *testing.T) {
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	clk := testclock.NewFakePassiveClock(t0)
 	node := func(name string) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{poolstore.PoolLabel: "pool-a"}}}
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{openyurt.PoolLabel: "pool-a"}}}
 	}
-	record := func(holder string) *corev1.ConfigMap {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName("pool-a"), Namespace: poolstore.RecordNamespace}}
-		if err := poolstore.SetElectionRecord(cm, poolstore.ElectionRecord{HolderIdentity: holder, LeaseDurationSeconds: 3600,
+	electionCM := func(holder string) *corev1.ConfigMap {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("pool-a"), Namespace: record.Namespace}}
+		if err := record.SetElection(cm, record.Election{HolderIdentity: holder, LeaseDurationSeconds: 3600,
 			AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0)}); err != nil {
 			t.Fatal(err)
 		}
 		return cm
 	}
-	client := fake.NewSimpleClientset(node("leader"), node("member"), node("member-2"), record("leader"))
+	client := fake.NewSimpleClientset(node("leader"), node("member"), node("member-2"), electionCM("leader"))
 	logs := &testenv.LogBuffer{}
 	h, err := New(Options{Client: client, Clock: clk, Limit: poolcheck.Limit{Burst: 3, Per: time.Minute},
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Registerer: prometheus.NewRegistry()})
@@ -66,7 +67,7 @@ func TestRateLimited(t *testing.T) {
 		}
 	}
 	// member may send now, but is not looked at.
-	if _, err := client.CoreV1().ConfigMaps(poolstore.RecordNamespace).Update(ctx, record("member"), metav1.UpdateOptions{}); err != nil {
+	if _, err := client.CoreV1().ConfigMaps(record.Namespace).Update(ctx, electionCM("member"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	actions := len(client.Actions())

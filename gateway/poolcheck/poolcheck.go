@@ -3,10 +3,10 @@
 // (gateway/heartbeat) and the election records (gateway/election) share.
 //
 // A sender is named by its verified client certificate, never by the
-// request. Its pool is the value of the poolstore.PoolLabel on its Node
+// request. Its pool is the value of the openyurt.PoolLabel on its Node
 // (NodePools; tunnel.UnknownNode without a Node, tunnel.NotInPool without
 // the label). It leads its pool if it holds the pool's election record,
-// tether-system/pool-<pool> as poolstore.ReadElection reads it
+// tether-system/pool-<pool> as record.ReadLeader reads it
 // (tunnel.NotLeader), and the record has not expired at the caller's now:
 // renewTime + leaseDurationSeconds is after it (tunnel.LeaderExpired).
 // An apiserver error is tunnel.Unavailable: another replica may do better.
@@ -38,13 +38,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/openyurt"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
 // NodePools tells the pool of a node.
 type NodePools interface {
-	// NodePool returns the value of the node's poolstore.PoolLabel ("" when
+	// NodePool returns the value of the node's openyurt.PoolLabel ("" when
 	// it has none); found is false when there is no such Node.
 	NodePool(ctx context.Context, node string) (pool string, found bool, err error)
 }
@@ -63,7 +64,7 @@ func (a APINodes) NodePool(ctx context.Context, node string) (string, bool, erro
 	if err != nil {
 		return "", false, fmt.Errorf("get node %s: %w", node, err)
 	}
-	return n.Labels[poolstore.PoolLabel], true, nil
+	return n.Labels[openyurt.PoolLabel], true, nil
 }
 
 // Refusal is why a request was not carried out: the code and the message
@@ -95,9 +96,9 @@ func AsRefusal(err error) *Refusal {
 type Checker struct {
 	// Nodes tells the nodes' pools.
 	Nodes NodePools
-	// Records reads the ConfigMaps of poolstore.RecordNamespace, where the
+	// Records reads the ConfigMaps of record.Namespace, where the
 	// election records are.
-	Records poolstore.ConfigMapGetter
+	Records record.ConfigMapGetter
 }
 
 // PoolOf returns node's pool, or a Refusal if it has none. role, if not
@@ -114,7 +115,7 @@ func (c Checker) PoolOf(ctx context.Context, node, role string) (string, error) 
 	case !found:
 		return "", Refuse(tunnel.UnknownNode, "%s has no Node", who)
 	case pool == "":
-		return "", Refuse(tunnel.NotInPool, "%s has no %s label", who, poolstore.PoolLabel)
+		return "", Refuse(tunnel.NotInPool, "%s has no %s label", who, openyurt.PoolLabel)
 	}
 	return pool, nil
 }
@@ -134,8 +135,8 @@ func (c Checker) Member(ctx context.Context, node, pool string) error {
 // Leader refuses unless sender holds pool's election record, unexpired
 // at now, read from the caller's clock.
 func (c Checker) Leader(ctx context.Context, sender, pool string, now time.Time) error {
-	ref := poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName(pool)
-	el, err := poolstore.ReadElection(ctx, c.Records, pool)
+	ref := record.Namespace + "/" + record.ElectionName(pool)
+	el, err := record.ReadLeader(ctx, c.Records, pool)
 	switch {
 	case apierrors.IsNotFound(err):
 		return Refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)

@@ -11,7 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/openyurt"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -32,14 +33,14 @@ func (m memPools) NodePool(_ context.Context, node string) (string, bool, error)
 	return pool, ok, nil
 }
 
-// memRecords is an in-memory poolstore.ConfigMapGetter: name → ConfigMap.
+// memRecords is an in-memory record.ConfigMapGetter: name → ConfigMap.
 // err, if set, is every answer.
 type memRecords struct {
 	cms map[string]*corev1.ConfigMap
 	err error
 }
 
-var _ poolstore.ConfigMapGetter = memRecords{}
+var _ record.ConfigMapGetter = memRecords{}
 
 func (m memRecords) Get(_ context.Context, name string, _ metav1.GetOptions) (*corev1.ConfigMap, error) {
 	if m.err != nil {
@@ -56,10 +57,10 @@ func (m memRecords) Get(_ context.Context, name string, _ metav1.GetOptions) (*c
 // renew, of 15 s.
 func electionRecord(t *testing.T, pool, holder string, renew time.Time) *corev1.ConfigMap {
 	t.Helper()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.ElectionRecordName(pool), Namespace: poolstore.RecordNamespace}}
-	rec := poolstore.ElectionRecord{HolderIdentity: holder, LeaseDurationSeconds: 15,
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName(pool), Namespace: record.Namespace}}
+	rec := record.Election{HolderIdentity: holder, LeaseDurationSeconds: 15,
 		AcquireTime: metav1.NewTime(renew), RenewTime: metav1.NewTime(renew)}
-	if err := poolstore.SetElectionRecord(cm, rec); err != nil {
+	if err := record.SetElection(cm, rec); err != nil {
 		t.Fatal(err)
 	}
 	return cm
@@ -79,7 +80,7 @@ func TestPoolOf(t *testing.T) {
 		{pools, "edge-1", "sender", "shop", tunnel.OK, ""},
 		{pools, "ghost", "sender", "", tunnel.UnknownNode, "sender ghost has no Node"},
 		{pools, "ghost", "", "", tunnel.UnknownNode, "ghost has no Node"},
-		{pools, "loner", "delegated node", "", tunnel.NotInPool, "delegated node loner has no " + poolstore.PoolLabel + " label"},
+		{pools, "loner", "delegated node", "", tunnel.NotInPool, "delegated node loner has no " + openyurt.PoolLabel + " label"},
 		{memPools{err: errors.New("not synced")}, "edge-1", "sender", "", tunnel.Unavailable, "pool of sender edge-1: not synced"},
 	} {
 		got, err := Checker{Nodes: tc.nodes}.PoolOf(ctx, tc.node, tc.role)
@@ -99,7 +100,7 @@ func TestMember(t *testing.T) {
 	}{
 		{"edge-1", "shop", tunnel.OK, ""},
 		{"yard-1", "shop", tunnel.OtherPool, `yard-1 is in pool "yard", not "shop"`},
-		{"loner", "shop", tunnel.NotInPool, "loner has no " + poolstore.PoolLabel + " label"},
+		{"loner", "shop", tunnel.NotInPool, "loner has no " + openyurt.PoolLabel + " label"},
 		{"ghost", "shop", tunnel.UnknownNode, "ghost has no Node"},
 	} {
 		err := Checker{Nodes: pools}.Member(ctx, tc.node, tc.pool)
@@ -111,10 +112,10 @@ func TestLeader(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	records := memRecords{cms: map[string]*corev1.ConfigMap{
-		poolstore.ElectionRecordName("shop"): electionRecord(t, "shop", "edge-1", t0),
-		poolstore.ElectionRecordName("yard"): electionRecord(t, "yard", "", t0), // released
+		record.ElectionName("shop"): electionRecord(t, "shop", "edge-1", t0),
+		record.ElectionName("yard"): electionRecord(t, "yard", "", t0), // released
 	}}
-	ref := poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("shop")
+	ref := record.Namespace + "/" + record.ElectionName("shop")
 	for _, tc := range []struct {
 		name         string
 		records      memRecords
@@ -129,9 +130,9 @@ func TestLeader(t *testing.T) {
 		{"holder, at expiry", records, "edge-1", "shop", t0.Add(15 * time.Second), tunnel.LeaderExpired,
 			"election record " + ref + " expired at 2025-03-01T12:00:15Z (now 2025-03-01T12:00:15Z)"},
 		{"no record", records, "edge-1", "depot", t0, tunnel.NotLeader,
-			"pool depot has no leader (election record " + poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("depot") + ")"},
+			"pool depot has no leader (election record " + record.Namespace + "/" + record.ElectionName("depot") + ")"},
 		{"released record", records, "yard-1", "yard", t0, tunnel.NotLeader,
-			"pool yard has no leader (election record " + poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("yard") + ")"},
+			"pool yard has no leader (election record " + record.Namespace + "/" + record.ElectionName("yard") + ")"},
 		{"apiserver error", memRecords{err: errors.New("connection refused")}, "edge-1", "shop", t0, tunnel.Unavailable,
 			"read election record " + ref + ": connection refused"},
 	} {

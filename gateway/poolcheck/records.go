@@ -15,17 +15,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // ErrRecordsNotSynced is RecordCache's answer before its informer has
 // synced: Checker.Leader turns it into tunnel.Unavailable.
 var ErrRecordsNotSynced = errors.New("election record informer not synced yet")
 
-// RecordCache serves the ConfigMaps of poolstore.RecordNamespace, where the
+// RecordCache serves the ConfigMaps of record.Namespace, where the
 // election records are, from an informer: Checker.Leader costs no GET. It
-// is a poolstore.ConfigMapGetter; its objects are trimmed to what
-// poolstore.ReadElection reads (name, version, the election annotation),
+// is a record.ConfigMapGetter; its objects are trimmed to what
+// record.ReadLeader reads (name, version, the election annotation),
 // so they may not be the base of a write.
 //
 // The namespace is watched whole: the records carry no label, and a field
@@ -42,7 +42,7 @@ type RecordCache struct {
 	ran    atomic.Bool
 }
 
-var _ poolstore.ConfigMapGetter = (*RecordCache)(nil)
+var _ record.ConfigMapGetter = (*RecordCache)(nil)
 
 // NewRecordCache returns a RecordCache reading with client; call Run to
 // start it. resync is the informer's resync period (0: none); log nil
@@ -60,7 +60,7 @@ func (c *RecordCache) Run(ctx context.Context) error {
 	if c.ran.Swap(true) {
 		return errors.New("poolcheck: RecordCache.Run called twice")
 	}
-	inf := coreinformers.NewConfigMapInformer(c.client, poolstore.RecordNamespace, c.resync, cache.Indexers{})
+	inf := coreinformers.NewConfigMapInformer(c.client, record.Namespace, c.resync, cache.Indexers{})
 	if err := inf.SetTransform(trimRecord); err != nil {
 		return fmt.Errorf("set election record transform: %w", err)
 	}
@@ -71,7 +71,7 @@ func (c *RecordCache) Run(ctx context.Context) error {
 		defer close(ran)
 		inf.RunWithContext(ctx)
 	}()
-	c.log.Info("watching election records", "namespace", poolstore.RecordNamespace)
+	c.log.Info("watching election records", "namespace", record.Namespace)
 	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		c.synced.Store(true)
 		close(c.done)
@@ -99,7 +99,7 @@ func (c *RecordCache) Ready() error {
 	return nil
 }
 
-// Get implements poolstore.ConfigMapGetter from the informer's store: a
+// Get implements record.ConfigMapGetter from the informer's store: a
 // NotFound error when there is no such ConfigMap, ErrRecordsNotSynced
 // before the informer has synced. The object is the store's trimmed copy
 // (see RecordCache); the caller must not change it.
@@ -107,7 +107,7 @@ func (c *RecordCache) Get(_ context.Context, name string, _ metav1.GetOptions) (
 	if !c.synced.Load() {
 		return nil, ErrRecordsNotSynced
 	}
-	obj, ok, err := (*c.store.Load()).GetByKey(poolstore.RecordNamespace + "/" + name)
+	obj, ok, err := (*c.store.Load()).GetByKey(record.Namespace + "/" + name)
 	if err != nil {
 		return nil, fmt.Errorf("election record cache: %w", err)
 	}
@@ -117,7 +117,7 @@ func (c *RecordCache) Get(_ context.Context, name string, _ metav1.GetOptions) (
 	return obj.(*corev1.ConfigMap), nil
 }
 
-// trimRecord keeps what poolstore.ReadElection reads, so that the cache
+// trimRecord keeps what record.ReadLeader reads, so that the cache
 // holds no data, labels or managed fields.
 func trimRecord(obj any) (any, error) {
 	cm, ok := obj.(*corev1.ConfigMap)
@@ -130,8 +130,8 @@ func trimRecord(obj any) (any, error) {
 		UID:             cm.UID,
 		ResourceVersion: cm.ResourceVersion,
 	}}
-	if rec, ok := cm.Annotations[poolstore.ElectionAnnotation]; ok {
-		out.Annotations = map[string]string{poolstore.ElectionAnnotation: rec}
+	if rec, ok := cm.Annotations[record.ElectionAnnotation]; ok {
+		out.Annotations = map[string]string{record.ElectionAnnotation: rec}
 	}
 	return out, nil
 }

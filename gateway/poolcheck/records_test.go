@@ -14,7 +14,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/internal/pooltest"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -44,7 +44,7 @@ func TestRecordCache(t *testing.T) {
 	}
 	rc := NewRecordCache(client, 0, nil)
 	check := Checker{Nodes: pools, Records: rc}
-	ref := poolstore.RecordNamespace + "/" + poolstore.ElectionRecordName("shop")
+	ref := record.Namespace + "/" + record.ElectionName("shop")
 
 	// Not synced: Unavailable, not ready.
 	if rc.Ready() == nil {
@@ -91,22 +91,22 @@ func TestRecordCache(t *testing.T) {
 	}
 
 	// Trimmed: the election annotation and the identity, nothing else.
-	cms := pc.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace)
-	syncRec := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: poolstore.SyncRecordName("shop"), Labels: map[string]string{"a": "b"}},
-		Data: poolstore.SyncRecord{HolderIdentity: "edge-1", RenewTime: time.Now(), LeaseDurationSeconds: 15}.Data()}
+	cms := pc.Client.CoreV1().ConfigMaps(record.Namespace)
+	syncRec := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.SyncName("shop"), Labels: map[string]string{"a": "b"}},
+		Data: record.Sync{HolderIdentity: "edge-1", RenewTime: time.Now(), LeaseDurationSeconds: 15}.Data()}
 	if _, err := cms.Create(pc.Ctx, syncRec, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the cache holds the sync record", func() bool {
-		_, err := rc.Get(pc.Ctx, poolstore.SyncRecordName("shop"), metav1.GetOptions{})
+		_, err := rc.Get(pc.Ctx, record.SyncName("shop"), metav1.GetOptions{})
 		return err == nil
 	})
-	got, _ := rc.Get(pc.Ctx, poolstore.SyncRecordName("shop"), metav1.GetOptions{})
+	got, _ := rc.Get(pc.Ctx, record.SyncName("shop"), metav1.GetOptions{})
 	if got.Data != nil || got.Labels != nil || got.Annotations != nil || got.ManagedFields != nil || got.ResourceVersion == "" {
 		t.Errorf("cached sync record not trimmed: %+v", got)
 	}
-	got, err = rc.Get(pc.Ctx, poolstore.ElectionRecordName("shop"), metav1.GetOptions{})
-	if err != nil || len(got.Annotations) != 1 || got.Annotations[poolstore.ElectionAnnotation] == "" || got.ManagedFields != nil {
+	got, err = rc.Get(pc.Ctx, record.ElectionName("shop"), metav1.GetOptions{})
+	if err != nil || len(got.Annotations) != 1 || got.Annotations[record.ElectionAnnotation] == "" || got.ManagedFields != nil {
 		t.Errorf("cached election record: %+v, %v; want its annotation only", got, err)
 	}
 
@@ -115,11 +115,11 @@ func TestRecordCache(t *testing.T) {
 	testenv.Eventually(t, "the cache sees the release", func() bool {
 		return codeOf(check.Leader(pc.Ctx, "edge-1", "shop", time.Now())) == tunnel.NotLeader
 	})
-	if err := cms.Delete(pc.Ctx, poolstore.ElectionRecordName("shop"), metav1.DeleteOptions{}); err != nil {
+	if err := cms.Delete(pc.Ctx, record.ElectionName("shop"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the cache sees the delete", func() bool {
-		_, err := rc.Get(pc.Ctx, poolstore.ElectionRecordName("shop"), metav1.GetOptions{})
+		_, err := rc.Get(pc.Ctx, record.ElectionName("shop"), metav1.GetOptions{})
 		return err != nil
 	})
 	checkRefusal(t, "Leader after delete", check.Leader(pc.Ctx, "edge-1", "shop", time.Now()), tunnel.NotLeader,

@@ -53,14 +53,14 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/internal/openyurt"
 )
 
 // DefaultThreshold is how many annotated renewals in a row taint a node.
 const DefaultThreshold = 4
 
 // Taint is the taint the controller sets and clears.
-var Taint = corev1.Taint{Key: poolstore.UnschedulableTaintKey, Value: "true", Effect: corev1.TaintEffectNoSchedule}
+var Taint = corev1.Taint{Key: openyurt.UnschedulableTaintKey, Value: "true", Effect: corev1.TaintEffectNoSchedule}
 
 // Options configure New.
 type Options struct {
@@ -187,7 +187,7 @@ func (c *Controller) observe(obj any) {
 	if !ok || l.Spec.RenewTime == nil {
 		return
 	}
-	annotated := l.Annotations[poolstore.DelegateHeartbeatAnnotation] == "true"
+	annotated := l.Annotations[openyurt.DelegateHeartbeatAnnotation] == "true"
 	c.mu.Lock()
 	s := c.streaks[l.Name]
 	if s == nil {

@@ -16,8 +16,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
 )
 
 // other is a taint of someone else's, which the controller must keep.
@@ -98,9 +98,9 @@ func (f *fixture) renew(node string, annotated bool) {
 	}
 	l.Spec.RenewTime = ptr.To(metav1.NewMicroTime(at))
 	if annotated {
-		l.Annotations = map[string]string{poolstore.DelegateHeartbeatAnnotation: "true"}
+		l.Annotations = map[string]string{openyurt.DelegateHeartbeatAnnotation: "true"}
 	} else {
-		delete(l.Annotations, poolstore.DelegateHeartbeatAnnotation)
+		delete(l.Annotations, openyurt.DelegateHeartbeatAnnotation)
 	}
 	if l.ResourceVersion == "" {
 		_, err = leases.Create(f.ctx, l, metav1.CreateOptions{})

@@ -29,6 +29,7 @@ var rules = []rule{
 	{"netrules/...", []string{"gateway/...", "edgeproxy/...", "internal/cli", "poolstore/..."}, "netrules knows nothing of the programs that use it", nil},
 	{"poolstore/...", []string{"gateway/...", "edgeproxy/...", "internal/cli"}, "poolstore knows nothing of the programs that use it (it takes their parts as small interfaces)", nil},
 	{"internal/openyurt", []string{"..."}, "the shared names are a leaf: every layer may import them", nil},
+	{"poolstore/record", []string{"..."}, "the pool's record contract is a leaf: the gateway links it without the pool's store, bbolt or serving", nil},
 	{"internal/statusapi", []string{"..."}, "the /status contract is a leaf: the programs fill it and its readers import it alone", nil},
 	{"internal/localapi", []string{"gateway/...", "edgeproxy/...", "poolstore/...", "internal/cli"}, "serving kube-apiserver reads from a local store is one engine that the offline cache and the pool replica both use: it knows neither program nor either store", nil},
 	{"internal/promreg", []string{"..."}, "registering a part's metrics is a leaf: every layer may import it", nil},
@@ -36,12 +37,12 @@ var rules = []rule{
 	{"cmd/tetherctl", []string{"gateway/...", "edgeproxy/..."}, "tetherctl reads the programs' /status through internal/statusapi: " +
 		"importing a program would link it into the operator's tool and let the contract follow its internals " +
 		"(gateway/selfca, a leaf, names the self-managed CA's files that `tetherctl ca` reads)", []string{"gateway/selfca"}},
-	{"...", []string{"internal/testenv", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest"}, "no production package imports test support", nil},
+	{"...", []string{"internal/testenv", "internal/deptest", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest"}, "no production package imports test support", nil},
 }
 
 // exempt lists packages whose whole job is to drive the others in tests
 // and benchmarks.
-var exempt = []string{"e2e/...", "internal/testenv/...", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest", "internal/layering", "tools/..."}
+var exempt = []string{"e2e/...", "internal/testenv/...", "internal/deptest", "gateway/internal/edgetest", "gateway/internal/metrictest", "gateway/internal/pooltest", "internal/layering", "tools/..."}
 
 type pkg struct {
 	ImportPath string
@@ -125,6 +126,8 @@ func TestLayeringCatchesAWrongArrow(t *testing.T) {
 		{"internal/localapi", "edgeproxy/cache", true},
 		{"poolstore", "internal/localapi", false},
 		{"edgeproxy/apiproxy", "internal/localapi", false},
+		{"poolstore/record", "internal/kube", true},
+		{"gateway/election", "poolstore/record", false},
 		{"tunnel", "internal/promreg", false},
 		{"internal/promreg", "internal/kube", true},
 	} {

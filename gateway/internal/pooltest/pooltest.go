@@ -19,8 +19,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/openyurt"
 	"github.com/tether-edge/tether/internal/testenv"
-	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // Options configure Start.
@@ -74,7 +76,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	// The gateway's RBAC is seen by the authorizer a moment after it is
 	// stored.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, err := gw.CoreV1().ConfigMaps(poolstore.RecordNamespace).Get(ctx, "none", metav1.GetOptions{})
+		_, err := gw.CoreV1().ConfigMaps(record.Namespace).Get(ctx, "none", metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			break
 		}
@@ -88,7 +90,7 @@ func Start(t testing.TB, o Options) *Cluster {
 			n.Labels[k] = v
 		}
 		if pool != "" {
-			n.Labels[poolstore.PoolLabel] = pool
+			n.Labels[openyurt.PoolLabel] = pool
 		}
 		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -113,7 +115,7 @@ func (c *Cluster) Elect(pool, node string) (stop func()) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	e, err := poolstore.NewElector(poolstore.ElectionOptions{Client: client, Pool: pool, Node: node})
+	e, err := elect.New(elect.Options{Client: client, Pool: pool, Node: node})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -132,7 +134,7 @@ func (c *Cluster) Elect(pool, node string) (stop func()) {
 	}
 	c.t.Cleanup(stop)
 	poll(c.t, node+" leads "+pool, func() bool {
-		el, err := poolstore.ReadElection(c.Ctx, c.Client.CoreV1().ConfigMaps(poolstore.RecordNamespace), pool)
+		el, err := record.ReadLeader(c.Ctx, c.Client.CoreV1().ConfigMaps(record.Namespace), pool)
 		return err == nil && el.Holder == node
 	})
 	return stop

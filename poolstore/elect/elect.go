@@ -1,4 +1,9 @@
-package poolstore
+// Package elect is a node pool's leader election: client-go's, on the
+// narrow client (internal/kube) and on the pool's election record
+// (poolstore/record), which nodes read and a record.Writer writes on
+// their behalf. poolstore's Pool runs an Elector; whoever holds the
+// record leads the pool.
+package elect
 
 import (
 	"bytes"
@@ -15,20 +20,21 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
-// ElectionOptions configure an Elector. The durations default to 15 s,
+// Options configure an Elector. The durations default to 15 s,
 // 10 s and 2 s (client-go's leader election defaults); LeaseDuration must
 // exceed RenewDeadline, and RenewDeadline RetryPeriod*1.2, as client-go
 // requires.
-type ElectionOptions struct {
+type Options struct {
 	// Client reaches the cloud apiserver with the node's identity: it
 	// reads the record.
 	Client *kube.Client
 	// Records writes the record on this node's behalf (tether-edge: the
 	// gateway, through the tunnel). nil: Client writes it, which needs
 	// RBAC that the shipped pool-rbac.yaml does not give nodes.
-	Records RecordWriter
+	Records record.Writer
 	// FollowOnly makes an Elector that only reads the record, to know the
 	// leader, and never campaigns: a node with no way to write it.
 	FollowOnly bool
@@ -52,7 +58,7 @@ type ElectionOptions struct {
 const jitterFactor = 1.2
 
 // Elector runs the pool's leader election on the record
-// RecordNamespace/ElectionRecordName(pool) in the cloud: only a node that reaches
+// record.Namespace/record.ElectionName(pool) in the cloud: only a node that reaches
 // the cloud can hold it. See lock.go for why the record is a ConfigMap.
 //
 // It is client-go's leader election (tools/leaderelection), on the same
@@ -77,18 +83,18 @@ const jitterFactor = 1.2
 //     returned, and only if the record still names this node.
 //
 // The record is read with the node's identity and written by a
-// RecordWriter (ElectionOptions.Records; see lock.go for why nodes do not
+// record.Writer (Options.Records; see lock.go for why nodes do not
 // write it themselves). With FollowOnly the Elector reads the record at
 // every try, to know the leader, and never writes it.
 type Elector struct {
-	o     ElectionOptions
+	o     Options
 	lock  *recordLock
 	clock clock.Clock
 
 	// The record as this campaign saw it (Run's alone): observedTime is
 	// when, by e.clock, it was last seen to change; reported the holder
 	// last reported to Leader.
-	observed     ElectionRecord
+	observed     record.Election
 	observedRaw  []byte
 	observedTime time.Time
 	reported     string
@@ -100,21 +106,21 @@ type Elector struct {
 }
 
 // NewElector checks o and returns an Elector; Run runs it.
-func NewElector(o ElectionOptions) (*Elector, error) {
+func New(o Options) (*Elector, error) {
 	if o.Client == nil {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
-	cms := o.Client.ConfigMaps(RecordNamespace)
+	cms := o.Client.ConfigMaps(record.Namespace)
 	w := o.Records
 	if w == nil {
-		w = ClientRecords{ConfigMaps: cms}
+		w = record.ClientWriter{ConfigMaps: cms}
 	}
 	return newElector(o, cms, w, clock.RealClock{})
 }
 
 // newElector is NewElector reading the record with get and writing it
 // with w, on clk.
-func newElector(o ElectionOptions, get ConfigMapGetter, w RecordWriter, clk clock.Clock) (*Elector, error) {
+func newElector(o Options, get record.ConfigMapGetter, w record.Writer, clk clock.Clock) (*Elector, error) {
 	if o.Pool == "" || o.Node == "" {
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
@@ -136,7 +142,7 @@ func newElector(o ElectionOptions, get ConfigMapGetter, w RecordWriter, clk cloc
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Elector{o: o, lock: &recordLock{get: get, w: w, pool: o.Pool, name: ElectionRecordName(o.Pool)}, clock: clk,
+	return &Elector{o: o, lock: &recordLock{get: get, w: w, pool: o.Pool, name: record.ElectionName(o.Pool)}, clock: clk,
 		changed: make(chan struct{})}, nil
 }
 
@@ -149,7 +155,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context)) error
 	for ctx.Err() == nil {
 		// Each campaign starts from nothing seen, as a new client-go
 		// LeaderElector does: a holder is given a full LeaseDuration.
-		e.observed, e.observedRaw, e.observedTime, e.reported = ElectionRecord{}, nil, time.Time{}, ""
+		e.observed, e.observedRaw, e.observedTime, e.reported = record.Election{}, nil, time.Time{}, ""
 		if !e.acquire(ctx) {
 			break
 		}
@@ -226,7 +232,7 @@ func (e *Elector) renew(ctx context.Context) bool {
 // LeaderElector.tryAcquireOrRenew.
 func (e *Elector) tryAcquireOrRenew(ctx context.Context) bool {
 	now := metav1.NewTime(e.clock.Now())
-	rec := ElectionRecord{HolderIdentity: e.o.Node, LeaseDurationSeconds: int(e.o.LeaseDuration / time.Second),
+	rec := record.Election{HolderIdentity: e.o.Node, LeaseDurationSeconds: int(e.o.LeaseDuration / time.Second),
 		AcquireTime: now, RenewTime: now}
 
 	// The leader first writes on the ConfigMap it last wrote, saving a
@@ -297,7 +303,7 @@ func (e *Elector) release() {
 		return
 	}
 	now := metav1.NewTime(e.clock.Now())
-	rec := ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now, LeaderTransitions: old.LeaderTransitions}
+	rec := record.Election{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now, LeaderTransitions: old.LeaderTransitions}
 	if err := e.lock.update(ctx, rec); err != nil {
 		e.o.Logger.Warn("pool leader: election record not released", "record", e.lock.String(), "err", err)
 		return
@@ -306,7 +312,7 @@ func (e *Elector) release() {
 }
 
 // observe records rec as seen now.
-func (e *Elector) observe(rec ElectionRecord) {
+func (e *Elector) observe(rec record.Election) {
 	e.observed = rec
 	e.observedTime = e.clock.Now()
 }
@@ -360,4 +366,19 @@ func (e *Elector) Changed() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.changed
+}
+
+// sleep waits d by clk, or until ctx ends (false).
+func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
 }

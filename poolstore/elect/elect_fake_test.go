@@ -1,4 +1,4 @@
-package poolstore
+package elect
 
 import (
 	"context"
@@ -13,9 +13,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testclock "k8s.io/utils/clock/testing"
+
+	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
-// memConfigMaps is the ConfigMaps of RecordNamespace in memory, with the
+// memConfigMaps is the ConfigMaps of record.Namespace in memory, with the
 // apiserver's resourceVersion checks; while down, every call fails.
 type memConfigMaps struct {
 	mu   sync.Mutex
@@ -25,8 +28,8 @@ type memConfigMaps struct {
 }
 
 var (
-	_ ConfigMapGetter = (*memConfigMaps)(nil)
-	_ ConfigMapWriter = (*memConfigMaps)(nil)
+	_ record.ConfigMapGetter = (*memConfigMaps)(nil)
+	_ record.ConfigMapWriter = (*memConfigMaps)(nil)
 )
 
 var configMapsResource = corev1.Resource("configmaps")
@@ -90,7 +93,7 @@ func (m *memConfigMaps) setDown(down bool) {
 }
 
 // put writes pool p1's record as another node would.
-func (m *memConfigMaps) put(t *testing.T, rec ElectionRecord) {
+func (m *memConfigMaps) put(t *testing.T, rec record.Election) {
 	t.Helper()
 	raw, err := json.Marshal(rec)
 	if err != nil {
@@ -98,20 +101,20 @@ func (m *memConfigMaps) put(t *testing.T, rec ElectionRecord) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1"), Namespace: RecordNamespace,
-		Annotations: map[string]string{ElectionAnnotation: string(raw)}}})
+	m.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("p1"), Namespace: record.Namespace,
+		Annotations: map[string]string{record.ElectionAnnotation: string(raw)}}})
 }
 
 // record is pool p1's record.
-func (m *memConfigMaps) record(t *testing.T) ElectionRecord {
+func (m *memConfigMaps) record(t *testing.T) record.Election {
 	t.Helper()
 	m.mu.Lock()
-	cm, ok := m.cms[ElectionRecordName("p1")]
+	cm, ok := m.cms[record.ElectionName("p1")]
 	m.mu.Unlock()
 	if !ok {
 		t.Fatal("no election record")
 	}
-	rec, _, err := decodeRecord(cm)
+	rec, err := record.DecodeElection(cm)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,11 +141,11 @@ type fakeElection struct {
 
 func startFake(t *testing.T, cms *memConfigMaps, node string) *fakeElection {
 	t.Helper()
-	return startFakeWith(t, cms, ElectionOptions{Pool: "p1", Node: node}, ClientRecords{cms})
+	return startFakeWith(t, cms, Options{Pool: "p1", Node: node}, record.ClientWriter{ConfigMaps: cms})
 }
 
 // startFakeWith is startFake with options o, writing the record with w.
-func startFakeWith(t *testing.T, cms *memConfigMaps, o ElectionOptions, w RecordWriter) *fakeElection {
+func startFakeWith(t *testing.T, cms *memConfigMaps, o Options, w record.Writer) *fakeElection {
 	t.Helper()
 	clk := testclock.NewFakeClock(t0)
 	e, err := newElector(o, cms, w, clk)
@@ -174,18 +177,14 @@ func startFakeWith(t *testing.T, cms *memConfigMaps, o ElectionOptions, w Record
 // returned).
 func (f *fakeElection) settle() {
 	f.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !f.clk.HasWaiters() {
+	testenv.Eventually(f.t, "the elector waits on its clock", func() bool {
 		select {
 		case <-f.done:
-			return
+			return true
 		default:
+			return f.clk.HasWaiters()
 		}
-		if time.Now().After(deadline) {
-			f.t.Fatal("the elector does not wait on its clock")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	})
 }
 
 // step advances the clock by d and lets the elector act on it.
@@ -211,7 +210,7 @@ func (f *fakeElection) wantLeader(leader string, leading bool) {
 	}
 }
 
-func wantRecord(t *testing.T, cms *memConfigMaps, want ElectionRecord) {
+func wantRecord(t *testing.T, cms *memConfigMaps, want record.Election) {
 	t.Helper()
 	if diff := cmp.Diff(want, cms.record(t)); diff != "" {
 		t.Fatalf("election record (-want +got):\n%s", diff)
@@ -225,14 +224,14 @@ func TestElectorTakesFreeRecord(t *testing.T) {
 		cms := &memConfigMaps{}
 		f := startFake(t, cms, "a")
 		f.wantLeader("a", true)
-		wantRecord(t, cms, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})
+		wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})
 	})
 	t.Run("released", func(t *testing.T) {
 		cms := &memConfigMaps{}
-		cms.put(t, ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: at(0), RenewTime: at(0), LeaderTransitions: 3})
+		cms.put(t, record.Election{LeaseDurationSeconds: 1, AcquireTime: at(0), RenewTime: at(0), LeaderTransitions: 3})
 		f := startFake(t, cms, "a")
 		f.wantLeader("a", true)
-		wantRecord(t, cms, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0),
+		wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0),
 			LeaderTransitions: 4})
 	})
 }
@@ -244,7 +243,7 @@ func TestElectorWaitsForHolder(t *testing.T) {
 	cms := &memConfigMaps{}
 	// b's clock is an hour behind: its renewTime looks long expired.
 	old := metav1.NewTime(t0.Add(-time.Hour))
-	cms.put(t, ElectionRecord{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: old, RenewTime: old, LeaderTransitions: 2})
+	cms.put(t, record.Election{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: old, RenewTime: old, LeaderTransitions: 2})
 	f := startFake(t, cms, "a")
 	f.wantLeader("b", false)
 	changed := f.e.Changed()
@@ -255,7 +254,7 @@ func TestElectorWaitsForHolder(t *testing.T) {
 	// b renews: a counts its lease duration from when it sees that, at
 	// its next try (+17.6 s).
 	renewed := metav1.NewTime(t0.Add(13 * time.Second).Add(-time.Hour))
-	cms.put(t, ElectionRecord{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: old, RenewTime: renewed, LeaderTransitions: 2})
+	cms.put(t, record.Election{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: old, RenewTime: renewed, LeaderTransitions: 2})
 	for range 4 { // to +30.8 s
 		f.step(maxRetry)
 		f.wantLeader("b", false)
@@ -271,7 +270,7 @@ func TestElectorWaitsForHolder(t *testing.T) {
 		t.Fatal("Changed not closed")
 	}
 	took := at(35200 * time.Millisecond)
-	wantRecord(t, cms, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: took, RenewTime: took,
+	wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: took, RenewTime: took,
 		LeaderTransitions: 3})
 }
 
@@ -285,10 +284,10 @@ func TestElectorRenewsAndReleases(t *testing.T) {
 	for i := range 5 {
 		f.step(2 * time.Second)
 		d := time.Duration(i+1) * 2 * time.Second
-		wantRecord(t, cms, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(d)})
+		wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(d)})
 	}
 	f.stop()
-	wantRecord(t, cms, ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: at(10 * time.Second), RenewTime: at(10 * time.Second)})
+	wantRecord(t, cms, record.Election{LeaseDurationSeconds: 1, AcquireTime: at(10 * time.Second), RenewTime: at(10 * time.Second)})
 	f.wantLeader("", false)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -328,13 +327,13 @@ func TestElectorLosesLeadership(t *testing.T) {
 	cms.setDown(false)
 	f.step(maxRetry)
 	f.wantLeader("a", true)
-	waitFor(t, 5*time.Second, "lead runs again", func() bool {
+	testenv.EventuallyWithin(t, 5*time.Second, "lead runs again", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.terms == 2 && !f.termOver
 	})
 	// The first term's acquireTime, no transition.
-	wantRecord(t, cms, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0),
+	wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0),
 		RenewTime: at(12*time.Second + maxRetry)})
 }
 
@@ -342,18 +341,18 @@ func TestElectorLosesLeadership(t *testing.T) {
 // read it is based on, so a concurrent writer's makes it fail.
 func TestRecordLockConflict(t *testing.T) {
 	cms := &memConfigMaps{}
-	cms.put(t, ElectionRecord{})
-	a := &recordLock{get: cms, w: ClientRecords{cms}, pool: "p1", name: ElectionRecordName("p1")}
-	b := &recordLock{get: cms, w: ClientRecords{cms}, pool: "p1", name: ElectionRecordName("p1")}
+	cms.put(t, record.Election{})
+	a := &recordLock{get: cms, w: record.ClientWriter{ConfigMaps: cms}, pool: "p1", name: record.ElectionName("p1")}
+	b := &recordLock{get: cms, w: record.ClientWriter{ConfigMaps: cms}, pool: "p1", name: record.ElectionName("p1")}
 	for _, l := range []*recordLock{a, b} {
 		if _, _, err := l.read(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := a.update(context.Background(), ElectionRecord{HolderIdentity: "a"}); err != nil {
+	if err := a.update(context.Background(), record.Election{HolderIdentity: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.update(context.Background(), ElectionRecord{HolderIdentity: "b"}); !apierrors.IsConflict(err) {
+	if err := b.update(context.Background(), record.Election{HolderIdentity: "b"}); !apierrors.IsConflict(err) {
 		t.Fatalf("second update: %v; want a conflict", err)
 	}
 	if got := cms.record(t).HolderIdentity; got != "a" {
@@ -372,35 +371,11 @@ func TestNewElectorTimings(t *testing.T) {
 		{15 * time.Second, 10 * time.Second, 9 * time.Second, false},
 		{5 * time.Second, 0, 0, false}, // renew deadline's default is 10 s
 	} {
-		_, err := newElector(ElectionOptions{Pool: "p1", Node: "a", LeaseDuration: tc.lease, RenewDeadline: tc.renew,
-			RetryPeriod: tc.retry}, &memConfigMaps{}, ClientRecords{&memConfigMaps{}}, testclock.NewFakeClock(t0))
+		_, err := newElector(Options{Pool: "p1", Node: "a", LeaseDuration: tc.lease, RenewDeadline: tc.renew,
+			RetryPeriod: tc.retry}, &memConfigMaps{}, record.ClientWriter{ConfigMaps: &memConfigMaps{}}, testclock.NewFakeClock(t0))
 		if (err == nil) != tc.ok {
 			t.Errorf("%v/%v/%v: %v", tc.lease, tc.renew, tc.retry, err)
 		}
-	}
-}
-
-// TestReadElection reads a record as client-go's leader election writes
-// it, strategy and preferredHolder included.
-func TestReadElection(t *testing.T) {
-	cms := &memConfigMaps{}
-	if _, err := ReadElection(context.Background(), cms, "p1"); !apierrors.IsNotFound(err) {
-		t.Fatalf("no record: %v; want not found", err)
-	}
-	raw := `{"holderIdentity":"b","leaseDurationSeconds":15,"acquireTime":"2025-06-01T11:00:00Z","renewTime":"2025-06-01T12:00:00Z","leaderTransitions":4,"strategy":"","preferredHolder":""}`
-	cms.store(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ElectionRecordName("p1"), Namespace: RecordNamespace,
-		Annotations: map[string]string{ElectionAnnotation: raw}}})
-	el, err := ReadElection(context.Background(), cms, "p1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := Election{Holder: "b", Renewed: t0, Expires: t0.Add(15 * time.Second)}
-	if !el.Renewed.Equal(want.Renewed) || !el.Expires.Equal(want.Expires) || el.Holder != want.Holder {
-		t.Fatalf("ReadElection = %+v; want %+v", el, want)
-	}
-	cms.put(t, ElectionRecord{LeaseDurationSeconds: 1, AcquireTime: at(0), RenewTime: at(0), LeaderTransitions: 4})
-	if _, err := ReadElection(context.Background(), cms, "p1"); !apierrors.IsNotFound(err) {
-		t.Fatalf("released record: %v; want not found", err)
 	}
 }
 
@@ -408,12 +383,12 @@ func TestReadElection(t *testing.T) {
 // does not release the record another node has taken since.
 func TestElectorReleasesOnlyItsOwn(t *testing.T) {
 	cms := &memConfigMaps{}
-	e, err := newElector(ElectionOptions{Pool: "p1", Node: "a"}, cms, ClientRecords{cms}, testclock.NewFakeClock(t0))
+	e, err := newElector(Options{Pool: "p1", Node: "a"}, cms, record.ClientWriter{ConfigMaps: cms}, testclock.NewFakeClock(t0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.observe(ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15}) // a's last write
-	b := ElectionRecord{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0), LeaderTransitions: 1}
+	e.observe(record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15}) // a's last write
+	b := record.Election{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0), LeaderTransitions: 1}
 	cms.put(t, b)
 	e.release()
 	wantRecord(t, cms, b)

@@ -1,4 +1,4 @@
-package poolstore
+package elect
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // gatewayRecords stands for the gateway: it writes the records into cms
@@ -20,20 +22,20 @@ type gatewayRecords struct {
 
 	mu          sync.Mutex
 	unreachable bool
-	writes      []RecordWrite
+	writes      []record.Write
 }
 
 var errNoGateway = errors.New("not connected to any gateway")
 
-func (g *gatewayRecords) WriteRecord(ctx context.Context, w RecordWrite) (*corev1.ConfigMap, error) {
+func (g *gatewayRecords) WriteRecord(ctx context.Context, w record.Write) (*corev1.ConfigMap, error) {
 	g.mu.Lock()
-	g.writes = append(g.writes, RecordWrite{Kind: w.Kind, Pool: w.Pool, Create: w.Create, ConfigMap: w.ConfigMap.DeepCopy()})
+	g.writes = append(g.writes, record.Write{Kind: w.Kind, Pool: w.Pool, Create: w.Create, ConfigMap: w.ConfigMap.DeepCopy()})
 	down := g.unreachable
 	g.mu.Unlock()
 	if down {
 		return nil, errNoGateway
 	}
-	return ClientRecords{g.cms}.WriteRecord(ctx, w)
+	return record.ClientWriter{ConfigMaps: g.cms}.WriteRecord(ctx, w)
 }
 
 func (g *gatewayRecords) setUnreachable(v bool) {
@@ -60,14 +62,14 @@ func (g *gatewayRecords) written() []string {
 }
 
 // TestElectorWritesThroughRecords: every write of the record goes through
-// the RecordWriter, as the pool's election record, each update on the
+// the record.Writer, as the pool's election record, each update on the
 // resourceVersion last stored; when the writer fails (no gateway) while
 // the record can still be read, the leader stops leading RenewDeadline
 // later, and leads again once writes go through.
 func TestElectorWritesThroughRecords(t *testing.T) {
 	cms := &memConfigMaps{}
 	gw := &gatewayRecords{cms: cms}
-	f := startFakeWith(t, cms, ElectionOptions{Pool: "p1", Node: "a"}, gw)
+	f := startFakeWith(t, cms, Options{Pool: "p1", Node: "a"}, gw)
 	f.wantLeader("a", true)
 	f.step(2 * time.Second)
 	f.step(2 * time.Second)
@@ -78,7 +80,7 @@ func TestElectorWritesThroughRecords(t *testing.T) {
 	if diff := cmp.Diff(want, gw.written()); diff != "" {
 		t.Fatalf("writes (-want +got):\n%s", diff)
 	}
-	wantRecord(t, cms, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(4 * time.Second)})
+	wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(4 * time.Second)})
 
 	gw.setUnreachable(true)
 	for range 5 { // +6 s to +14 s: renewals fail within the deadline
@@ -101,15 +103,15 @@ func TestElectorWritesThroughRecords(t *testing.T) {
 func TestElectorFollowOnly(t *testing.T) {
 	cms := &memConfigMaps{}
 	gw := &gatewayRecords{cms: cms}
-	f := startFakeWith(t, cms, ElectionOptions{Pool: "p1", Node: "a", FollowOnly: true}, gw)
+	f := startFakeWith(t, cms, Options{Pool: "p1", Node: "a", FollowOnly: true}, gw)
 	for range 3 {
 		f.step(maxRetry)
 		f.wantLeader("", false)
 	}
-	if _, err := cms.Get(context.Background(), ElectionRecordName("p1"), metav1.GetOptions{}); err == nil {
+	if _, err := cms.Get(context.Background(), record.ElectionName("p1"), metav1.GetOptions{}); err == nil {
 		t.Fatal("a follower created the election record")
 	}
-	cms.put(t, ElectionRecord{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})
+	cms.put(t, record.Election{HolderIdentity: "b", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})
 	f.step(maxRetry)
 	f.wantLeader("b", false)
 	// Long expired, or naming this node: still not written.
@@ -117,7 +119,7 @@ func TestElectorFollowOnly(t *testing.T) {
 		f.step(maxRetry)
 	}
 	f.wantLeader("b", false)
-	cms.put(t, ElectionRecord{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})
+	cms.put(t, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: at(0), RenewTime: at(0)})
 	for range 10 {
 		f.step(maxRetry)
 	}
