@@ -17,6 +17,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
+	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 )
@@ -187,37 +188,36 @@ const findLeaderEvery = 2 * time.Second
 // the replication stream is down: a peer that says it leads itself, with
 // the newest sync, is followed.
 func (p *Pool) findLeader(ctx context.Context) {
-	t := time.NewTicker(findLeaderEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if p.o.CloudHealthy() {
-			p.setHint("")
+	ticker.Every(ctx, nil, findLeaderEvery, func() bool {
+		p.askPeersForLeader(ctx)
+		return true
+	})
+}
+
+// askPeersForLeader is one round of findLeader.
+func (p *Pool) askPeersForLeader(ctx context.Context) {
+	if p.o.CloudHealthy() {
+		p.setHint("")
+		return
+	}
+	if p.follower.Status().Connected || p.Leader() == p.o.Self {
+		return
+	}
+	var best LeaderInfo
+	for _, node := range p.o.Peers() {
+		if node == p.o.Self {
 			continue
 		}
-		if p.follower.Status().Connected || p.Leader() == p.o.Self {
+		info, err := p.follower.Client().AskLeader(ctx, node)
+		if err != nil {
 			continue
 		}
-		var best LeaderInfo
-		for _, node := range p.o.Peers() {
-			if node == p.o.Self {
-				continue
-			}
-			info, err := p.follower.Client().AskLeader(ctx, node)
-			if err != nil {
-				continue
-			}
-			if info.Leader == info.Node && info.SyncedAt.After(best.SyncedAt) {
-				best = info
-			}
+		if info.Leader == info.Node && info.SyncedAt.After(best.SyncedAt) {
+			best = info
 		}
-		if best.Node != "" {
-			p.setHint(best.Node)
-		}
+	}
+	if best.Node != "" {
+		p.setHint(best.Node)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/statusapi"
+	"github.com/tether-edge/tether/internal/ticker"
 )
 
 // FollowerOptions configure a Follower. PeerConfig, Store and Leader are
@@ -276,30 +277,24 @@ func (f *Follower) follow(ctx context.Context, leader string) error {
 // watch ends the stream (cancel) when the leader changes or no frame came
 // for StaleAfter.
 func (f *Follower) watch(ctx context.Context, cancel context.CancelCauseFunc, leader string) {
-	t := f.o.Clock.NewTicker(f.o.CheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
-		}
+	ticker.Every(ctx, f.o.Clock, f.o.CheckInterval, func() bool {
 		if now := f.o.Leader(); now != leader {
 			cancel(fmt.Errorf("%w: from %s to %q", errLeaderChanged, leader, now))
-			return
+			return false
 		}
 		if err := f.checkLeader(leader); err != nil {
 			cancel(err)
-			return
+			return false
 		}
 		f.mu.Lock()
 		last := f.st.LastFrame
 		f.mu.Unlock()
 		if f.o.Clock.Since(last) > f.o.StaleAfter {
 			cancel(fmt.Errorf("%w (%s)", errStale, f.o.StaleAfter))
-			return
+			return false
 		}
-	}
+		return true
+	})
 }
 
 // apply reads frames and applies them to the store until the stream ends

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/tether-edge/tether/internal/openyurt"
+	"github.com/tether-edge/tether/internal/ticker"
 )
 
 // Pool is what the proxy needs of the node pool (package poolstore): the
@@ -65,21 +66,15 @@ func (p *Proxy) whilePoolServes(ctx context.Context, gvr schema.GroupVersionReso
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := p.clock.NewTicker(p.recheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C():
+		ticker.Every(ctx, p.clock, p.recheck, func() bool {
+			if p.pool.Serves(gvr, p.up.Healthy()) {
+				return true
 			}
-			if !p.pool.Serves(gvr, p.up.Healthy()) {
-				p.log.Debug("the pool's replica no longer serves; ending a watch served from it", "resource", gvr.String())
-				p.m.poolWatchesEnded.Inc()
-				cancel()
-				return
-			}
-		}
+			p.log.Debug("the pool's replica no longer serves; ending a watch served from it", "resource", gvr.String())
+			p.m.poolWatchesEnded.Inc()
+			cancel()
+			return false
+		})
 	}()
 	return ctx, func() { cancel(); <-done }
 }

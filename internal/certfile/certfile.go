@@ -30,6 +30,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/tether-edge/tether/internal/ticker"
 )
 
 // Options configure LoadKeyPair and LoadCAs.
@@ -105,19 +107,13 @@ func (k *KeyPair) GetClientCertificate(*tls.CertificateRequestInfo) (*tls.Certif
 // starts: a rotation in between is reported too.
 func (k *KeyPair) Watch(ctx context.Context, interval time.Duration, changed func(*tls.Certificate)) {
 	last := k.loaded
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ticker.Every(ctx, nil, interval, func() bool {
 		if cur, err := k.w.get(); err == nil && cur != last {
 			last = cur
 			changed(cur)
 		}
-	}
+		return true
+	})
 }
 
 // CAs is a bundle of CA certificates read from a PEM file.
