@@ -36,7 +36,7 @@ type serverMetrics struct {
 func newServerMetrics(reg prometheus.Registerer) (*serverMetrics, error) {
 	m := &serverMetrics{
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_pool_peers_refused_total",
-			Help: "Peers the pool listener refused, at the TLS handshake or with 403, by reason."},
+			Help: "Peers the pool listener refused, at the TLS handshake or as forbidden, by reason."},
 			[]string{"reason"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_edge_pool_streams_serving",
 			Help: "Replication streams this node serves now, to followers while it leads."}),
@@ -90,9 +90,9 @@ func newFollowerMetrics(reg prometheus.Registerer) (*followerMetrics, error) {
 		resyncs: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_edge_pool_resyncs_total",
 			Help: "Snapshots of the leader's store loaded into the replica (first sync, new term, fallen behind, gap)."}),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_edge_pool_replica_connected",
-			Help: "1 while the replica streams from the leader, else 0."}),
+			Help: "Whether the replica streams from the leader: one if it does, else zero."}),
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_edge_pool_replica_lag_revisions",
-			Help: "The leader's revision in its last frame minus the replica's (0 when caught up or unknown)."}),
+			Help: "The leader's revision in its last frame minus the replica's; zero when caught up or unknown."}),
 	}
 	for _, t := range frameTypes {
 		m.frames.WithLabelValues(t)
@@ -119,15 +119,15 @@ func newPoolMetrics(reg prometheus.Registerer, p *Pool) (*poolMetrics, error) {
 	}
 	m := &poolMetrics{
 		leader: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_edge_pool_leader",
-			Help: "1 while this node leads its pool."}, role("leader")),
+			Help: "Whether this node leads its pool: one if it does, else zero."}, role("leader")),
 		follower: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_edge_pool_follower",
-			Help: "1 while this node follows a known leader."}, role("follower")),
+			Help: "Whether this node follows a known leader: one if it does, else zero."}, role("follower")),
 		revision: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_edge_pool_revision",
 			Help: "The replica's revision in the current leader's term."}, func() float64 { return float64(p.o.Store.Rev()) }),
 		objects: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_edge_pool_objects",
 			Help: "Objects in the replica."}, func() float64 { return float64(p.o.Store.Len()) }),
 		syncAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_edge_pool_last_sync_age_seconds",
-			Help: "Age of the leader's last sync as the replica knows it, or -1 if it knows none."},
+			Help: "Age of the leader's last sync as the replica knows it; negative if it knows none."},
 			func() float64 {
 				if at := p.o.Store.SyncedAt(); !at.IsZero() {
 					return time.Since(at).Seconds()

@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer, expiry func() float64) (*metrics, err
 		}),
 		expiry: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tether_edge_client_certificate_expiry_timestamp_seconds",
-			Help: "When the node's client certificate obtained through the CSR API expires (Unix time); 0 before the first.",
+			Help: "When the node's client certificate from the CSR API expires, in Unix time; zero before the first.",
 		}, expiry),
 	}
 	if err := promreg.Register(reg, m.renewFailures, m.expiry); err != nil {
