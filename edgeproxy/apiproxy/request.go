@@ -105,6 +105,8 @@ func (p *Proxy) classify(r *http.Request) request {
 		req.kind = kindLease
 	case isStatusWrite(req.Request):
 		req.kind = kindStatus
+	default:
+		req.kind = kindOther
 	}
 	return req
 }
