@@ -486,10 +486,10 @@ func (c *Config) validatePools(p *problems) {
 
 func (c *Config) limitFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxStreamsPerEdge, "max-streams-per-edge", c.MaxStreamsPerEdge, "at most `n` connections relayed at once per edge; more wait a second, then are refused as overloaded. Keep it at most the edges' --max-streams")
-	fs.IntVar(&c.MaxHandshakes, "max-handshakes", c.MaxHandshakes, "work on at most `n` tunnel handshakes at once; more wait, the newest first, and one that waited 3s is refused (its edge dials again in 2 to 4 s, 4 to 8 s after further refusals), so that thousands of edges dialling together, as in a cold start or restart, do not share the CPU so thinly that none finishes in time (README, Sizing). Waiting: tether_gateway_tunnel_handshakes_waiting. 0: no bound")
+	fs.IntVar(&c.MaxHandshakes, "max-handshakes", c.MaxHandshakes, "work on at most `n` tunnel handshakes at once; more wait, the newest first, and one that waited 3s is refused (its edge dials again in 2 to 4 s, 4 to 8 s after further refusals), so that thousands of edges dialling together, as in a cold start or restart, do not share the CPU so thinly that none finishes in time (docs/sizing.md). Waiting: tether_gateway_tunnel_handshakes_waiting. 0: no bound")
 	fs.Var(config.Quantity{Q: &c.MaxReceiveMemory}, "max-receive-memory", "bound the memory that data edges sent and cloud clients have not read yet may take: each tunnel's QUIC receive window starts at 768KiB and grows with fast transfers up to 8MiB, and together they may grow by at most this `size` (such as 256Mi or 2Gi); a tunnel that finds it spent keeps its window, its transfers go on, slower on long paths. Worst case: tunnels x 768KiB + this (tunnel/README.md). 0: no bound (tunnels x 8MiB)")
-	fs.Var(config.Quantity{Q: &c.UDPBuffer}, "udp-buffer", "`size` of the tunnel listener's UDP receive and send buffers (such as 32Mi), where datagrams wait while the gateway is busy, as in a cold start or restart of thousands of edges; set with SO_RCVBUFFORCE when the gateway has CAP_NET_ADMIN, else capped by the kernel at net.core.rmem_max and wmem_max (the gateway warns when it got less; README, Sizing). Drops: tether_gateway_tunnel_udp_drops_total. 0: quic-go's 7Mi")
-	fs.StringVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft `limit` of the Go runtime's own memory (heap and stacks), a quantity such as 1Gi; near it the garbage collector runs more often (never taking more than about half the CPU) instead of letting the heap grow to twice what is live; it is never a reason to fail. Leave room above the working set (README, Sizing: give the gateway at least 150 KiB per edge; a limit near what it uses makes the collector run without pause); auto: 90 % of the memory limit of the process's cgroup (a container's resources.limits.memory, a unit's MemoryMax=), none without one; empty or 0: none; GOMEMLIMIT in the environment wins")
+	fs.Var(config.Quantity{Q: &c.UDPBuffer}, "udp-buffer", "`size` of the tunnel listener's UDP receive and send buffers (such as 32Mi), where datagrams wait while the gateway is busy, as in a cold start or restart of thousands of edges; set with SO_RCVBUFFORCE when the gateway has CAP_NET_ADMIN, else capped by the kernel at net.core.rmem_max and wmem_max (the gateway warns when it got less; docs/sizing.md). Drops: tether_gateway_tunnel_udp_drops_total. 0: quic-go's 7Mi")
+	fs.StringVar(&c.MemoryLimit, "memory-limit", c.MemoryLimit, "soft `limit` of the Go runtime's own memory (heap and stacks), a quantity such as 1Gi; near it the garbage collector runs more often (never taking more than about half the CPU) instead of letting the heap grow to twice what is live; it is never a reason to fail. Leave room above the working set (docs/sizing.md: give the gateway at least 150 KiB per edge; a limit near what it uses makes the collector run without pause); auto: 90 % of the memory limit of the process's cgroup (a container's resources.limits.memory, a unit's MemoryMax=), none without one; empty or 0: none; GOMEMLIMIT in the environment wins")
 	fs.DurationVar(&c.IdleTimeout.Duration, "idle-timeout", c.IdleTimeout.Duration, "close a tunnel silent for this `duration` (a tunnel's is the lower of this and the edge's, 15 s); edges send a keepalive every half of it and the gateway answers, so only a dead path is silent that long")
 	fs.DurationVar(&c.StreamIdleTimeout.Duration, "stream-idle-timeout", c.StreamIdleTimeout.Duration, "close a relayed connection that moved no byte either way for this `duration` (the kubelet's own streaming limit is 4h); 0 disables it")
 	fs.DurationVar(&c.ShutdownGrace.Duration, "shutdown-grace", c.ShutdownGrace.Duration, "on SIGTERM or SIGINT, let relayed connections finish for up to this `duration` before the tunnels are closed (edges then use the other replicas)")
@@ -530,13 +530,13 @@ func (c *Config) validateLimits(p *problems) {
 // edge on the same cores: 40.9 s with 256 places, 32.2 s with 1,024),
 // and keep the handshakes that share the CPU few enough to finish well
 // within the edges' 5 s timeout: without a bound, cold starts of 10,000
-// collapsed to about 30 registrations a second (README, Sizing).
+// collapsed to about 30 registrations a second (docs/sizing.md).
 const DefaultMaxHandshakes = 1024
 
 // DefaultUDPBuffer is --udp-buffer's default: room for about 14,000
 // handshake datagrams of 1,200 bytes (about 2.3 KiB each as the kernel
 // counts), so that a restart storm of 10,000 edges does not overflow it
-// while the gateway is busy (8 MiB dropped 47 % of them: README, Sizing).
+// while the gateway is busy (8 MiB dropped 47 % of them: docs/sizing.md).
 // The kernel's memory, used only while datagrams wait.
 const DefaultUDPBuffer = 32 << 20
 

@@ -94,7 +94,7 @@ const maxLog = 16384
 // recent enough to start from after a restart (a follower resumes from
 // the leader, which sends what the file lacks); 50 ms, the delay before,
 // meant up to 20 fsyncs a second and 2.4 times the bytes written per
-// change, on nodes whose storage is often flash (README, "Write-behind
+// change, on nodes whose storage is often flash (poolstore/README.md, "Write-behind
 // delay").
 const flushDelay = 250 * time.Millisecond
 

@@ -273,7 +273,7 @@ const (
 // busy, drawn from [2 s, 4 s): the gateway kept this edge waiting for a
 // place for 3 s already (its --max-handshakes), and the edges it refused
 // come back spread out instead of all within the usual first wait of
-// 200 ms, where most would be refused again (README, Sizing).
+// 200 ms, where most would be refused again (docs/sizing.md).
 //
 // busyBackoffMax is the most: after repeated busy refusals the wait grows
 // to [4 s, 8 s) and no further. A busy gateway is up and admitting; left

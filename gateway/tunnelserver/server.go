@@ -477,7 +477,7 @@ func (s *Server) sizeBuffers(size int) {
 	case err != nil:
 		s.log.Warn("tunnel listener: cannot size the UDP socket's buffers (--udp-buffer)", append(attrs, "err", err)...)
 	case rcv < size || snd < size:
-		s.log.Warn("tunnel listener: the kernel gave the UDP socket smaller buffers than --udp-buffer: raise net.core.rmem_max and net.core.wmem_max, or run with CAP_NET_ADMIN (README, Sizing)", attrs...)
+		s.log.Warn("tunnel listener: the kernel gave the UDP socket smaller buffers than --udp-buffer: raise net.core.rmem_max and net.core.wmem_max, or run with CAP_NET_ADMIN (docs/sizing.md)", attrs...)
 	default:
 		s.log.Info("tunnel listener: UDP socket buffers", attrs...)
 	}

@@ -223,7 +223,7 @@ func (s *Server) shedHandshake(hello *tls.ClientHelloInfo) {
 }
 
 // ShedMessage is the log line of handshakes refused as busy.
-const ShedMessage = "tunnel handshake refused: gateway busy; the edge dials again in 2 to 8 s (tether_gateway_tunnel_handshakes_shed_total; README, Sizing)"
+const ShedMessage = "tunnel handshake refused: gateway busy; the edge dials again in 2 to 8 s (tether_gateway_tunnel_handshakes_shed_total; docs/sizing.md)"
 
 // logLimit lets through burst lines per window (refusalLogBurst if 0) and
 // counts the others.
