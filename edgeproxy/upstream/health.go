@@ -94,8 +94,10 @@ func (h *hysteresis) observe(ok bool) (changed bool) {
 // is running) with at most maxInflight probes at a time, and hands each
 // result to observe, in the order they complete, until ctx ends. It
 // starts with a probe. It never spins: without ticks or kicks it waits.
+// decided, if not nil, is told after each tick or kick whether it started
+// a probe (tests watch the loop's decisions with it).
 func probeLoop(ctx context.Context, clk clock.WithTicker, interval time.Duration, maxInflight int,
-	kick <-chan struct{}, probe func(context.Context) error, observe func(error)) {
+	kick <-chan struct{}, probe func(context.Context) error, observe func(error), decided func(started bool)) {
 	ticker := clk.NewTicker(interval)
 	defer ticker.Stop()
 	results := make(chan error, maxInflight)
@@ -104,19 +106,23 @@ func probeLoop(ctx context.Context, clk clock.WithTicker, interval time.Duration
 		inflight++
 		go func() { results <- probe(ctx) }()
 	}
+	decide := func(ok bool) {
+		if ok {
+			start()
+		}
+		if decided != nil {
+			decided(ok)
+		}
+	}
 	start()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C():
-			if inflight < maxInflight {
-				start()
-			}
+			decide(inflight < maxInflight)
 		case <-kick:
-			if inflight == 0 {
-				start()
-			}
+			decide(inflight == 0)
 		case err := <-results:
 			inflight--
 			if ctx.Err() == nil {

@@ -283,7 +283,7 @@ func (u *Upstreams) Run(ctx context.Context) error {
 		g.Go(func() error {
 			probeLoop(ctx, u.clock, u.health.Interval, maxInflight, s.kick,
 				func(ctx context.Context) error { return u.probe(ctx, s) },
-				func(err error) { u.observe(s, err) })
+				func(err error) { u.observe(s, err) }, nil)
 			return nil
 		})
 	}

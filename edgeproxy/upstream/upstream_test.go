@@ -56,6 +56,7 @@ func TestProbeLoopFollowsTheClock(t *testing.T) {
 	defer cancel()
 	probes := make(chan chan error)
 	results := make(chan error, 10)
+	decisions := make(chan bool, 10)
 	kick := make(chan struct{}, 1)
 	go probeLoop(ctx, clk, 2*time.Second, 2, kick,
 		func(ctx context.Context) error {
@@ -63,47 +64,64 @@ func TestProbeLoopFollowsTheClock(t *testing.T) {
 			probes <- reply
 			return <-reply
 		},
-		func(err error) { results <- err })
+		func(err error) { results <- err },
+		func(started bool) { decisions <- started })
 
 	next := func(what string) chan error {
 		t.Helper()
 		select {
 		case p := <-probes:
 			return p
-		case <-time.After(5 * time.Second):
+		case <-time.After(testenv.WaitBound):
 			t.Fatalf("no probe %s", what)
 			return nil
 		}
 	}
-	none := func(what string) {
+	// decision waits for the loop's decision on a tick or kick: a probe
+	// started or not. The loop decides before it looks at anything else,
+	// so no later event can hide a wrong one.
+	decision := func(what string, want bool) {
 		t.Helper()
 		select {
-		case <-probes:
-			t.Fatalf("probe %s", what)
-		case <-time.After(50 * time.Millisecond):
+		case got := <-decisions:
+			if got != want {
+				t.Fatalf("%s: a probe started %v, want %v", what, got, want)
+			}
+		case <-time.After(testenv.WaitBound):
+			t.Fatalf("%s: no decision", what)
 		}
 	}
 	p := next("at start")
-	none("before a tick")
 	p <- nil
 	if err := <-results; err != nil {
 		t.Fatal(err)
 	}
+	// The loop handled the result after anything that came before it: a
+	// decision made before a tick would be waiting here.
+	select {
+	case started := <-decisions:
+		t.Fatalf("a decision (probe started: %v) before any tick or kick", started)
+	default:
+	}
 	testenv.Eventually(t, "the loop's ticker", clk.HasWaiters)
 	clk.Step(2 * time.Second)
+	decision("on the tick", true)
 	p1 := next("on the tick")
 	// The probe hangs (dead server): the next tick starts a second one,
 	// the one after that none (maxInflight 2), a kick none either.
 	clk.Step(2 * time.Second)
+	decision("on the second tick", true)
 	p2 := next("on the second tick")
 	clk.Step(2 * time.Second)
+	decision("on the third tick, two probes running", false)
 	kick <- struct{}{}
-	none("beyond maxInflight")
+	decision("on a kick, two probes running", false)
 	p1 <- errors.New("timeout")
 	p2 <- errors.New("timeout")
 	<-results
 	<-results
 	kick <- struct{}{}
+	decision("on a kick, none running", true)
 	next("on a kick") <- nil
 	<-results
 }
