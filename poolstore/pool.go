@@ -20,6 +20,7 @@ import (
 	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -45,7 +46,7 @@ type Options struct {
 	Records record.Writer
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource
-	Store     *Store
+	Store     *replica.Store
 	// Listener is the pool listener (TLS is added).
 	Listener net.Listener
 	// CloudHealthy reports whether this node reaches the cloud now: while
@@ -234,7 +235,7 @@ func (p *Pool) setHint(node string) {
 // replica now: while the leader's last sync is at most FreshFor old, or,
 // with the cloud out of reach, whenever the replica has the resource.
 func (p *Pool) Serves(gvr schema.GroupVersionResource, cloudHealthy bool) bool {
-	if !p.handler.Serves(ResourceKey(gvr)) {
+	if !p.handler.Serves(replica.ResourceKey(gvr)) {
 		return false
 	}
 	return !cloudHealthy || p.Fresh()

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/localapi"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // HandlerOptions configure a Handler. Zero values take the defaults.
@@ -40,13 +41,13 @@ type HandlerOptions struct {
 // Handler serves a Store to node components as kube-apiserver serves
 // the same resources: get, list and watch, in JSON.
 type Handler struct {
-	s     *Store
+	s     *replica.Store
 	o     HandlerOptions
 	kinds sync.Map // resource key -> kind learnt from its objects
 }
 
 // NewHandler returns a Handler serving s.
-func NewHandler(s *Store, o HandlerOptions) *Handler {
+func NewHandler(s *replica.Store, o HandlerOptions) *Handler {
 	if o.BookmarkInterval <= 0 {
 		o.BookmarkInterval = 10 * time.Second
 	}
@@ -118,7 +119,7 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 			Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
 			Message: "the server could not find the requested resource"}}
 	}
-	req := &readRequest{gvr: api.GVR, resource: ResourceKey(api.GVR), namespace: api.Namespace, name: api.Name}
+	req := &readRequest{gvr: api.GVR, resource: replica.ResourceKey(api.GVR), namespace: api.Namespace, name: api.Name}
 	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(r.URL.Query(), metav1.SchemeGroupVersion, &req.opts); err != nil {
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
@@ -147,7 +148,7 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 // (localapi.Object.Field reads them). kube-proxy lists and watches
 // Services with spec.clusterIP!=None.
 var contentFields = map[string][]string{
-	ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {"spec.clusterIP", "spec.type"},
+	replica.ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {"spec.clusterIP", "spec.type"},
 }
 
 // newScope returns the scope of a request for resource. Field selectors

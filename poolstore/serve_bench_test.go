@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"testing"
+
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // discardWriter is a ResponseWriter that keeps nothing: what the
@@ -25,7 +27,7 @@ func (w *discardWriter) Write(p []byte) (int, error) { w.n += len(p); return len
 // 1.3 KB of JSON each), as kube-proxy and coredns do at start and on
 // every relist.
 func BenchmarkList(b *testing.B) {
-	s, err := Open(filepath.Join(b.TempDir(), FileName), nil)
+	s, err := replica.Open(filepath.Join(b.TempDir(), replica.FileName), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // requestLog wraps a handler and records what client-go asks of it and
@@ -198,9 +199,9 @@ func TestInformer(t *testing.T) {
 					t.Fatalf("requests %q: want one %s", log.snapshot(), mode.first)
 				}
 
-				mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api-1", 101, "api", "10.0.4.1")))
-				mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 102, "web", "10.0.0.1", "10.0.0.3")))
-				mustNil(t, s.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 103, "db")))
+				mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 101, "api", "10.0.4.1")))
+				mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 102, "web", "10.0.0.1", "10.0.0.3")))
+				mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 103, "db")))
 				diffEvents(t, "events", []string{
 					"add default/api-1 101",
 					"update default/web-abc 102",
@@ -228,8 +229,8 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 			nextEvents(t, events, 3)
 
 			// The follower misses these changes and resyncs from a snapshot.
-			mustNil(t, leader.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 101, "db")))
-			mustNil(t, leader.Apply(sliceRes, Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
+			mustNil(t, leader.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 101, "db")))
+			mustNil(t, leader.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
 			mustNil(t, follower.Load(leader.Snapshot()))
 
 			want := []string{"default/api-1 102", "default/web-abc 10", "kube-system/kube-dns-q 12"}
@@ -278,7 +279,7 @@ func TestInformerServices(t *testing.T) {
 	if got := inf.Informer().LastSyncResourceVersion(); got != "90" {
 		t.Fatalf("last sync resourceVersion %q, want 90", got)
 	}
-	mustNil(t, s.Apply(serviceRes, Added, serviceJSON("default", "web", 91)))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 91)))
 	select {
 	case <-added:
 	case <-time.After(10 * time.Second):

@@ -21,11 +21,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 var (
-	sliceRes   = ResourceKey(discoveryv1.SchemeGroupVersion.WithResource("endpointslices"))
-	serviceRes = ResourceKey(corev1.SchemeGroupVersion.WithResource("services"))
+	sliceRes   = replica.ResourceKey(discoveryv1.SchemeGroupVersion.WithResource("endpointslices"))
+	serviceRes = replica.ResourceKey(corev1.SchemeGroupVersion.WithResource("services"))
 )
 
 const slicesPath = "/apis/discovery.k8s.io/v1/endpointslices"
@@ -85,16 +86,16 @@ func serviceJSON(ns, name string, rv uint64) json.RawMessage {
 }
 
 // newLeaderStore is a store in its leader's term.
-func newLeaderStore(t *testing.T) *Store {
+func newLeaderStore(t *testing.T) *replica.Store {
 	t.Helper()
-	s := open(t, filepath.Join(t.TempDir(), FileName))
+	s := open(t, filepath.Join(t.TempDir(), replica.FileName))
 	mustNil(t, s.StartEpoch("edge-0/1"))
 	return s
 }
 
 // servedStore is a leader store with EndpointSlices in two namespaces (listed
 // at resourceVersion 100) and Services synced without objects.
-func servedStore(t *testing.T) *Store {
+func servedStore(t *testing.T) *replica.Store {
 	t.Helper()
 	s := newLeaderStore(t)
 	mustNil(t, s.Replace(sliceRes, []json.RawMessage{
@@ -261,7 +262,7 @@ func TestListWaitsForResourceVersion(t *testing.T) {
 		answered <- answer{resp, body}
 	}()
 	testenv.Eventually(t, "the list waits for 101", clk.HasWaiters)
-	s.Apply(sliceRes, Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
+	s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
 	a := <-answered
 	resp, body := a.resp, a.body
 	var l listAnswer

@@ -17,6 +17,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // watchStream is an open watch: its events as they are decoded.
@@ -144,13 +145,13 @@ func diffEvents(t *testing.T, what string, want, got []string) {
 // after X, those already in the log and those to come, in order.
 func TestWatchFromResourceVersion(t *testing.T) {
 	s := servedStore(t)
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 101, "web", "10.0.0.1")))
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
-	mustNil(t, s.Apply(serviceRes, Added, serviceJSON("default", "web", 103))) // another resource
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 101, "web", "10.0.0.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 103))) // another resource
 	w := openWatch(t, NewHandler(s, HandlerOptions{}), slicesPath+"?watch=true&resourceVersion=101")
-	mustNil(t, s.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 104, "db")))
-	mustNil(t, s.Apply(sliceRes, Bookmark, endpointSliceJSON("", "", 105, "")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("kube-system", "kube-dns-q", 106, "kube-dns", "10.0.2.9")))
+	mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 104, "db")))
+	mustNil(t, s.Apply(sliceRes, replica.Bookmark, endpointSliceJSON("", "", 105, "")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("kube-system", "kube-dns-q", 106, "kube-dns", "10.0.2.9")))
 	diffEvents(t, "events", []string{
 		"ADDED default/api-1 102",
 		"DELETED default/db-xyz 104",
@@ -179,7 +180,7 @@ func TestWatchInitialEvents(t *testing.T) {
 			s := servedStore(t)
 			w := openWatch(t, NewHandler(s, HandlerOptions{}), slicesPath+"?"+tc.query)
 			got := w.nextN(len(tc.want))
-			mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("kube-system", "new", 101, "new", "10.0.5.1")))
+			mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("kube-system", "new", 101, "new", "10.0.5.1")))
 			got = append(got, w.next())
 			diffEvents(t, "events", append(tc.want, "ADDED kube-system/new 101"), got)
 		})
@@ -218,20 +219,20 @@ func TestWatchExpired(t *testing.T) {
 	})
 	t.Run("log compacted", func(t *testing.T) {
 		s := servedStore(t)
-		for i := range maxLog {
-			mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", uint64(101+i), "web", "10.0.0.1")))
+		for i := range replica.MaxLog {
+			mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", uint64(101+i), "web", "10.0.0.1")))
 		}
 		h := NewHandler(s, HandlerOptions{})
 		diffEvents(t, "from 100", []string{"ERROR 410 Expired"}, openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100").ended())
-		last := fmt.Sprint(100 + maxLog)
-		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion="+fmt.Sprint(100+maxLog-1))
+		last := fmt.Sprint(100 + replica.MaxLog)
+		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion="+fmt.Sprint(100+replica.MaxLog-1))
 		diffEvents(t, "recent", []string{"MODIFIED default/web-abc " + last}, w.nextN(1))
 	})
 	t.Run("resource dropped", func(t *testing.T) {
 		f := open(t, filepath.Join(t.TempDir(), "f.db"))
 		mustNil(t, f.Load(servedStore(t).Snapshot()))
 		w := openWatch(t, NewHandler(f, HandlerOptions{}), slicesPath+"?watch=1&resourceVersion=100")
-		mustNil(t, f.Load(Snapshot{Epoch: "e2", Resources: map[string]uint64{serviceRes: 1}}))
+		mustNil(t, f.Load(replica.Snapshot{Epoch: "e2", Resources: map[string]uint64{serviceRes: 1}}))
 		diffEvents(t, "events", []string{"ERROR 410 Expired"}, w.ended())
 	})
 }
@@ -248,12 +249,12 @@ func TestWatchLabelSelector(t *testing.T) {
 
 	// web-abc leaves (now db's), db-xyz enters (now web's), kube-dns-q
 	// changes outside, web-abc comes back, db-xyz is deleted.
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 101, "db", "10.0.0.1")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "db-xyz", 102, "web", "10.0.1.1")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("kube-system", "kube-dns-q", 103, "kube-dns")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 104, "web", "10.0.0.1")))
-	mustNil(t, s.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 105, "web")))
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "web-new", 106, "web")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 101, "db", "10.0.0.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "db-xyz", 102, "web", "10.0.1.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("kube-system", "kube-dns-q", 103, "kube-dns")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 104, "web", "10.0.0.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 105, "web")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "web-new", 106, "web")))
 	diffEvents(t, "from the list", []string{
 		"DELETED default/web-abc 101",
 		"ADDED default/db-xyz 102",
@@ -278,13 +279,13 @@ func TestWatchLabelSelector(t *testing.T) {
 	// that matched, at the change's resourceVersion.
 	w := openWatch(t, h, slicesPath+"?watch=1"+sel)
 	w.nextN(2)
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-new", 107, "other")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-new", 107, "other")))
 	ev := <-w.events
 	var es struct {
 		Metadata metav1.ObjectMeta `json:"metadata"`
 	}
 	mustNil(t, json.Unmarshal(ev.Object, &es))
-	if ev.Type != Deleted || es.Metadata.ResourceVersion != "107" || es.Metadata.Labels["kubernetes.io/service-name"] != "web" {
+	if ev.Type != replica.Deleted || es.Metadata.ResourceVersion != "107" || es.Metadata.Labels["kubernetes.io/service-name"] != "web" {
 		t.Fatalf("%s %s", ev.Type, ev.Object)
 	}
 }
@@ -301,12 +302,12 @@ func TestWatchBookmarks(t *testing.T) {
 
 	clk.Step(10 * time.Second)
 	diffEvents(t, "first", []string{"BOOKMARK EndpointSlice 100"}, w.nextN(1))
-	mustNil(t, s.Apply(sliceRes, Bookmark, endpointSliceJSON("", "", 150, "")))
-	mustNil(t, s.Apply(serviceRes, Added, serviceJSON("default", "web", 160))) // another resource: not its RV
+	mustNil(t, s.Apply(sliceRes, replica.Bookmark, endpointSliceJSON("", "", 150, "")))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 160))) // another resource: not its RV
 	clk.Step(10 * time.Second)
 	diffEvents(t, "raised by the log", []string{"BOOKMARK EndpointSlice 150"}, w.nextN(1))
 
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api", 170, "api")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api", 170, "api")))
 	diffEvents(t, "without bookmarks", []string{"ADDED default/api 170"}, none.nextN(1))
 }
 
@@ -317,7 +318,7 @@ func TestWatchTimeout(t *testing.T) {
 	w := openWatch(t, NewHandler(s, HandlerOptions{Clock: clk}), slicesPath+"?watch=1&resourceVersion=100&timeoutSeconds=30")
 	testenv.EventuallyWithin(t, 10*time.Second, "timeout timer", func() bool { return clk.HasWaiters() })
 	clk.Step(29 * time.Second)
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api", 101, "api")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api", 101, "api")))
 	diffEvents(t, "before the timeout", []string{"ADDED default/api 101"}, w.nextN(1))
 	clk.Step(time.Second)
 	diffEvents(t, "after", nil, w.ended())
@@ -337,7 +338,7 @@ func TestWatchOverHTTP(t *testing.T) {
 	}
 	d := json.NewDecoder(resp.Body)
 	for i := range 3 {
-		mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", fmt.Sprint("n", i), uint64(101+i), "n")))
+		mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", fmt.Sprint("n", i), uint64(101+i), "n")))
 		var ev watchEvent
 		mustNil(t, d.Decode(&ev))
 		if got := eventSummary(t, ev); got != fmt.Sprintf("ADDED default/n%d %d", i, 101+i) {
@@ -354,8 +355,8 @@ func TestWatchOneObject(t *testing.T) {
 	legacy := openWatch(t, h, "/apis/discovery.k8s.io/v1/watch/namespaces/default/endpointslices/web-abc")
 	named := openWatch(t, h, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-abc?watch=1&resourceVersion=100")
 	diffEvents(t, "legacy path", []string{"ADDED default/web-abc 10"}, legacy.nextN(1))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "db-xyz", 101, "db")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 102, "web")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "db-xyz", 101, "db")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 102, "web")))
 	diffEvents(t, "legacy path", []string{"MODIFIED default/web-abc 102"}, legacy.nextN(1))
 	diffEvents(t, "named", []string{"MODIFIED default/web-abc 102"}, named.nextN(1))
 }
