@@ -21,6 +21,7 @@ import (
 	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
+	"github.com/tether-edge/tether/poolstore/serve"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -77,7 +78,7 @@ type Pool struct {
 	elector  *elect.Elector
 	server   *Server
 	follower *Follower
-	handler  *Handler
+	handler  *serve.Handler
 	rt       http.RoundTripper
 	m        *poolMetrics
 
@@ -119,8 +120,8 @@ func New(o Options) (*Pool, error) {
 		Registerer: o.Registerer}); err != nil {
 		return nil, err
 	}
-	p.handler = NewHandler(o.Store, HandlerOptions{Logger: p.log})
-	p.rt = HandlerTransport(p.handler)
+	p.handler = serve.New(o.Store, serve.Options{Logger: p.log})
+	p.rt = serve.Transport(p.handler)
 	if p.m, err = newPoolMetrics(o.Registerer, p); err != nil {
 		return nil, fmt.Errorf("pool metrics: %w", err)
 	}

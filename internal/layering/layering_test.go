@@ -30,6 +30,7 @@ var rules = []rule{
 	{"poolstore/...", []string{"gateway/...", "edgeproxy/...", "internal/cli"}, "poolstore knows nothing of the programs that use it (it takes their parts as small interfaces)", nil},
 	{"internal/openyurt", []string{"..."}, "the shared names are a leaf: every layer may import them", nil},
 	{"poolstore/record", []string{"..."}, "the pool's record contract is a leaf: the gateway links it without the pool's store, bbolt or serving", nil},
+	{"poolstore/serve", []string{"poolstore/...", "tunnel/...", "internal/kube"}, "serving the replica to the node's components needs only the replica: it knows neither how it is filled nor the cloud or the peers", []string{"poolstore/replica"}},
 	{"poolstore/replica", []string{"poolstore/...", "tunnel/...", "internal/kube"}, "the replica is below the rest of the pool: the source, replication and serving build on it, and it knows none of them, the cloud or the peers", nil},
 	{"internal/statusapi", []string{"..."}, "the /status contract is a leaf: the programs fill it and its readers import it alone", nil},
 	{"internal/localapi", []string{"gateway/...", "edgeproxy/...", "poolstore/...", "internal/cli"}, "serving kube-apiserver reads from a local store is one engine that the offline cache and the pool replica both use: it knows neither program nor either store", nil},
@@ -133,6 +134,10 @@ func TestLayeringCatchesAWrongArrow(t *testing.T) {
 		{"poolstore/replica", "poolstore/record", true},
 		{"poolstore/replica", "internal/localapi", false},
 		{"poolstore", "poolstore/replica", false},
+		{"poolstore/serve", "poolstore", true},
+		{"poolstore/serve", "poolstore/elect", true},
+		{"poolstore/serve", "poolstore/replica", false},
+		{"poolstore/replica", "poolstore/serve", true},
 		{"tunnel", "internal/promreg", false},
 		{"internal/promreg", "internal/kube", true},
 	} {

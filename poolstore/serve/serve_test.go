@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"encoding/json"
@@ -139,7 +139,7 @@ func (l listAnswer) names() []string {
 }
 
 func TestList(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{})
+	h := New(servedStore(t), Options{})
 	for _, tc := range []struct {
 		name, target string
 		want         []string
@@ -185,7 +185,7 @@ func TestList(t *testing.T) {
 }
 
 func TestGet(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{})
+	h := New(servedStore(t), Options{})
 	resp, body := getAnswer(t, h, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-abc")
 	var es discoveryv1.EndpointSlice
 	mustNil(t, json.Unmarshal(body, &es))
@@ -211,7 +211,7 @@ func readAPIStatus(t *testing.T, body []byte) metav1.Status {
 // TestRefusals: what the replica does not serve is answered as
 // kube-apiserver answers it, with a Status.
 func TestRefusals(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{FreshnessWait: 50 * time.Millisecond})
+	h := New(servedStore(t), Options{FreshnessWait: 50 * time.Millisecond})
 	for _, tc := range []struct {
 		name, method, target string
 		code                 int
@@ -251,7 +251,7 @@ func TestRefusals(t *testing.T) {
 func TestListWaitsForResourceVersion(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
-	h := NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
+	h := New(s, Options{FreshnessWait: time.Minute, Clock: clk})
 	type answer struct {
 		resp *http.Response
 		body []byte
@@ -273,7 +273,7 @@ func TestListWaitsForResourceVersion(t *testing.T) {
 }
 
 func TestServes(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{})
+	h := New(servedStore(t), Options{})
 	if !h.Serves(sliceRes) || !h.Serves(serviceRes) || h.Serves("core/v1/endpoints") {
 		t.Fatal("Serves does not follow the replica's resources")
 	}

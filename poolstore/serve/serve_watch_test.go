@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"context"
@@ -33,13 +33,13 @@ type watchEvent struct {
 	Object json.RawMessage `json:"object"`
 }
 
-// openWatch starts a watch request with c (HandlerTransport by default).
+// openWatch starts a watch request with c (Transport by default).
 func openWatch(t *testing.T, h http.Handler, target string) *watchStream {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://pool"+target, nil)
 	mustNil(t, err)
-	resp, err := (&http.Client{Transport: HandlerTransport(h)}).Do(req)
+	resp, err := (&http.Client{Transport: Transport(h)}).Do(req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestWatchFromResourceVersion(t *testing.T) {
 	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 101, "web", "10.0.0.1")))
 	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
 	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 103))) // another resource
-	w := openWatch(t, NewHandler(s, HandlerOptions{}), slicesPath+"?watch=true&resourceVersion=101")
+	w := openWatch(t, New(s, Options{}), slicesPath+"?watch=true&resourceVersion=101")
 	mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 104, "db")))
 	mustNil(t, s.Apply(sliceRes, replica.Bookmark, endpointSliceJSON("", "", 105, "")))
 	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("kube-system", "kube-dns-q", 106, "kube-dns", "10.0.2.9")))
@@ -178,7 +178,7 @@ func TestWatchInitialEvents(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := servedStore(t)
-			w := openWatch(t, NewHandler(s, HandlerOptions{}), slicesPath+"?"+tc.query)
+			w := openWatch(t, New(s, Options{}), slicesPath+"?"+tc.query)
 			got := w.nextN(len(tc.want))
 			mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("kube-system", "new", 101, "new", "10.0.5.1")))
 			got = append(got, w.next())
@@ -191,12 +191,12 @@ func TestWatchInitialEvents(t *testing.T) {
 // has not reached waits for it, then fails as kube-apiserver does.
 func TestWatchListWaits(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{FreshnessWait: 100 * time.Millisecond})
+	h := New(s, Options{FreshnessWait: 100 * time.Millisecond})
 	q := "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion=500"
 	diffEvents(t, "too large", []string{"ERROR 504 Timeout"}, openWatch(t, h, slicesPath+q).ended())
 
 	clk := testingclock.NewFakeClock(time.Now())
-	h = NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
+	h = New(s, Options{FreshnessWait: time.Minute, Clock: clk})
 	w := openWatch(t, h, slicesPath+q) // answered before it waits
 	testenv.Eventually(t, "the watch-list waits for 500", clk.HasWaiters)
 	s.Replace(sliceRes, nil, 500)
@@ -209,7 +209,7 @@ func TestWatchExpired(t *testing.T) {
 	t.Run("follower loaded a snapshot", func(t *testing.T) {
 		f := open(t, filepath.Join(t.TempDir(), "f.db"))
 		mustNil(t, f.Load(servedStore(t).Snapshot()))
-		h := NewHandler(f, HandlerOptions{})
+		h := New(f, Options{})
 		diffEvents(t, "from 50", []string{"ERROR 410 Expired"}, openWatch(t, h, slicesPath+"?watch=1&resourceVersion=50").ended())
 		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100") // the snapshot's: fine
 		snap := servedStore(t).Snapshot()
@@ -222,7 +222,7 @@ func TestWatchExpired(t *testing.T) {
 		for i := range replica.MaxLog {
 			mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", uint64(101+i), "web", "10.0.0.1")))
 		}
-		h := NewHandler(s, HandlerOptions{})
+		h := New(s, Options{})
 		diffEvents(t, "from 100", []string{"ERROR 410 Expired"}, openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100").ended())
 		last := fmt.Sprint(100 + replica.MaxLog)
 		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion="+fmt.Sprint(100+replica.MaxLog-1))
@@ -231,7 +231,7 @@ func TestWatchExpired(t *testing.T) {
 	t.Run("resource dropped", func(t *testing.T) {
 		f := open(t, filepath.Join(t.TempDir(), "f.db"))
 		mustNil(t, f.Load(servedStore(t).Snapshot()))
-		w := openWatch(t, NewHandler(f, HandlerOptions{}), slicesPath+"?watch=1&resourceVersion=100")
+		w := openWatch(t, New(f, Options{}), slicesPath+"?watch=1&resourceVersion=100")
 		mustNil(t, f.Load(replica.Snapshot{Epoch: "e2", Resources: map[string]uint64{serviceRes: 1}}))
 		diffEvents(t, "events", []string{"ERROR 410 Expired"}, w.ended())
 	})
@@ -241,7 +241,7 @@ func TestWatchExpired(t *testing.T) {
 // are sent as ADDED and DELETED, as kube-apiserver does.
 func TestWatchLabelSelector(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	sel := "&labelSelector=kubernetes.io%2Fservice-name%3Dweb"
 	fromList := openWatch(t, h, slicesPath+"?watch=1"+sel)
 	fromRV := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100"+sel)
@@ -295,7 +295,7 @@ func TestWatchLabelSelector(t *testing.T) {
 func TestWatchBookmarks(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
-	h := NewHandler(s, HandlerOptions{Clock: clk, BookmarkInterval: 10 * time.Second})
+	h := New(s, Options{Clock: clk, BookmarkInterval: 10 * time.Second})
 	w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100&allowWatchBookmarks=true")
 	none := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100")
 	testenv.EventuallyWithin(t, 10*time.Second, "bookmark tickers", func() bool { return clk.Waiters() == 1 })
@@ -315,7 +315,7 @@ func TestWatchBookmarks(t *testing.T) {
 func TestWatchTimeout(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
-	w := openWatch(t, NewHandler(s, HandlerOptions{Clock: clk}), slicesPath+"?watch=1&resourceVersion=100&timeoutSeconds=30")
+	w := openWatch(t, New(s, Options{Clock: clk}), slicesPath+"?watch=1&resourceVersion=100&timeoutSeconds=30")
 	testenv.EventuallyWithin(t, 10*time.Second, "timeout timer", func() bool { return clk.HasWaiters() })
 	clk.Step(29 * time.Second)
 	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api", 101, "api")))
@@ -328,7 +328,7 @@ func TestWatchTimeout(t *testing.T) {
 // events as they come (chunked, flushed).
 func TestWatchOverHTTP(t *testing.T) {
 	s := servedStore(t)
-	srv := httptest.NewServer(NewHandler(s, HandlerOptions{}))
+	srv := httptest.NewServer(New(s, Options{}))
 	t.Cleanup(srv.Close)
 	resp, err := http.Get(srv.URL + slicesPath + "?watch=1&resourceVersion=100")
 	mustNil(t, err)
@@ -351,7 +351,7 @@ func TestWatchOverHTTP(t *testing.T) {
 // watch=1 watch one object.
 func TestWatchOneObject(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	legacy := openWatch(t, h, "/apis/discovery.k8s.io/v1/watch/namespaces/default/endpointslices/web-abc")
 	named := openWatch(t, h, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-abc?watch=1&resourceVersion=100")
 	diffEvents(t, "legacy path", []string{"ADDED default/web-abc 10"}, legacy.nextN(1))

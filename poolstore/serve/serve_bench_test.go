@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"encoding/json"
@@ -43,7 +43,7 @@ func BenchmarkList(b *testing.B) {
 	if err := s.Replace(sliceRes, items, 1000); err != nil {
 		b.Fatal(err)
 	}
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	for _, bc := range []struct{ name, target string }{
 		{"all", slicesPath},
 		{"kube-proxy-selector", slicesPath + "?labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name&resourceVersion=0&limit=500"},
@@ -61,7 +61,7 @@ func BenchmarkList(b *testing.B) {
 		})
 	}
 	b.Run("all/transport", func(b *testing.B) {
-		c := &http.Client{Transport: HandlerTransport(h)}
+		c := &http.Client{Transport: Transport(h)}
 		var n int64
 		b.ReportAllocs()
 		for b.Loop() {

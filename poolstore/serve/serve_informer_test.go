@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"bytes"
@@ -103,11 +103,11 @@ func (w *expiryWatcher) Write(p []byte) (int, error) {
 
 func (w *expiryWatcher) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// clientFor returns a clientset that reaches h in process (HandlerTransport,
+// clientFor returns a clientset that reaches h in process (Transport,
 // as the edge's apiserver proxy does) or over HTTP.
 func clientFor(t *testing.T, h http.Handler, via string) kubernetes.Interface {
 	t.Helper()
-	cfg := &rest.Config{Host: "http://pool.invalid", Transport: HandlerTransport(h)}
+	cfg := &rest.Config{Host: "http://pool.invalid", Transport: Transport(h)}
 	if via == "http" {
 		srv := httptest.NewServer(h)
 		t.Cleanup(srv.Close)
@@ -191,7 +191,7 @@ func TestInformer(t *testing.T) {
 			t.Run(mode.name+"/"+via, func(t *testing.T) {
 				clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, mode.watchList)
 				s := servedStore(t)
-				log := &requestLog{h: NewHandler(s, HandlerOptions{})}
+				log := &requestLog{h: New(s, Options{})}
 				events, lister := sliceInformer(t, clientFor(t, log, via))
 				diffEvents(t, "synced", []string{"default/db-xyz 11", "default/web-abc 10", "kube-system/kube-dns-q 12"}, lister())
 				nextEvents(t, events, 3)
@@ -224,7 +224,7 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 			leader := servedStore(t)
 			follower := open(t, filepath.Join(t.TempDir(), "follower.db"))
 			mustNil(t, follower.Load(leader.Snapshot()))
-			log := &requestLog{h: NewHandler(follower, HandlerOptions{})}
+			log := &requestLog{h: New(follower, Options{})}
 			events, lister := sliceInformer(t, clientFor(t, log, "transport"))
 			nextEvents(t, events, 3)
 
@@ -256,7 +256,7 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 // informer is still on its first watch and sees what comes next on it.
 func TestInformerServices(t *testing.T) {
 	s := servedStore(t)
-	log := &requestLog{h: NewHandler(s, HandlerOptions{BookmarkInterval: 10 * time.Millisecond})}
+	log := &requestLog{h: New(s, Options{BookmarkInterval: 10 * time.Millisecond})}
 	cs := clientFor(t, log, "transport")
 	factory := informers.NewSharedInformerFactory(cs, 0)
 	inf := factory.Core().V1().Services()

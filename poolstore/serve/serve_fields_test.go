@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"encoding/json"
@@ -46,7 +46,7 @@ func servicesStore(t *testing.T) *replica.Store {
 // spec.type as kube-apiserver selects them; kube-proxy lists and watches
 // them with spec.clusterIP!=None.
 func TestServiceFieldSelectors(t *testing.T) {
-	h := NewHandler(servicesStore(t), HandlerOptions{})
+	h := New(servicesStore(t), Options{})
 	for _, tc := range []struct {
 		name, selector string
 		want           []string
@@ -84,7 +84,7 @@ func TestServiceFieldSelectors(t *testing.T) {
 // ADDED or DELETED, as for a label selector.
 func TestWatchServiceFieldSelector(t *testing.T) {
 	s := servicesStore(t)
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	w := openWatch(t, h, servicesPath+"?watch=1&fieldSelector=spec.clusterIP%21%3DNone")
 	diffEvents(t, "initial", []string{"ADDED default/node-port 12", "ADDED default/web 10", "ADDED kube-system/external 13"}, w.nextN(3))
 

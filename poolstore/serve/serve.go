@@ -1,4 +1,11 @@
-package poolstore
+// Package serve is a node pool's replica to the node's components: a
+// Handler that serves a replica.Store with kube-apiserver's semantics
+// (get, list and watch, selectors, resourceVersions, bookmarks), and
+// Transport, which runs it in process for the edge's apiserver proxy.
+// Requests are read and answers written with internal/localapi, as the
+// edge's offline cache does. It knows nothing of how the replica is
+// filled (poolstore's README, "Serving").
+package serve
 
 import (
 	"context"
@@ -24,8 +31,8 @@ import (
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
-// HandlerOptions configure a Handler. Zero values take the defaults.
-type HandlerOptions struct {
+// Options configure a Handler. Zero values take the defaults.
+type Options struct {
 	// BookmarkInterval is how often a watch that allows bookmarks is sent
 	// one with the resource's resourceVersion (default 10 s).
 	BookmarkInterval time.Duration
@@ -42,12 +49,12 @@ type HandlerOptions struct {
 // the same resources: get, list and watch, in JSON.
 type Handler struct {
 	s     *replica.Store
-	o     HandlerOptions
+	o     Options
 	kinds sync.Map // resource key -> kind learnt from its objects
 }
 
-// NewHandler returns a Handler serving s.
-func NewHandler(s *replica.Store, o HandlerOptions) *Handler {
+// New returns a Handler serving s.
+func New(s *replica.Store, o Options) *Handler {
 	if o.BookmarkInterval <= 0 {
 		o.BookmarkInterval = 10 * time.Second
 	}
