@@ -23,6 +23,7 @@ import (
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
+	"github.com/tether-edge/tether/poolstore/replica"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -228,7 +229,7 @@ func startTunnelCandidate(t *testing.T, ctx context.Context, cp *testenv.Control
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := poolstore.Open(filepath.Join(t.TempDir(), poolstore.FileName), nil)
+	store, err := replica.Open(filepath.Join(t.TempDir(), replica.FileName), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // poolRBAC are the manifests that let node identities read the election
@@ -29,7 +30,7 @@ var poolRBAC = []string{"../packaging/kubernetes/edge-rbac.yaml", "../packaging/
 type candidate struct {
 	node    string
 	elector *elect.Elector
-	store   *Store
+	store   *replica.Store
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -48,7 +49,7 @@ func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node 
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &candidate{node: node, elector: el, store: open(t, filepath.Join(t.TempDir(), FileName)), done: make(chan struct{})}
+	c := &candidate{node: node, elector: el, store: open(t, filepath.Join(t.TempDir(), replica.FileName)), done: make(chan struct{})}
 	cctx, cancel := context.WithCancel(ctx)
 	c.cancel = cancel
 	go func() {
@@ -167,7 +168,7 @@ func createSlices(t *testing.T, ctx context.Context, c kubernetes.Interface, fro
 	}
 }
 
-func countSlices(s *Store) int {
-	objs, _, _, _ := s.List(ResourceKey(DefaultResources[0]))
+func countSlices(s *replica.Store) int {
+	objs, _, _, _ := s.List(replica.ResourceKey(DefaultResources[0]))
 	return len(objs)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/tether-edge/tether/poolstore/replica"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -34,7 +35,7 @@ type ServerOptions struct {
 	PeerConfig
 	// Store is this node's replica; it is streamed to followers while this
 	// node leads.
-	Store *Store
+	Store *replica.Store
 	// Leader is the pool's leader as this node sees it ("" if unknown),
 	// such as the elect.Elector's. This node serves replication and delegated
 	// heartbeats only while it is Self; report Self only once the term's

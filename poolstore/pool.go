@@ -20,6 +20,8 @@ import (
 	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/elect"
 	"github.com/tether-edge/tether/poolstore/record"
+	"github.com/tether-edge/tether/poolstore/replica"
+	"github.com/tether-edge/tether/poolstore/serve"
 )
 
 // DefaultFreshFor is how old the leader's last sync may be for a replica
@@ -45,7 +47,7 @@ type Options struct {
 	Records record.Writer
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource
-	Store     *Store
+	Store     *replica.Store
 	// Listener is the pool listener (TLS is added).
 	Listener net.Listener
 	// CloudHealthy reports whether this node reaches the cloud now: while
@@ -76,7 +78,7 @@ type Pool struct {
 	elector  *elect.Elector
 	server   *Server
 	follower *Follower
-	handler  *Handler
+	handler  *serve.Handler
 	rt       http.RoundTripper
 	m        *poolMetrics
 
@@ -118,8 +120,8 @@ func New(o Options) (*Pool, error) {
 		Registerer: o.Registerer}); err != nil {
 		return nil, err
 	}
-	p.handler = NewHandler(o.Store, HandlerOptions{Logger: p.log})
-	p.rt = HandlerTransport(p.handler)
+	p.handler = serve.New(o.Store, serve.Options{Logger: p.log})
+	p.rt = serve.Transport(p.handler)
 	if p.m, err = newPoolMetrics(o.Registerer, p); err != nil {
 		return nil, fmt.Errorf("pool metrics: %w", err)
 	}
@@ -234,7 +236,7 @@ func (p *Pool) setHint(node string) {
 // replica now: while the leader's last sync is at most FreshFor old, or,
 // with the cloud out of reach, whenever the replica has the resource.
 func (p *Pool) Serves(gvr schema.GroupVersionResource, cloudHealthy bool) bool {
-	if !p.handler.Serves(ResourceKey(gvr)) {
+	if !p.handler.Serves(replica.ResourceKey(gvr)) {
 		return false
 	}
 	return !cloudHealthy || p.Fresh()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // The replication stream is newline-delimited JSON: one frame per line,
@@ -53,7 +55,7 @@ type frame struct {
 	Resources map[string]uint64 `json:"resources,omitempty"`
 	Count     int               `json:"count,omitempty"`
 	// objects (Added changes at the snapshot's revision) and changes
-	Items []Change `json:"items,omitempty"`
+	Items []replica.Change `json:"items,omitempty"`
 	// sync: the leader's SyncedAt, and its age on the leader's clock when
 	// the frame was written, which the follower subtracts from its own
 	// clock so that clock skew between nodes does not count.
@@ -63,8 +65,8 @@ type frame struct {
 
 // batches splits items into runs of at most frameMaxItems items and about
 // frameTargetBytes of objects each.
-func batches(items []Change) [][]Change {
-	var out [][]Change
+func batches(items []replica.Change) [][]replica.Change {
+	var out [][]replica.Change
 	for len(items) > 0 {
 		n, size := 0, 0
 		for n < len(items) && n < frameMaxItems && (n == 0 || size+len(items[n].Object) <= frameTargetBytes) {

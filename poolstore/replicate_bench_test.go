@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // BenchmarkReplicationLag applies b.N EndpointSlice changes on the leader
@@ -70,7 +72,7 @@ func benchmarkLag(b *testing.B, pace time.Duration) {
 			<-tick
 		}
 		applied[i] = time.Now()
-		if err := l.store.Apply(slices_, Added, objs[i]); err != nil {
+		if err := l.store.Apply(slices_, replica.Added, objs[i]); err != nil {
 			b.Fatal(err)
 		}
 	}

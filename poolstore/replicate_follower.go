@@ -15,6 +15,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/ticker"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // FollowerOptions configure a Follower. PeerConfig, Store and Leader are
@@ -22,7 +23,7 @@ import (
 type FollowerOptions struct {
 	PeerConfig
 	// Store is this node's replica.
-	Store *Store
+	Store *replica.Store
 	// Leader is the pool's leader as this node sees it ("" if unknown):
 	// from the election, or from peers (Client.AskLeader) when the cloud
 	// is out of reach. It is polled every CheckInterval and must not
@@ -301,10 +302,10 @@ func (f *Follower) watch(ctx context.Context, cancel context.CancelCauseFunc, le
 // or a frame cannot be applied or is refused (a *refusal).
 func (f *Follower) apply(r *frameReader) error {
 	store := f.o.Store
-	var snap *Snapshot   // being received
-	var want int         // its number of objects
-	var size int64       // and of bytes so far
-	var synced time.Time // the leader's SyncedAt last marked
+	var snap *replica.Snapshot // being received
+	var want int               // its number of objects
+	var size int64             // and of bytes so far
+	var synced time.Time       // the leader's SyncedAt last marked
 	for {
 		fr, n, err := r.next()
 		if errors.Is(err, io.EOF) {
@@ -322,8 +323,8 @@ func (f *Follower) apply(r *frameReader) error {
 			if fr.Count > f.o.MaxObjects {
 				return &refusal{refusedTooManyObjects, fmt.Errorf("a snapshot of %d objects, more than %d", fr.Count, f.o.MaxObjects)}
 			}
-			snap = &Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources,
-				Objects: make([]Change, 0, min(fr.Count, 1<<16))}
+			snap = &replica.Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources,
+				Objects: make([]replica.Change, 0, min(fr.Count, 1<<16))}
 			want, size = fr.Count, 0
 		case frameObjects:
 			if snap == nil || len(snap.Objects)+len(fr.Items) > want {
@@ -341,7 +342,7 @@ func (f *Follower) apply(r *frameReader) error {
 				return err
 			}
 			if err := store.ApplyChanges(fr.Epoch, fr.Items); err != nil {
-				if errors.Is(err, ErrGap) {
+				if errors.Is(err, replica.ErrGap) {
 					f.wantSnapshot = true
 				}
 				return fmt.Errorf("apply replicated changes: %w", err)
@@ -374,10 +375,10 @@ func (f *Follower) apply(r *frameReader) error {
 // checkGrowth refuses changes that could take the replica past
 // MaxObjects or MaxBytes (counting each Added and Modified object as
 // new: a frame's worth above the real growth at most).
-func (f *Follower) checkGrowth(cs []Change) error {
+func (f *Follower) checkGrowth(cs []replica.Change) error {
 	var objs int
 	for _, c := range cs {
-		if c.Type == Added || c.Type == Modified {
+		if c.Type == replica.Added || c.Type == replica.Modified {
 			objs++
 		}
 	}
@@ -391,7 +392,7 @@ func (f *Follower) checkGrowth(cs []Change) error {
 }
 
 // objectBytes is the size of the objects in cs.
-func objectBytes(cs []Change) int64 {
+func objectBytes(cs []replica.Change) int64 {
 	var n int64
 	for _, c := range cs {
 		n += int64(len(c.Object))
@@ -430,7 +431,7 @@ func (f *Follower) received(fr frame, n int) {
 	f.st.LeaderRev = fr.Rev
 }
 
-func (f *Follower) loaded(snap *Snapshot) {
+func (f *Follower) loaded(snap *replica.Snapshot) {
 	f.wantSnapshot = false
 	f.m.resyncs.Inc()
 	f.log.Info("pool replica loaded from a snapshot", "leader_epoch", snap.Epoch, "rev", snap.Rev, "objects", len(snap.Objects))

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-edge/tether/poolstore/replica"
 	testclock "k8s.io/utils/clock/testing"
 )
 
@@ -24,8 +25,8 @@ import (
 // take.
 func FuzzReplicationStream(f *testing.F) {
 	a, b := slice("ns", "a", 5, "app", "x"), slice("ns", "b", 6)
-	objects := []Change{{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns", Name: "a", RV: 5, Object: a},
-		{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns", Name: "b", RV: 6, Object: b}}
+	objects := []replica.Change{{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns", Name: "a", RV: 5, Object: a},
+		{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns", Name: "b", RV: 6, Object: b}}
 	now := time.Unix(1e9, 0)
 	seed := func(frames ...frame) {
 		var buf bytes.Buffer
@@ -38,23 +39,29 @@ func FuzzReplicationStream(f *testing.F) {
 	snapshot := frame{Type: frameSnapshot, Epoch: "l/1", Rev: 3, Resources: map[string]uint64{slices_: 10}, Count: 2}
 	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: objects},
 		frame{Type: frameSync, Epoch: "l/1", Rev: 3, SyncedAt: now.Add(-time.Second), AgeMillis: 5},
-		frame{Type: frameChanges, Epoch: "l/1", Rev: 6, Items: []Change{
-			{Rev: 4, Resource: slices_, Type: Modified, Namespace: "ns", Name: "a", RV: 11, Object: slice("ns", "a", 11)},
-			{Rev: 5, Resource: slices_, Type: Deleted, Namespace: "ns", Name: "b", RV: 12, Object: b},
-			{Rev: 6, Resource: slices_, Type: Bookmark, RV: 13}}})
+		frame{Type: frameChanges, Epoch: "l/1", Rev: 6, Items: []replica.Change{
+			{Rev: 4, Resource: slices_, Type: replica.Modified, Namespace: "ns", Name: "a", RV: 11, Object: slice("ns", "a", 11)},
+			{Rev: 5, Resource: slices_, Type: replica.Deleted, Namespace: "ns", Name: "b", RV: 12, Object: b},
+			{Rev: 6, Resource: slices_, Type: replica.Bookmark, RV: 13}}})
 	seed(frame{Type: frameSync, SyncedAt: now.Add(time.Hour)})
 	seed(frame{Type: frameSync, SyncedAt: now, AgeMillis: -60_000})
 	seed(frame{Type: frameSnapshot, Epoch: "l/1", Resources: map[string]uint64{slices_: 10}, Count: 9})
-	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: []Change{
-		{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns", Name: "a", RV: 5, Object: slice("ns", "a", 5, "pad", strings.Repeat("x", 5000))}}})
+	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: []replica.Change{
+		{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns", Name: "a", RV: 5, Object: slice("ns", "a", 5, "pad", strings.Repeat("x", 5000))}}})
 	f.Add([]byte("{\"type\":\"objects\",\"items\":[{}]}\n"))
 
 	const maxObjects, maxBytes = 8, 4 << 10
-	store, err := Open(filepath.Join(f.TempDir(), FileName), nil)
+	store, err := replica.Open(filepath.Join(f.TempDir(), replica.FileName), nil)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { store.Close() })
+	// check takes the replica's snapshots, as a follower would.
+	check, err := replica.Open(filepath.Join(f.TempDir(), replica.FileName), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { check.Close() })
 	clk := testclock.NewFakeClock(now)
 	fol, err := NewFollower(FollowerOptions{
 		PeerConfig: PeerConfig{Self: "f", Members: &members{pools: map[string]string{}, addrs: map[string]string{}}, Clock: clk,
@@ -66,7 +73,7 @@ func FuzzReplicationStream(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		if err := store.Load(Snapshot{}); err != nil {
+		if err := store.Load(replica.Snapshot{}); err != nil {
 			t.Fatal(err)
 		}
 		store.MarkSynced(time.Time{})
@@ -88,7 +95,7 @@ func FuzzReplicationStream(f *testing.F) {
 		if size != store.Bytes() {
 			t.Fatalf("Bytes() = %d, the objects weigh %d", store.Bytes(), size)
 		}
-		if _, err := decodeSnapshot(snap); err != nil {
+		if err := check.Load(snap); err != nil {
 			t.Fatalf("the replica's own snapshot would be refused: %v", err)
 		}
 	})

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // members is an in-memory Members.
@@ -113,7 +114,7 @@ type node struct {
 	c        *cluster
 	name     string
 	path     string
-	store    *Store
+	store    *replica.Store
 	server   *Server
 	follower *Follower
 	reg      *prometheus.Registry
@@ -128,7 +129,7 @@ type node struct {
 // addNode starts a node of pool on loopback.
 func (c *cluster) addNode(name, pool string) *node {
 	c.t.Helper()
-	n := &node{c: c, name: name, path: filepath.Join(c.t.TempDir(), FileName)}
+	n := &node{c: c, name: name, path: filepath.Join(c.t.TempDir(), replica.FileName)}
 	c.members.set(name, pool, "")
 	n.start()
 	c.t.Cleanup(n.stop)
@@ -140,7 +141,7 @@ func (n *node) start() {
 	t := n.c.t
 	t.Helper()
 	var err error
-	if n.store, err = Open(n.path, nil); err != nil {
+	if n.store, err = replica.Open(n.path, nil); err != nil {
 		t.Fatalf("%v", err)
 	}
 	cfg := n.c.peer(n.name, n.c.nodeCert(n.name), n.c.ca.Pool())
@@ -258,7 +259,7 @@ func (v *view) set(node, pool string) {
 // follower runs only a Follower of name (member of pool) on store, with
 // o's bounds, Members and Clock (the cluster's and the real clock if not
 // set); it stops when the test ends.
-func (c *cluster) follower(name, pool string, store *Store, o FollowerOptions) *Follower {
+func (c *cluster) follower(name, pool string, store *replica.Store, o FollowerOptions) *Follower {
 	c.t.Helper()
 	c.members.set(name, pool, "")
 	cfg := c.peer(name, c.nodeCert(name), c.ca.Pool())

@@ -15,6 +15,7 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // A follower replicates only from a leader its own trusted view places in
@@ -40,7 +41,7 @@ func TestFollowerVerifiesLeaderMembership(t *testing.T) {
 			v := &view{Members: c.members, pools: map[string]string{"l": tc.leader, "f": tc.self}}
 			clk := testclock.NewFakeClock(time.Now())
 			var logs testenv.LogBuffer
-			store := open(t, filepath.Join(t.TempDir(), FileName))
+			store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 			f := c.follower("f", "a", store, FollowerOptions{PeerConfig: PeerConfig{Members: v, Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil))}})
 			refused := f.m.refused.WithLabelValues(tc.reason)
 
@@ -100,7 +101,7 @@ func TestFollowerStreamsFromNamedLeaderOnly(t *testing.T) {
 	addr, _ := c.members.Address("x")
 	c.members.set("l", "a", addr)
 	c.setLeader("l")
-	store := open(t, filepath.Join(t.TempDir(), FileName))
+	store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 	f := c.follower("f", "a", store, FollowerOptions{})
 	testenv.Eventually(t, "the follower says why", func() bool { return strings.Contains(f.Status().LastError, "is node x, not l") })
 	if store.Len() != 0 || value(impostor.server.m.frames.WithLabelValues(frameSnapshot)) != 0 {
@@ -109,12 +110,12 @@ func TestFollowerStreamsFromNamedLeaderOnly(t *testing.T) {
 }
 
 // preload fills a follower's replica with n objects of an old term.
-func preload(t *testing.T, n int) *Store {
+func preload(t *testing.T, n int) *replica.Store {
 	t.Helper()
-	s := open(t, filepath.Join(t.TempDir(), FileName))
-	snap := Snapshot{Epoch: "old/1", Rev: 3, Resources: map[string]uint64{slices_: uint64(n)}}
+	s := open(t, filepath.Join(t.TempDir(), replica.FileName))
+	snap := replica.Snapshot{Epoch: "old/1", Rev: 3, Resources: map[string]uint64{slices_: uint64(n)}}
 	for i := range n {
-		snap.Objects = append(snap.Objects, Change{Rev: 3, Resource: slices_, Type: Added, Namespace: "ns",
+		snap.Objects = append(snap.Objects, replica.Change{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns",
 			Name: fmt.Sprint("old", i), RV: uint64(i + 1), Object: slice("ns", fmt.Sprint("old", i), uint64(i+1))})
 	}
 	mustNil(t, s.Load(snap))
@@ -168,22 +169,22 @@ func TestReplicaBounds(t *testing.T) {
 		l := c.addNode("l", "a")
 		l.lead("l/1")
 		mustNil(t, l.store.Replace(slices_, []json.RawMessage{big("a", 1)}, 1))
-		store := open(t, filepath.Join(t.TempDir(), FileName))
+		store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 		f := c.follower("f", "a", store, FollowerOptions{MaxObjects: 5, MaxBytes: 9000})
 		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
 
-		mustNil(t, l.store.Apply(slices_, Added, big("b", 2))) // two objects, ~4 KB: taken
+		mustNil(t, l.store.Apply(slices_, replica.Added, big("b", 2))) // two objects, ~4 KB: taken
 		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
-		mustNil(t, l.store.Apply(slices_, Added, big("c", 3))) // ~6 KB
-		mustNil(t, l.store.Apply(slices_, Added, big("d", 4))) // ~8 KB
-		mustNil(t, l.store.Apply(slices_, Added, big("e", 5))) // ~10 KB: past 9000
+		mustNil(t, l.store.Apply(slices_, replica.Added, big("c", 3))) // ~6 KB
+		mustNil(t, l.store.Apply(slices_, replica.Added, big("d", 4))) // ~8 KB
+		mustNil(t, l.store.Apply(slices_, replica.Added, big("e", 5))) // ~10 KB: past 9000
 		testenv.Eventually(t, "the refusal is counted", func() bool { return value(f.m.refused.WithLabelValues(refusedTooLarge)) >= 1 })
 		if store.Bytes() > 9000 || store.Len() > 4 {
 			t.Fatalf("the replica holds %d objects, %d bytes", store.Len(), store.Bytes())
 		}
 		for i := range 10 {
-			mustNil(t, l.store.Apply(slices_, Deleted, big("e", uint64(6+i))))
-			mustNil(t, l.store.Apply(slices_, Added, slice("ns", fmt.Sprint("small", i), uint64(6+i))))
+			mustNil(t, l.store.Apply(slices_, replica.Deleted, big("e", uint64(6+i))))
+			mustNil(t, l.store.Apply(slices_, replica.Added, slice("ns", fmt.Sprint("small", i), uint64(6+i))))
 		}
 		testenv.Eventually(t, "the count refusal", func() bool { return value(f.m.refused.WithLabelValues(refusedTooManyObjects)) >= 1 })
 		if store.Len() > 5 {
@@ -199,7 +200,7 @@ func TestSyncFromTheFutureRefused(t *testing.T) {
 	l := c.addNode("l", "a")
 	l.lead("l/1")
 	mustNil(t, l.store.Replace(slices_, []json.RawMessage{slice("ns", "a", 5)}, 10))
-	store := open(t, filepath.Join(t.TempDir(), FileName))
+	store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 	f := c.follower("f", "a", store, FollowerOptions{})
 	refused := f.m.refused.WithLabelValues(refusedSyncInFuture)
 
@@ -223,7 +224,7 @@ func TestSyncFromTheFutureRefused(t *testing.T) {
 // whatever the leader's syncedAt says) is refused too.
 func TestApplyRefusesNegativeAge(t *testing.T) {
 	c := newCluster(t)
-	store := open(t, filepath.Join(t.TempDir(), FileName))
+	store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 	clk := testclock.NewFakeClock(time.Now())
 	f := newFollowerOf(t, c, store, clk)
 	var stream bytes.Buffer
@@ -239,7 +240,7 @@ func TestApplyRefusesNegativeAge(t *testing.T) {
 }
 
 // newFollowerOf is a Follower of c that is not run (for apply).
-func newFollowerOf(t *testing.T, c *cluster, store *Store, clk *testclock.FakeClock) *Follower {
+func newFollowerOf(t *testing.T, c *cluster, store *replica.Store, clk *testclock.FakeClock) *Follower {
 	t.Helper()
 	cfg := c.peer("f", c.nodeCert("f"), c.ca.Pool())
 	cfg.Clock = clk
@@ -263,7 +264,7 @@ func TestDamagedReplicaRebuiltFromLeader(t *testing.T) {
 	f.stop()
 	good, err := os.ReadFile(f.path)
 	mustNil(t, err)
-	mustNil(t, os.WriteFile(f.path, damage["truncated to half"](good), 0o600))
+	mustNil(t, os.WriteFile(f.path, good[:len(good)/2], 0o600))
 	f.start()
 	converged(t, l, f)
 	if st := f.follower.Status(); st.Resyncs != 1 {

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // Why a stream ends, besides the follower leaving or a failed write. The
@@ -115,7 +117,7 @@ func (st *stream) run(ctx context.Context, epoch string, rev uint64) error {
 		if store.Epoch() != epoch {
 			return errEpochChanged
 		}
-		if errors.Is(err, ErrCompacted) {
+		if errors.Is(err, replica.ErrCompacted) {
 			return fmt.Errorf("%w: at revision %d", errBehind, pos)
 		}
 		if err != nil {
@@ -165,7 +167,7 @@ func (st *stream) start(epoch string, rev uint64) (uint64, string, error) {
 
 // changes sends cs, the changes after pos, and returns the revision
 // reached.
-func (st *stream) changes(epoch string, pos uint64, cs []Change) (uint64, error) {
+func (st *stream) changes(epoch string, pos uint64, cs []replica.Change) (uint64, error) {
 	if len(cs) == 0 {
 		return pos, nil
 	}
@@ -206,7 +208,7 @@ const (
 
 // change returns c's JSON (json.Marshal's), from the cache when it holds
 // it. The bytes returned must not be modified.
-func (e *encodedChanges) change(epoch string, c Change) ([]byte, error) {
+func (e *encodedChanges) change(epoch string, c replica.Change) ([]byte, error) {
 	slot := &e.slots[c.Rev%encodedSlots]
 	e.mu.Lock()
 	if slot.json != nil && slot.rev == c.Rev && slot.epoch == epoch {
@@ -231,7 +233,7 @@ func (e *encodedChanges) change(epoch string, c Change) ([]byte, error) {
 // what json.Marshal makes of frame{Type: frameChanges, Epoch: epoch,
 // Rev: rev, Items: items} and a newline, with the items' JSON from the
 // cache.
-func (e *encodedChanges) changesFrame(epoch string, rev uint64, items []Change) ([]byte, error) {
+func (e *encodedChanges) changesFrame(epoch string, rev uint64, items []replica.Change) ([]byte, error) {
 	head, err := json.Marshal(frame{Type: frameChanges, Epoch: epoch, Rev: rev})
 	if err != nil {
 		return nil, fmt.Errorf("encode changes frame: %w", err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 func TestFollowersConverge(t *testing.T) {
@@ -23,10 +24,10 @@ func TestFollowersConverge(t *testing.T) {
 	l.store.MarkSynced(syncedAt)
 	converged(t, l, f1, f2)
 
-	mustNil(t, l.store.Apply(slices_, Modified, slice("ns", "a", 11)))
-	mustNil(t, l.store.Apply(slices_, Deleted, slice("ns", "b", 12)))
+	mustNil(t, l.store.Apply(slices_, replica.Modified, slice("ns", "a", 11)))
+	mustNil(t, l.store.Apply(slices_, replica.Deleted, slice("ns", "b", 12)))
 	for i := range 50 {
-		mustNil(t, l.store.Apply(slices_, Added, slice("other", fmt.Sprint("s", i), uint64(13+i))))
+		mustNil(t, l.store.Apply(slices_, replica.Added, slice("other", fmt.Sprint("s", i), uint64(13+i))))
 	}
 	converged(t, l, f1, f2)
 
@@ -59,7 +60,7 @@ func TestFollowerRestartResumesOrResyncs(t *testing.T) {
 	// Restarted while the leader's log covers its revision: it resumes.
 	f.stop()
 	for i := range 10 {
-		mustNil(t, l.store.Apply(slices_, Added, slice("ns", fmt.Sprint("r", i), uint64(20+i))))
+		mustNil(t, l.store.Apply(slices_, replica.Added, slice("ns", fmt.Sprint("r", i), uint64(20+i))))
 	}
 	f.start()
 	converged(t, l, f)
@@ -70,7 +71,7 @@ func TestFollowerRestartResumesOrResyncs(t *testing.T) {
 	// A new term: the stream ends, the follower reconnects with the old
 	// epoch and gets a snapshot.
 	l.lead("l/2")
-	mustNil(t, l.store.Apply(slices_, Added, slice("ns", "new", 40)))
+	mustNil(t, l.store.Apply(slices_, replica.Added, slice("ns", "new", 40)))
 	converged(t, l, f)
 	if st := f.follower.Status(); st.Resyncs != 1 || f.store.Epoch() != "l/2" {
 		t.Fatalf("after a new term: %d resyncs, epoch %q; want 1, l/2", st.Resyncs, f.store.Epoch())
@@ -78,8 +79,8 @@ func TestFollowerRestartResumesOrResyncs(t *testing.T) {
 
 	// Restarted after the leader's log moved on without it: a snapshot.
 	f.stop()
-	for i := range maxLog + 10 {
-		mustNil(t, l.store.Apply(slices_, Modified, slice("ns", "new", uint64(41+i))))
+	for i := range replica.MaxLog + 10 {
+		mustNil(t, l.store.Apply(slices_, replica.Modified, slice("ns", "new", uint64(41+i))))
 	}
 	f.start()
 	converged(t, l, f)
@@ -97,7 +98,7 @@ func TestLeaderChangeFollowsNewLeader(t *testing.T) {
 
 	// b takes over from its replica, starting a term.
 	b.lead("b/1")
-	mustNil(t, b.store.Apply(slices_, Added, slice("ns", "y", 11)))
+	mustNil(t, b.store.Apply(slices_, replica.Added, slice("ns", "y", 11)))
 	converged(t, b, a, f)
 	if st := f.follower.Status(); st.Leader != "b" {
 		t.Fatalf("follower streams from %q, want b", st.Leader)
@@ -125,8 +126,8 @@ func TestSlowFollowerStreamEnds(t *testing.T) {
 	}
 
 	// Not reading, while the log moves on by more than it holds.
-	for i := range 2 * maxLog {
-		mustNil(t, l.store.Apply(slices_, Modified, slice("ns", "s", uint64(i+2))))
+	for i := range 2 * replica.MaxLog {
+		mustNil(t, l.store.Apply(slices_, replica.Modified, slice("ns", "s", uint64(i+2))))
 	}
 	var last uint64
 	for {
@@ -148,11 +149,11 @@ func TestSlowFollowerStreamEnds(t *testing.T) {
 }
 
 func TestBatches(t *testing.T) {
-	many := make([]Change, 2*frameMaxItems+frameMaxItems/2)
-	big := []Change{{Object: make(json.RawMessage, frameTargetBytes)}, {Object: make(json.RawMessage, 10)}, {Object: make(json.RawMessage, frameTargetBytes)}}
+	many := make([]replica.Change, 2*frameMaxItems+frameMaxItems/2)
+	big := []replica.Change{{Object: make(json.RawMessage, frameTargetBytes)}, {Object: make(json.RawMessage, 10)}, {Object: make(json.RawMessage, frameTargetBytes)}}
 	for _, tc := range []struct {
 		name  string
-		items []Change
+		items []replica.Change
 		want  []int
 	}{
 		{"none", nil, nil},

@@ -23,6 +23,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/poolstore/record"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 //lint:file-ignore SA1019 core/v1 Endpoints is deprecated but still served and read by older clients; the pool shares it.
@@ -54,7 +55,7 @@ type SourceOptions struct {
 	// election record (elect.Options.Records); nil: Client writes it.
 	Records   record.Writer
 	Resources []schema.GroupVersionResource
-	Store     *Store
+	Store     *replica.Store
 	Pool      string
 	Node      string
 	Logger    *slog.Logger
@@ -86,10 +87,10 @@ func (s *Source) Run(ctx context.Context) {
 	for _, gvr := range s.o.Resources {
 		lw, err := s.listWatcher(gvr)
 		if err != nil {
-			s.o.Logger.Error("pool resource not shared", "resource", ResourceKey(gvr), "err", err)
+			s.o.Logger.Error("pool resource not shared", "resource", replica.ResourceKey(gvr), "err", err)
 			continue
 		}
-		wg.Go(func() { s.run(ctx, ResourceKey(gvr), lw) })
+		wg.Go(func() { s.run(ctx, replica.ResourceKey(gvr), lw) })
 	}
 	wg.Go(func() { s.markSynced(ctx) })
 	wg.Wait()
@@ -100,7 +101,7 @@ func (s *Source) Synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, gvr := range s.o.Resources {
-		if !s.synced[ResourceKey(gvr)] {
+		if !s.synced[replica.ResourceKey(gvr)] {
 			return false
 		}
 	}

@@ -13,6 +13,7 @@ func TestDeps(t *testing.T) {
 	deptest.DepChecker{BadDeps: map[string]string{
 		"go.etcd.io/bbolt/...":                               "tetherctl holds no store",
 		"github.com/tether-edge/tether/poolstore":            "tetherctl reads a pool's records (poolstore/record), never its replica",
+		"github.com/tether-edge/tether/poolstore/replica":    "tetherctl reads a pool's records (poolstore/record), never its replica",
 		"github.com/tether-edge/tether/internal/localapi":    "tetherctl holds no store",
 		"github.com/quic-go/quic-go/...":                     "tetherctl speaks HTTP to the cloud and to /status; the tunnel is the programs'",
 		"github.com/tether-edge/tether/gateway":              "tetherctl reads /status through internal/statusapi, not the program (gateway/selfca, a leaf, is allowed)",

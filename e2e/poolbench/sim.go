@@ -21,13 +21,14 @@ import (
 
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // epsResource is the replica's key of EndpointSlices.
 const epsResource = "discovery.k8s.io/v1/endpointslices"
 
 // simFollower is a pool member played in this process by the project's
-// own follower code: a poolstore.Store on a bbolt file of its own and a
+// own follower code: a replica.Store on a bbolt file of its own and a
 // poolstore.Follower streaming from the leader over its own TLS
 // connection, with its own node certificate (CN=system:node:<name>). On
 // the wire it is a tether-edge follower: the leader authorises it by its
@@ -37,7 +38,7 @@ const epsResource = "discovery.k8s.io/v1/endpointslices"
 // dials from the process's own namespace, the forwarder from src's.
 type simFollower struct {
 	name  string
-	store *poolstore.Store
+	store *replica.Store
 	reg   *prometheus.Registry
 	fwd   *forwarder
 	f     *poolstore.Follower
@@ -73,7 +74,7 @@ func simName(k int) string { return fmt.Sprintf("sim-%03d", k) }
 // leader, whose pool listener is at leaderAddr as seen from src.
 func newSimFollower(name, dir string, cert tls.Certificate, ca *testenv.CA, src *testenv.Host,
 	leader, leaderAddr string, n int, log *slog.Logger) (*simFollower, error) {
-	store, err := poolstore.Open(filepath.Join(dir, name, poolstore.FileName), log)
+	store, err := replica.Open(filepath.Join(dir, name, replica.FileName), log)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -219,7 +220,7 @@ func (fw *forwarder) bytes() traffic { return traffic{down: fw.down.Load(), up: 
 // replicated change is in its store, which the node's kube-proxy would
 // then read.
 type tracker struct {
-	store *poolstore.Store
+	store *replica.Store
 
 	mu      sync.Mutex
 	round   int
@@ -228,7 +229,7 @@ type tracker struct {
 	done    chan struct{}
 }
 
-func newTracker(store *poolstore.Store, n int) *tracker {
+func newTracker(store *replica.Store, n int) *tracker {
 	return &tracker{store: store, got: make([]time.Time, n), done: make(chan struct{})}
 }
 
@@ -260,7 +261,7 @@ func (t *tracker) run(ctx context.Context) {
 			rev = t.store.Rev()
 		} else if len(cs) > 0 {
 			for _, c := range cs {
-				if c.Resource == epsResource && (c.Type == poolstore.Added || c.Type == poolstore.Modified) {
+				if c.Resource == epsResource && (c.Type == replica.Added || c.Type == replica.Modified) {
 					t.see(c.Namespace, c.Name, c.Object, now)
 				}
 			}

@@ -36,6 +36,7 @@ import (
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/poolstore/record"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // Options configure a Runner; the names in parentheses are tether-edge's
@@ -84,7 +85,7 @@ type Runner struct {
 	// PoolMembersClient: only the informer's reads are cached).
 	loop, membersLoop *apiproxy.Loopback
 
-	store *poolstore.Store // the replica, once open
+	store *replica.Store // the replica, once open
 	pool  atomic.Pointer[poolstore.Pool]
 }
 
@@ -157,7 +158,7 @@ func (r *Runner) build(pool string, members *nodeMembers) (*poolstore.Pool, erro
 	if err != nil {
 		return nil, err
 	}
-	store, err := poolstore.Open(filepath.Join(r.opts.DataDir, poolstore.FileName), r.log)
+	store, err := replica.Open(filepath.Join(r.opts.DataDir, replica.FileName), r.log)
 	if err != nil {
 		return nil, err
 	}

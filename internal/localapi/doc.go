@@ -9,8 +9,8 @@
 //
 // Two stores use it: the edge's offline cache (edgeproxy/cache, served by
 // edgeproxy/apiproxy when the cloud is away) and the node pool's replica
-// (poolstore, served by its Handler). README.md holds both stores' bucket
-// schemas.
+// (poolstore/replica, served by poolstore/serve's Handler). README.md
+// holds both stores' bucket schemas.
 //
 // The package is a leaf: it imports neither program, nor internal/cli,
 // nor a store (internal/layering checks it), so that both sides read one

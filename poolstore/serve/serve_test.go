@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"encoding/json"
@@ -21,11 +21,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 var (
-	sliceRes   = ResourceKey(discoveryv1.SchemeGroupVersion.WithResource("endpointslices"))
-	serviceRes = ResourceKey(corev1.SchemeGroupVersion.WithResource("services"))
+	sliceRes   = replica.ResourceKey(discoveryv1.SchemeGroupVersion.WithResource("endpointslices"))
+	serviceRes = replica.ResourceKey(corev1.SchemeGroupVersion.WithResource("services"))
 )
 
 const slicesPath = "/apis/discovery.k8s.io/v1/endpointslices"
@@ -85,16 +86,16 @@ func serviceJSON(ns, name string, rv uint64) json.RawMessage {
 }
 
 // newLeaderStore is a store in its leader's term.
-func newLeaderStore(t *testing.T) *Store {
+func newLeaderStore(t *testing.T) *replica.Store {
 	t.Helper()
-	s := open(t, filepath.Join(t.TempDir(), FileName))
+	s := open(t, filepath.Join(t.TempDir(), replica.FileName))
 	mustNil(t, s.StartEpoch("edge-0/1"))
 	return s
 }
 
 // servedStore is a leader store with EndpointSlices in two namespaces (listed
 // at resourceVersion 100) and Services synced without objects.
-func servedStore(t *testing.T) *Store {
+func servedStore(t *testing.T) *replica.Store {
 	t.Helper()
 	s := newLeaderStore(t)
 	mustNil(t, s.Replace(sliceRes, []json.RawMessage{
@@ -138,7 +139,7 @@ func (l listAnswer) names() []string {
 }
 
 func TestList(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{})
+	h := New(servedStore(t), Options{})
 	for _, tc := range []struct {
 		name, target string
 		want         []string
@@ -184,7 +185,7 @@ func TestList(t *testing.T) {
 }
 
 func TestGet(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{})
+	h := New(servedStore(t), Options{})
 	resp, body := getAnswer(t, h, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-abc")
 	var es discoveryv1.EndpointSlice
 	mustNil(t, json.Unmarshal(body, &es))
@@ -210,7 +211,7 @@ func readAPIStatus(t *testing.T, body []byte) metav1.Status {
 // TestRefusals: what the replica does not serve is answered as
 // kube-apiserver answers it, with a Status.
 func TestRefusals(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{FreshnessWait: 50 * time.Millisecond})
+	h := New(servedStore(t), Options{FreshnessWait: 50 * time.Millisecond})
 	for _, tc := range []struct {
 		name, method, target string
 		code                 int
@@ -250,7 +251,7 @@ func TestRefusals(t *testing.T) {
 func TestListWaitsForResourceVersion(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
-	h := NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
+	h := New(s, Options{FreshnessWait: time.Minute, Clock: clk})
 	type answer struct {
 		resp *http.Response
 		body []byte
@@ -261,7 +262,7 @@ func TestListWaitsForResourceVersion(t *testing.T) {
 		answered <- answer{resp, body}
 	}()
 	testenv.Eventually(t, "the list waits for 101", clk.HasWaiters)
-	s.Apply(sliceRes, Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
+	s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "late", 101, "late", "10.0.3.1"))
 	a := <-answered
 	resp, body := a.resp, a.body
 	var l listAnswer
@@ -272,7 +273,7 @@ func TestListWaitsForResourceVersion(t *testing.T) {
 }
 
 func TestServes(t *testing.T) {
-	h := NewHandler(servedStore(t), HandlerOptions{})
+	h := New(servedStore(t), Options{})
 	if !h.Serves(sliceRes) || !h.Serves(serviceRes) || h.Serves("core/v1/endpoints") {
 		t.Fatal("Serves does not follow the replica's resources")
 	}

@@ -1,4 +1,4 @@
-package poolstore
+package replica
 
 import (
 	"bytes"

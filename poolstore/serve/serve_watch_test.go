@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // watchStream is an open watch: its events as they are decoded.
@@ -32,13 +33,13 @@ type watchEvent struct {
 	Object json.RawMessage `json:"object"`
 }
 
-// openWatch starts a watch request with c (HandlerTransport by default).
+// openWatch starts a watch request with c (Transport by default).
 func openWatch(t *testing.T, h http.Handler, target string) *watchStream {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://pool"+target, nil)
 	mustNil(t, err)
-	resp, err := (&http.Client{Transport: HandlerTransport(h)}).Do(req)
+	resp, err := (&http.Client{Transport: Transport(h)}).Do(req)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -144,13 +145,13 @@ func diffEvents(t *testing.T, what string, want, got []string) {
 // after X, those already in the log and those to come, in order.
 func TestWatchFromResourceVersion(t *testing.T) {
 	s := servedStore(t)
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 101, "web", "10.0.0.1")))
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
-	mustNil(t, s.Apply(serviceRes, Added, serviceJSON("default", "web", 103))) // another resource
-	w := openWatch(t, NewHandler(s, HandlerOptions{}), slicesPath+"?watch=true&resourceVersion=101")
-	mustNil(t, s.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 104, "db")))
-	mustNil(t, s.Apply(sliceRes, Bookmark, endpointSliceJSON("", "", 105, "")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("kube-system", "kube-dns-q", 106, "kube-dns", "10.0.2.9")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 101, "web", "10.0.0.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 103))) // another resource
+	w := openWatch(t, New(s, Options{}), slicesPath+"?watch=true&resourceVersion=101")
+	mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 104, "db")))
+	mustNil(t, s.Apply(sliceRes, replica.Bookmark, endpointSliceJSON("", "", 105, "")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("kube-system", "kube-dns-q", 106, "kube-dns", "10.0.2.9")))
 	diffEvents(t, "events", []string{
 		"ADDED default/api-1 102",
 		"DELETED default/db-xyz 104",
@@ -177,9 +178,9 @@ func TestWatchInitialEvents(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := servedStore(t)
-			w := openWatch(t, NewHandler(s, HandlerOptions{}), slicesPath+"?"+tc.query)
+			w := openWatch(t, New(s, Options{}), slicesPath+"?"+tc.query)
 			got := w.nextN(len(tc.want))
-			mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("kube-system", "new", 101, "new", "10.0.5.1")))
+			mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("kube-system", "new", 101, "new", "10.0.5.1")))
 			got = append(got, w.next())
 			diffEvents(t, "events", append(tc.want, "ADDED kube-system/new 101"), got)
 		})
@@ -190,12 +191,12 @@ func TestWatchInitialEvents(t *testing.T) {
 // has not reached waits for it, then fails as kube-apiserver does.
 func TestWatchListWaits(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{FreshnessWait: 100 * time.Millisecond})
+	h := New(s, Options{FreshnessWait: 100 * time.Millisecond})
 	q := "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion=500"
 	diffEvents(t, "too large", []string{"ERROR 504 Timeout"}, openWatch(t, h, slicesPath+q).ended())
 
 	clk := testingclock.NewFakeClock(time.Now())
-	h = NewHandler(s, HandlerOptions{FreshnessWait: time.Minute, Clock: clk})
+	h = New(s, Options{FreshnessWait: time.Minute, Clock: clk})
 	w := openWatch(t, h, slicesPath+q) // answered before it waits
 	testenv.Eventually(t, "the watch-list waits for 500", clk.HasWaiters)
 	s.Replace(sliceRes, nil, 500)
@@ -208,7 +209,7 @@ func TestWatchExpired(t *testing.T) {
 	t.Run("follower loaded a snapshot", func(t *testing.T) {
 		f := open(t, filepath.Join(t.TempDir(), "f.db"))
 		mustNil(t, f.Load(servedStore(t).Snapshot()))
-		h := NewHandler(f, HandlerOptions{})
+		h := New(f, Options{})
 		diffEvents(t, "from 50", []string{"ERROR 410 Expired"}, openWatch(t, h, slicesPath+"?watch=1&resourceVersion=50").ended())
 		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100") // the snapshot's: fine
 		snap := servedStore(t).Snapshot()
@@ -218,20 +219,20 @@ func TestWatchExpired(t *testing.T) {
 	})
 	t.Run("log compacted", func(t *testing.T) {
 		s := servedStore(t)
-		for i := range maxLog {
-			mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", uint64(101+i), "web", "10.0.0.1")))
+		for i := range replica.MaxLog {
+			mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", uint64(101+i), "web", "10.0.0.1")))
 		}
-		h := NewHandler(s, HandlerOptions{})
+		h := New(s, Options{})
 		diffEvents(t, "from 100", []string{"ERROR 410 Expired"}, openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100").ended())
-		last := fmt.Sprint(100 + maxLog)
-		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion="+fmt.Sprint(100+maxLog-1))
+		last := fmt.Sprint(100 + replica.MaxLog)
+		w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion="+fmt.Sprint(100+replica.MaxLog-1))
 		diffEvents(t, "recent", []string{"MODIFIED default/web-abc " + last}, w.nextN(1))
 	})
 	t.Run("resource dropped", func(t *testing.T) {
 		f := open(t, filepath.Join(t.TempDir(), "f.db"))
 		mustNil(t, f.Load(servedStore(t).Snapshot()))
-		w := openWatch(t, NewHandler(f, HandlerOptions{}), slicesPath+"?watch=1&resourceVersion=100")
-		mustNil(t, f.Load(Snapshot{Epoch: "e2", Resources: map[string]uint64{serviceRes: 1}}))
+		w := openWatch(t, New(f, Options{}), slicesPath+"?watch=1&resourceVersion=100")
+		mustNil(t, f.Load(replica.Snapshot{Epoch: "e2", Resources: map[string]uint64{serviceRes: 1}}))
 		diffEvents(t, "events", []string{"ERROR 410 Expired"}, w.ended())
 	})
 }
@@ -240,7 +241,7 @@ func TestWatchExpired(t *testing.T) {
 // are sent as ADDED and DELETED, as kube-apiserver does.
 func TestWatchLabelSelector(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	sel := "&labelSelector=kubernetes.io%2Fservice-name%3Dweb"
 	fromList := openWatch(t, h, slicesPath+"?watch=1"+sel)
 	fromRV := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100"+sel)
@@ -248,12 +249,12 @@ func TestWatchLabelSelector(t *testing.T) {
 
 	// web-abc leaves (now db's), db-xyz enters (now web's), kube-dns-q
 	// changes outside, web-abc comes back, db-xyz is deleted.
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 101, "db", "10.0.0.1")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "db-xyz", 102, "web", "10.0.1.1")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("kube-system", "kube-dns-q", 103, "kube-dns")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 104, "web", "10.0.0.1")))
-	mustNil(t, s.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 105, "web")))
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "web-new", 106, "web")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 101, "db", "10.0.0.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "db-xyz", 102, "web", "10.0.1.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("kube-system", "kube-dns-q", 103, "kube-dns")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 104, "web", "10.0.0.1")))
+	mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 105, "web")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "web-new", 106, "web")))
 	diffEvents(t, "from the list", []string{
 		"DELETED default/web-abc 101",
 		"ADDED default/db-xyz 102",
@@ -278,13 +279,13 @@ func TestWatchLabelSelector(t *testing.T) {
 	// that matched, at the change's resourceVersion.
 	w := openWatch(t, h, slicesPath+"?watch=1"+sel)
 	w.nextN(2)
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-new", 107, "other")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-new", 107, "other")))
 	ev := <-w.events
 	var es struct {
 		Metadata metav1.ObjectMeta `json:"metadata"`
 	}
 	mustNil(t, json.Unmarshal(ev.Object, &es))
-	if ev.Type != Deleted || es.Metadata.ResourceVersion != "107" || es.Metadata.Labels["kubernetes.io/service-name"] != "web" {
+	if ev.Type != replica.Deleted || es.Metadata.ResourceVersion != "107" || es.Metadata.Labels["kubernetes.io/service-name"] != "web" {
 		t.Fatalf("%s %s", ev.Type, ev.Object)
 	}
 }
@@ -294,19 +295,19 @@ func TestWatchLabelSelector(t *testing.T) {
 func TestWatchBookmarks(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
-	h := NewHandler(s, HandlerOptions{Clock: clk, BookmarkInterval: 10 * time.Second})
+	h := New(s, Options{Clock: clk, BookmarkInterval: 10 * time.Second})
 	w := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100&allowWatchBookmarks=true")
 	none := openWatch(t, h, slicesPath+"?watch=1&resourceVersion=100")
 	testenv.EventuallyWithin(t, 10*time.Second, "bookmark tickers", func() bool { return clk.Waiters() == 1 })
 
 	clk.Step(10 * time.Second)
 	diffEvents(t, "first", []string{"BOOKMARK EndpointSlice 100"}, w.nextN(1))
-	mustNil(t, s.Apply(sliceRes, Bookmark, endpointSliceJSON("", "", 150, "")))
-	mustNil(t, s.Apply(serviceRes, Added, serviceJSON("default", "web", 160))) // another resource: not its RV
+	mustNil(t, s.Apply(sliceRes, replica.Bookmark, endpointSliceJSON("", "", 150, "")))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 160))) // another resource: not its RV
 	clk.Step(10 * time.Second)
 	diffEvents(t, "raised by the log", []string{"BOOKMARK EndpointSlice 150"}, w.nextN(1))
 
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api", 170, "api")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api", 170, "api")))
 	diffEvents(t, "without bookmarks", []string{"ADDED default/api 170"}, none.nextN(1))
 }
 
@@ -314,10 +315,10 @@ func TestWatchBookmarks(t *testing.T) {
 func TestWatchTimeout(t *testing.T) {
 	s := servedStore(t)
 	clk := testingclock.NewFakeClock(time.Now())
-	w := openWatch(t, NewHandler(s, HandlerOptions{Clock: clk}), slicesPath+"?watch=1&resourceVersion=100&timeoutSeconds=30")
+	w := openWatch(t, New(s, Options{Clock: clk}), slicesPath+"?watch=1&resourceVersion=100&timeoutSeconds=30")
 	testenv.EventuallyWithin(t, 10*time.Second, "timeout timer", func() bool { return clk.HasWaiters() })
 	clk.Step(29 * time.Second)
-	mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api", 101, "api")))
+	mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api", 101, "api")))
 	diffEvents(t, "before the timeout", []string{"ADDED default/api 101"}, w.nextN(1))
 	clk.Step(time.Second)
 	diffEvents(t, "after", nil, w.ended())
@@ -327,7 +328,7 @@ func TestWatchTimeout(t *testing.T) {
 // events as they come (chunked, flushed).
 func TestWatchOverHTTP(t *testing.T) {
 	s := servedStore(t)
-	srv := httptest.NewServer(NewHandler(s, HandlerOptions{}))
+	srv := httptest.NewServer(New(s, Options{}))
 	t.Cleanup(srv.Close)
 	resp, err := http.Get(srv.URL + slicesPath + "?watch=1&resourceVersion=100")
 	mustNil(t, err)
@@ -337,7 +338,7 @@ func TestWatchOverHTTP(t *testing.T) {
 	}
 	d := json.NewDecoder(resp.Body)
 	for i := range 3 {
-		mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", fmt.Sprint("n", i), uint64(101+i), "n")))
+		mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", fmt.Sprint("n", i), uint64(101+i), "n")))
 		var ev watchEvent
 		mustNil(t, d.Decode(&ev))
 		if got := eventSummary(t, ev); got != fmt.Sprintf("ADDED default/n%d %d", i, 101+i) {
@@ -350,12 +351,12 @@ func TestWatchOverHTTP(t *testing.T) {
 // watch=1 watch one object.
 func TestWatchOneObject(t *testing.T) {
 	s := servedStore(t)
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	legacy := openWatch(t, h, "/apis/discovery.k8s.io/v1/watch/namespaces/default/endpointslices/web-abc")
 	named := openWatch(t, h, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-abc?watch=1&resourceVersion=100")
 	diffEvents(t, "legacy path", []string{"ADDED default/web-abc 10"}, legacy.nextN(1))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "db-xyz", 101, "db")))
-	mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 102, "web")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "db-xyz", 101, "db")))
+	mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 102, "web")))
 	diffEvents(t, "legacy path", []string{"MODIFIED default/web-abc 102"}, legacy.nextN(1))
 	diffEvents(t, "named", []string{"MODIFIED default/web-abc 102"}, named.nextN(1))
 }

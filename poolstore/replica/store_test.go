@@ -1,4 +1,4 @@
-package poolstore
+package replica
 
 import (
 	"bytes"
@@ -132,7 +132,7 @@ func TestReopenKeepsReplica(t *testing.T) {
 func TestLogBounded(t *testing.T) {
 	s := open(t, filepath.Join(t.TempDir(), FileName))
 	mustNil(t, s.StartEpoch("e"))
-	for i := range maxLog + 10 {
+	for i := range MaxLog + 10 {
 		mustNil(t, s.Apply(slices_, Modified, slice("ns", "x", uint64(i+1))))
 	}
 	if _, err := s.Since(1); !errors.Is(err, ErrCompacted) {
@@ -145,7 +145,7 @@ func TestLogBounded(t *testing.T) {
 	if _, _, err := s.History(slices_, 3); !errors.Is(err, ErrCompacted) {
 		t.Fatalf("history from rv 3: %v, want ErrCompacted", err)
 	}
-	if h, _, err := s.History(slices_, uint64(maxLog)); err != nil || len(h) != 10 {
+	if h, _, err := s.History(slices_, uint64(MaxLog)); err != nil || len(h) != 10 {
 		t.Fatalf("history from the log's span: %d changes, %v", len(h), err)
 	}
 }

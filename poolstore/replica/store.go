@@ -1,4 +1,10 @@
-package poolstore
+// Package replica is a node's copy of its pool's resources: Store, the
+// objects in memory, written behind to a bbolt file (FileName in the data
+// directory), with the pool's change log in memory. The leader's Source
+// fills it, a Follower applies the leader's changes to it, and the
+// Handler serves it; this package imports none of them (poolstore's
+// README, "Pieces").
+package replica
 
 import (
 	"bytes"
@@ -83,10 +89,10 @@ func ResourceKey(gvr schema.GroupVersionResource) string {
 	return g + "/" + gvr.Version + "/" + gvr.Resource
 }
 
-// maxLog bounds the in-memory change log; when it is full the older half
+// MaxLog bounds the in-memory change log; when it is full the older half
 // is dropped (followers further behind resync from a snapshot, watchers
 // further behind relist).
-const maxLog = 16384
+const MaxLog = 16384
 
 // flushDelay is how long changes gather in memory before they are written
 // to the file in one transaction: at most four fsyncs a second while
@@ -94,8 +100,8 @@ const maxLog = 16384
 // recent enough to start from after a restart (a follower resumes from
 // the leader, which sends what the file lacks); 50 ms, the delay before,
 // meant up to 20 fsyncs a second and 2.4 times the bytes written per
-// change, on nodes whose storage is often flash (poolstore/README.md, "Write-behind
-// delay").
+// change, on nodes whose storage is often flash (poolstore's README,
+// "Write-behind delay").
 const flushDelay = 250 * time.Millisecond
 
 // Store is a node's pool replica: the objects in memory, written through
@@ -621,12 +627,12 @@ func (s *Store) record(name string, res *resource, c Change, o *localapi.Object)
 		res.rv = c.RV
 		s.dirtyRes[name] = true
 	}
-	if len(s.changes) == maxLog {
-		drop := s.changes[:maxLog/2]
+	if len(s.changes) == MaxLog {
+		drop := s.changes[:MaxLog/2]
 		for _, d := range drop {
 			s.baseRV[d.Resource] = max(s.baseRV[d.Resource], d.RV)
 		}
-		s.changes = append(s.changes[:0], s.changes[maxLog/2:]...)
+		s.changes = append(s.changes[:0], s.changes[MaxLog/2:]...)
 	}
 	s.changes = append(s.changes, c)
 }

@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"bufio"
@@ -11,14 +11,14 @@ import (
 	"sync"
 )
 
-// HandlerTransport returns an http.RoundTripper that serves requests with
+// Transport returns an http.RoundTripper that serves requests with
 // h in this process, as if h were behind an HTTP server: the response
 // returns once h has written its header, its body streams through a pipe
 // while h writes it (so watches stream), and the request's context, or
 // closing the body, ends h's request context. What a server adds (content
 // sniffing, Date, gzip) is not added; a panic of h becomes the
 // request's error, or the body's.
-func HandlerTransport(h http.Handler) http.RoundTripper {
+func Transport(h http.Handler) http.RoundTripper {
 	return handlerTransport{h}
 }
 

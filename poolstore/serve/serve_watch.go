@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/tether-edge/tether/internal/localapi"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // apiWatcher is one watch request: it follows the store's change log from
@@ -30,7 +31,7 @@ type apiWatcher struct {
 	afterRV uint64
 	// view is, for a watch with a label selector or content fields
 	// (localapi.Scope.FiltersContent), which objects the
-	// client holds: key -> the object last sent, or nil for an object
+	// client holds: key (objKey) -> the object last sent, or nil for an object
 	// known not to be held. complete is true when every key the client
 	// holds is in view (the watch began with the objects), false when it
 	// began at a resourceVersion, before which the labels are unknown.
@@ -126,7 +127,7 @@ func (wt *apiWatcher) sendInitial() error {
 		if wt.view != nil {
 			wt.view[objKey(o.Namespace, o.Name)] = o.Raw
 		}
-		if err := wt.add(Added, o.Raw); err != nil {
+		if err := wt.add(replica.Added, o.Raw); err != nil {
 			return err
 		}
 	}
@@ -147,7 +148,7 @@ func (wt *apiWatcher) follow(ctx context.Context, deadline <-chan time.Time) err
 	for {
 		changed := wt.h.s.Changed()
 		cs, _, err := wt.h.s.History(wt.req.resource, wt.afterRV)
-		if errors.Is(err, ErrCompacted) {
+		if errors.Is(err, replica.ErrCompacted) {
 			wt.fail(apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d", wt.afterRV)))
 			return err
 		}
@@ -173,11 +174,11 @@ func (wt *apiWatcher) follow(ctx context.Context, deadline <-chan time.Time) err
 }
 
 // sendChanges sends the events of cs for the client and raises afterRV.
-func (wt *apiWatcher) sendChanges(cs []Change) error {
+func (wt *apiWatcher) sendChanges(cs []replica.Change) error {
 	sent := 0
 	for _, c := range cs {
 		wt.afterRV = max(wt.afterRV, c.RV)
-		if c.Type == Bookmark {
+		if c.Type == replica.Bookmark {
 			continue
 		}
 		typ, obj := wt.event(c)
@@ -199,7 +200,7 @@ func (wt *apiWatcher) sendChanges(cs []Change) error {
 // label selector an object can enter or leave the scope: it is sent as
 // ADDED when it starts to match and as DELETED (its last matching state
 // at the change's resourceVersion) when it stops, as kube-apiserver does.
-func (wt *apiWatcher) event(c Change) (typ string, obj json.RawMessage) {
+func (wt *apiWatcher) event(c replica.Change) (typ string, obj json.RawMessage) {
 	if !wt.req.scope.MatchesKey(c.Namespace, c.Name) {
 		return "", nil
 	}
@@ -208,24 +209,24 @@ func (wt *apiWatcher) event(c Change) (typ string, obj json.RawMessage) {
 	}
 	k := objKey(c.Namespace, c.Name)
 	prev, known := wt.view[k]
-	if !known && (wt.complete || c.Type == Added) {
+	if !known && (wt.complete || c.Type == replica.Added) {
 		known = true // not held
 	}
 	held := prev != nil
 	matches := wt.matchesContent(c.Object)
 	switch {
-	case c.Type == Deleted:
+	case c.Type == replica.Deleted:
 		wt.forget(k)
 		if held || (!known && matches) {
-			return Deleted, c.Object
+			return replica.Deleted, c.Object
 		}
 	case matches:
 		wt.view[k] = c.Object
 		switch {
 		case held:
-			return Modified, c.Object
+			return replica.Modified, c.Object
 		case known:
-			return Added, c.Object
+			return replica.Added, c.Object
 		}
 		return c.Type, c.Object
 	case held:
@@ -234,12 +235,12 @@ func (wt *apiWatcher) event(c Change) (typ string, obj json.RawMessage) {
 		if err != nil {
 			last = c.Object
 		}
-		return Deleted, last
+		return replica.Deleted, last
 	case !known:
 		// It may have matched before the watch began: the client drops
 		// it if it holds it, and ignores the event if not.
 		wt.forget(k)
-		return Deleted, c.Object
+		return replica.Deleted, c.Object
 	}
 	return "", nil
 }
@@ -311,3 +312,6 @@ func (wt *apiWatcher) flush() error {
 	}
 	return nil
 }
+
+// objKey is an object's key in a watch's view: namespace/name.
+func objKey(namespace, name string) string { return namespace + "/" + name }

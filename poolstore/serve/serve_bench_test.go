@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"encoding/json"
@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"testing"
+
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // discardWriter is a ResponseWriter that keeps nothing: what the
@@ -25,7 +27,7 @@ func (w *discardWriter) Write(p []byte) (int, error) { w.n += len(p); return len
 // 1.3 KB of JSON each), as kube-proxy and coredns do at start and on
 // every relist.
 func BenchmarkList(b *testing.B) {
-	s, err := Open(filepath.Join(b.TempDir(), FileName), nil)
+	s, err := replica.Open(filepath.Join(b.TempDir(), replica.FileName), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,7 +43,7 @@ func BenchmarkList(b *testing.B) {
 	if err := s.Replace(sliceRes, items, 1000); err != nil {
 		b.Fatal(err)
 	}
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	for _, bc := range []struct{ name, target string }{
 		{"all", slicesPath},
 		{"kube-proxy-selector", slicesPath + "?labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name&resourceVersion=0&limit=500"},
@@ -59,7 +61,7 @@ func BenchmarkList(b *testing.B) {
 		})
 	}
 	b.Run("all/transport", func(b *testing.B) {
-		c := &http.Client{Transport: HandlerTransport(h)}
+		c := &http.Client{Transport: Transport(h)}
 		var n int64
 		b.ReportAllocs()
 		for b.Loop() {

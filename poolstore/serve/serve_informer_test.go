@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"bytes"
@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
 // requestLog wraps a handler and records what client-go asks of it and
@@ -102,11 +103,11 @@ func (w *expiryWatcher) Write(p []byte) (int, error) {
 
 func (w *expiryWatcher) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// clientFor returns a clientset that reaches h in process (HandlerTransport,
+// clientFor returns a clientset that reaches h in process (Transport,
 // as the edge's apiserver proxy does) or over HTTP.
 func clientFor(t *testing.T, h http.Handler, via string) kubernetes.Interface {
 	t.Helper()
-	cfg := &rest.Config{Host: "http://pool.invalid", Transport: HandlerTransport(h)}
+	cfg := &rest.Config{Host: "http://pool.invalid", Transport: Transport(h)}
 	if via == "http" {
 		srv := httptest.NewServer(h)
 		t.Cleanup(srv.Close)
@@ -190,7 +191,7 @@ func TestInformer(t *testing.T) {
 			t.Run(mode.name+"/"+via, func(t *testing.T) {
 				clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, mode.watchList)
 				s := servedStore(t)
-				log := &requestLog{h: NewHandler(s, HandlerOptions{})}
+				log := &requestLog{h: New(s, Options{})}
 				events, lister := sliceInformer(t, clientFor(t, log, via))
 				diffEvents(t, "synced", []string{"default/db-xyz 11", "default/web-abc 10", "kube-system/kube-dns-q 12"}, lister())
 				nextEvents(t, events, 3)
@@ -198,9 +199,9 @@ func TestInformer(t *testing.T) {
 					t.Fatalf("requests %q: want one %s", log.snapshot(), mode.first)
 				}
 
-				mustNil(t, s.Apply(sliceRes, Added, endpointSliceJSON("default", "api-1", 101, "api", "10.0.4.1")))
-				mustNil(t, s.Apply(sliceRes, Modified, endpointSliceJSON("default", "web-abc", 102, "web", "10.0.0.1", "10.0.0.3")))
-				mustNil(t, s.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 103, "db")))
+				mustNil(t, s.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 101, "api", "10.0.4.1")))
+				mustNil(t, s.Apply(sliceRes, replica.Modified, endpointSliceJSON("default", "web-abc", 102, "web", "10.0.0.1", "10.0.0.3")))
+				mustNil(t, s.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 103, "db")))
 				diffEvents(t, "events", []string{
 					"add default/api-1 101",
 					"update default/web-abc 102",
@@ -223,13 +224,13 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 			leader := servedStore(t)
 			follower := open(t, filepath.Join(t.TempDir(), "follower.db"))
 			mustNil(t, follower.Load(leader.Snapshot()))
-			log := &requestLog{h: NewHandler(follower, HandlerOptions{})}
+			log := &requestLog{h: New(follower, Options{})}
 			events, lister := sliceInformer(t, clientFor(t, log, "transport"))
 			nextEvents(t, events, 3)
 
 			// The follower misses these changes and resyncs from a snapshot.
-			mustNil(t, leader.Apply(sliceRes, Deleted, endpointSliceJSON("default", "db-xyz", 101, "db")))
-			mustNil(t, leader.Apply(sliceRes, Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
+			mustNil(t, leader.Apply(sliceRes, replica.Deleted, endpointSliceJSON("default", "db-xyz", 101, "db")))
+			mustNil(t, leader.Apply(sliceRes, replica.Added, endpointSliceJSON("default", "api-1", 102, "api", "10.0.4.1")))
 			mustNil(t, follower.Load(leader.Snapshot()))
 
 			want := []string{"default/api-1 102", "default/web-abc 10", "kube-system/kube-dns-q 12"}
@@ -255,7 +256,7 @@ func TestReflectorRelistsAfterExpired(t *testing.T) {
 // informer is still on its first watch and sees what comes next on it.
 func TestInformerServices(t *testing.T) {
 	s := servedStore(t)
-	log := &requestLog{h: NewHandler(s, HandlerOptions{BookmarkInterval: 10 * time.Millisecond})}
+	log := &requestLog{h: New(s, Options{BookmarkInterval: 10 * time.Millisecond})}
 	cs := clientFor(t, log, "transport")
 	factory := informers.NewSharedInformerFactory(cs, 0)
 	inf := factory.Core().V1().Services()
@@ -278,7 +279,7 @@ func TestInformerServices(t *testing.T) {
 	if got := inf.Informer().LastSyncResourceVersion(); got != "90" {
 		t.Fatalf("last sync resourceVersion %q, want 90", got)
 	}
-	mustNil(t, s.Apply(serviceRes, Added, serviceJSON("default", "web", 91)))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceJSON("default", "web", 91)))
 	select {
 	case <-added:
 	case <-time.After(10 * time.Second):

@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 
 func roundTrip(t *testing.T, h http.Handler, req *http.Request) (*http.Response, error) {
 	t.Helper()
-	return (&http.Client{Transport: HandlerTransport(h)}).Do(req)
+	return (&http.Client{Transport: Transport(h)}).Do(req)
 }
 
 func newRequest(t *testing.T, ctx context.Context, method, body string) *http.Request {

@@ -1,4 +1,4 @@
-package poolstore
+package serve
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/tether-edge/tether/poolstore/replica"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -29,7 +30,7 @@ func serviceOfType(ns, name string, rv uint64, typ corev1.ServiceType, clusterIP
 
 // servicesStore holds a ClusterIP, a headless, a NodePort and an
 // ExternalName Service (listed at resourceVersion 50).
-func servicesStore(t *testing.T) *Store {
+func servicesStore(t *testing.T) *replica.Store {
 	t.Helper()
 	s := newLeaderStore(t)
 	mustNil(t, s.Replace(serviceRes, []json.RawMessage{
@@ -45,7 +46,7 @@ func servicesStore(t *testing.T) *Store {
 // spec.type as kube-apiserver selects them; kube-proxy lists and watches
 // them with spec.clusterIP!=None.
 func TestServiceFieldSelectors(t *testing.T) {
-	h := NewHandler(servicesStore(t), HandlerOptions{})
+	h := New(servicesStore(t), Options{})
 	for _, tc := range []struct {
 		name, selector string
 		want           []string
@@ -83,14 +84,14 @@ func TestServiceFieldSelectors(t *testing.T) {
 // ADDED or DELETED, as for a label selector.
 func TestWatchServiceFieldSelector(t *testing.T) {
 	s := servicesStore(t)
-	h := NewHandler(s, HandlerOptions{})
+	h := New(s, Options{})
 	w := openWatch(t, h, servicesPath+"?watch=1&fieldSelector=spec.clusterIP%21%3DNone")
 	diffEvents(t, "initial", []string{"ADDED default/node-port 12", "ADDED default/web 10", "ADDED kube-system/external 13"}, w.nextN(3))
 
-	mustNil(t, s.Apply(serviceRes, Modified, serviceOfType("kube-system", "external", 51, corev1.ServiceTypeClusterIP, corev1.ClusterIPNone)))
-	mustNil(t, s.Apply(serviceRes, Modified, serviceOfType("default", "headless", 52, corev1.ServiceTypeClusterIP, corev1.ClusterIPNone)))
-	mustNil(t, s.Apply(serviceRes, Modified, serviceOfType("default", "web", 53, corev1.ServiceTypeNodePort, "10.96.0.10")))
-	mustNil(t, s.Apply(serviceRes, Added, serviceOfType("default", "new", 54, corev1.ServiceTypeClusterIP, "10.96.0.54")))
+	mustNil(t, s.Apply(serviceRes, replica.Modified, serviceOfType("kube-system", "external", 51, corev1.ServiceTypeClusterIP, corev1.ClusterIPNone)))
+	mustNil(t, s.Apply(serviceRes, replica.Modified, serviceOfType("default", "headless", 52, corev1.ServiceTypeClusterIP, corev1.ClusterIPNone)))
+	mustNil(t, s.Apply(serviceRes, replica.Modified, serviceOfType("default", "web", 53, corev1.ServiceTypeNodePort, "10.96.0.10")))
+	mustNil(t, s.Apply(serviceRes, replica.Added, serviceOfType("default", "new", 54, corev1.ServiceTypeClusterIP, "10.96.0.54")))
 	diffEvents(t, "changes", []string{
 		"DELETED kube-system/external 51",
 		"MODIFIED default/web 53",

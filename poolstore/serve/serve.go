@@ -1,4 +1,11 @@
-package poolstore
+// Package serve is a node pool's replica to the node's components: a
+// Handler that serves a replica.Store with kube-apiserver's semantics
+// (get, list and watch, selectors, resourceVersions, bookmarks), and
+// Transport, which runs it in process for the edge's apiserver proxy.
+// Requests are read and answers written with internal/localapi, as the
+// edge's offline cache does. It knows nothing of how the replica is
+// filled (poolstore's README, "Serving").
+package serve
 
 import (
 	"context"
@@ -21,10 +28,11 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/localapi"
+	"github.com/tether-edge/tether/poolstore/replica"
 )
 
-// HandlerOptions configure a Handler. Zero values take the defaults.
-type HandlerOptions struct {
+// Options configure a Handler. Zero values take the defaults.
+type Options struct {
 	// BookmarkInterval is how often a watch that allows bookmarks is sent
 	// one with the resource's resourceVersion (default 10 s).
 	BookmarkInterval time.Duration
@@ -40,13 +48,13 @@ type HandlerOptions struct {
 // Handler serves a Store to node components as kube-apiserver serves
 // the same resources: get, list and watch, in JSON.
 type Handler struct {
-	s     *Store
-	o     HandlerOptions
+	s     *replica.Store
+	o     Options
 	kinds sync.Map // resource key -> kind learnt from its objects
 }
 
-// NewHandler returns a Handler serving s.
-func NewHandler(s *Store, o HandlerOptions) *Handler {
+// New returns a Handler serving s.
+func New(s *replica.Store, o Options) *Handler {
 	if o.BookmarkInterval <= 0 {
 		o.BookmarkInterval = 10 * time.Second
 	}
@@ -118,7 +126,7 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 			Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
 			Message: "the server could not find the requested resource"}}
 	}
-	req := &readRequest{gvr: api.GVR, resource: ResourceKey(api.GVR), namespace: api.Namespace, name: api.Name}
+	req := &readRequest{gvr: api.GVR, resource: replica.ResourceKey(api.GVR), namespace: api.Namespace, name: api.Name}
 	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(r.URL.Query(), metav1.SchemeGroupVersion, &req.opts); err != nil {
 		return nil, apierrors.NewBadRequest(err.Error())
 	}
@@ -147,7 +155,7 @@ func parseReadRequest(r *http.Request) (*readRequest, error) {
 // (localapi.Object.Field reads them). kube-proxy lists and watches
 // Services with spec.clusterIP!=None.
 var contentFields = map[string][]string{
-	ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {"spec.clusterIP", "spec.type"},
+	replica.ResourceKey(schema.GroupVersionResource{Version: "v1", Resource: "services"}): {"spec.clusterIP", "spec.type"},
 }
 
 // newScope returns the scope of a request for resource. Field selectors
