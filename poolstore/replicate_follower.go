@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/ticker"
@@ -197,7 +196,7 @@ func (f *Follower) Run(ctx context.Context) error {
 	for {
 		leader := f.o.Leader()
 		if leader == "" || leader == f.o.Self {
-			if !sleep(ctx, f.o.Clock, f.o.CheckInterval) {
+			if !ticker.Sleep(ctx, f.o.Clock, f.o.CheckInterval) {
 				return nil
 			}
 			continue
@@ -207,7 +206,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		}
 		if err := f.checkLeader(leader); err != nil {
 			f.refused(leader, err)
-			if !sleep(ctx, f.o.Clock, f.o.CheckInterval) {
+			if !ticker.Sleep(ctx, f.o.Clock, f.o.CheckInterval) {
 				return nil
 			}
 			continue
@@ -224,24 +223,9 @@ func (f *Follower) Run(ctx context.Context) error {
 		f.refused(leader, err)
 		d := bo.Step()
 		f.log.Info("pool replication stream ended; reconnecting", "leader", leader, "err", err, "in", d)
-		if !sleep(ctx, f.o.Clock, d) {
+		if !ticker.Sleep(ctx, f.o.Clock, d) {
 			return nil
 		}
-	}
-}
-
-// sleep waits d by clk, or until ctx ends (false).
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C():
-		return true
 	}
 }
 

@@ -54,3 +54,29 @@ func TestEveryEndsWithContext(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// Sleep waits the whole d by the clock, or reports the context's end.
+func TestSleep(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(0, 0))
+	ctx, cancel := context.WithCancel(context.Background())
+	slept := make(chan bool)
+	go func() { slept <- Sleep(ctx, clk, time.Second) }()
+	testenv.Eventually(t, "Sleep waits on its timer", clk.HasWaiters)
+	clk.Step(time.Second)
+	if !<-slept {
+		t.Fatal("Sleep reported the context's end after the whole second passed")
+	}
+	if !Sleep(ctx, clk, 0) {
+		t.Fatal("Sleep(0) with a live context reported its end")
+	}
+
+	go func() { slept <- Sleep(ctx, clk, time.Hour) }()
+	testenv.Eventually(t, "Sleep waits on its timer", clk.HasWaiters)
+	cancel()
+	if <-slept {
+		t.Fatal("Sleep reported a whole hour slept after the context ended")
+	}
+	if Sleep(ctx, clk, 0) {
+		t.Fatal("Sleep(0) with an ended context reported it slept")
+	}
+}

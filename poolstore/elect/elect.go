@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/record"
 )
 
@@ -173,7 +174,7 @@ func (e *Elector) acquire(ctx context.Context) bool {
 		if ok {
 			return true
 		}
-		if !sleep(ctx, e.clock, e.o.RetryPeriod+time.Duration(rand.Float64()*jitterFactor*float64(e.o.RetryPeriod))) {
+		if !ticker.Sleep(ctx, e.clock, e.o.RetryPeriod+time.Duration(rand.Float64()*jitterFactor*float64(e.o.RetryPeriod))) {
 			return false
 		}
 	}
@@ -192,7 +193,7 @@ func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) {
 		defer close(done)
 		lead(lctx)
 	}()
-	for e.renew(lctx) && sleep(lctx, e.clock, e.o.RetryPeriod) {
+	for e.renew(lctx) && ticker.Sleep(lctx, e.clock, e.o.RetryPeriod) {
 	}
 	cancel()
 	if _, leading := e.Leader(); leading {
@@ -222,7 +223,7 @@ func (e *Elector) renew(ctx context.Context) bool {
 		if ok {
 			return true
 		}
-		if !sleep(ctx, e.clock, min(e.o.RetryPeriod, deadline.Sub(e.clock.Now()))) {
+		if !ticker.Sleep(ctx, e.clock, min(e.o.RetryPeriod, deadline.Sub(e.clock.Now()))) {
 			return false
 		}
 	}
@@ -366,19 +367,4 @@ func (e *Elector) Changed() <-chan struct{} {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.changed
-}
-
-// sleep waits d by clk, or until ctx ends (false).
-func sleep(ctx context.Context, clk clock.Clock, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := clk.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C():
-		return true
-	}
 }
