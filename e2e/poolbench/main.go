@@ -145,12 +145,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "poolbench: --runs must be 1..%d, --changes 1..%d, --edges 2..200, --workers and --idle positive\n", maxRounds/(len(allPhases)+1), maxSlices)
 		os.Exit(2)
 	}
-	world.RunBench("poolbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error {
-		out, err := benchplot.Open("poolbench", o.outDir)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
+	world.RunBenchOut("poolbench", o.verbose, o.timeout, o.outDir, func(ctx context.Context, s *testenv.Session, out *benchplot.Out) error {
 		return run(ctx, s, o, out)
 	})
 }

@@ -155,12 +155,7 @@ func main() {
 		o.replicaEdges = o.edges
 	}
 	raiseFileLimit(3*o.edges + 8192)
-	world.RunBench("scalebench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error {
-		out, err := benchplot.Open("scalebench", o.outDir)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
+	world.RunBenchOut("scalebench", o.verbose, o.timeout, o.outDir, func(ctx context.Context, s *testenv.Session, out *benchplot.Out) error {
 		return run(ctx, s, o, out)
 	})
 }

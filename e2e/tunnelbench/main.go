@@ -119,12 +119,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "tunnelbench: --scenarios: %v\n", err)
 		os.Exit(2)
 	}
-	world.RunBench("tunnelbench", o.verbose, o.timeout, func(ctx context.Context, s *testenv.Session) error {
-		out, err := benchplot.Open("tunnelbench", o.outDir)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
+	world.RunBenchOut("tunnelbench", o.verbose, o.timeout, o.outDir, func(ctx context.Context, s *testenv.Session, out *benchplot.Out) error {
 		return run(ctx, s, o, out)
 	})
 }

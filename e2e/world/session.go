@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tether-edge/tether/e2e/benchplot"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -42,6 +43,21 @@ func RunBench(name string, verbose bool, timeout time.Duration, f func(ctx conte
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(1)
 	}
+}
+
+// RunBenchOut is RunBench for a bench that writes its text and plots into
+// an output directory (benchplot.Open with outDir, "" for the dated
+// default): f gets the open Out, closed when f returns.
+func RunBenchOut(name string, verbose bool, timeout time.Duration, outDir string,
+	f func(ctx context.Context, s *testenv.Session, out *benchplot.Out) error) {
+	RunBench(name, verbose, timeout, func(ctx context.Context, s *testenv.Session) error {
+		out, err := benchplot.Open(name, outDir)
+		if err != nil {
+			return err
+		}
+		defer out.Close()
+		return f(ctx, s, out)
+	})
 }
 
 // BenchBinaries returns the programs a bench measures: those in dir
