@@ -27,7 +27,7 @@ var listenTCP = func(name, addr string) (net.Listener, error) { return net.Liste
 // only when it is shut down, never tether-edge with it (package accept).
 // The tunnel has no listener: the edge dials the gateways.
 func listen(name, addr string, reg prometheus.Registerer, log *slog.Logger) (net.Listener, error) {
-	errs, err := accept.Counter(reg, "tether_edge", name)
+	errs, err := accept.Counter(reg, "tether_edge_accept_errors_total", name)
 	if err != nil {
 		return nil, err
 	}

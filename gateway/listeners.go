@@ -33,7 +33,7 @@ func (g *Gateway) listenRetrying(name, addr, what string) (net.Listener, error) 
 // descriptor per edge, quic-go retries temporary read errors itself, and
 // its Accept fails only once the listener is closed.
 func (g *Gateway) retrying(name string, ln net.Listener) (net.Listener, error) {
-	errs, err := accept.Counter(g.metrics, "tether_gateway", name)
+	errs, err := accept.Counter(g.metrics, "tether_gateway_accept_errors_total", name)
 	if err != nil {
 		return nil, err
 	}

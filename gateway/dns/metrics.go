@@ -58,10 +58,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	var err error
-	if m.acceptTCP, err = accept.Counter(reg, "tether_gateway", listenerTCP); err != nil {
+	if m.acceptTCP, err = accept.Counter(reg, "tether_gateway_accept_errors_total", listenerTCP); err != nil {
 		return nil, err
 	}
-	if m.acceptUDP, err = accept.Counter(reg, "tether_gateway", listenerUDP); err != nil {
+	if m.acceptUDP, err = accept.Counter(reg, "tether_gateway_accept_errors_total", listenerUDP); err != nil {
 		return nil, err
 	}
 	return m, nil

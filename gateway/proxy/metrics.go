@@ -62,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, fmt.Errorf("register proxy metrics: %w", err)
 	}
 	var err error
-	if m.acceptErrors, err = accept.Counter(reg, "tether_gateway", "proxy"); err != nil {
+	if m.acceptErrors, err = accept.Counter(reg, "tether_gateway_accept_errors_total", "proxy"); err != nil {
 		return nil, err
 	}
 	return m, nil

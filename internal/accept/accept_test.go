@@ -39,7 +39,7 @@ func TestListenRetries(t *testing.T) {
 	clk := testingclock.NewFakeClock(time.Unix(1e9, 0))
 	var logs testenv.LogBuffer
 	reg := prometheus.NewRegistry()
-	errs, err := Counter(reg, "tether_test", "dns_tcp")
+	errs, err := Counter(reg, "tether_test_accept_errors_total", "dns_tcp")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestListenClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	errs, _ := Counter(reg, "tether_test", "admin")
+	errs, _ := Counter(reg, "tether_test_accept_errors_total", "admin")
 	ln := Listen(inner, Options{Name: "admin", Errors: errs})
 	inner.Close()
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
@@ -133,11 +133,11 @@ func TestListenClosed(t *testing.T) {
 // from the start.
 func TestCounterShared(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	a, err := Counter(reg, "tether_test", "proxy")
+	a, err := Counter(reg, "tether_test_accept_errors_total", "proxy")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Counter(reg, "tether_test", "dns_udp")
+	b, err := Counter(reg, "tether_test_accept_errors_total", "dns_udp")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,12 +157,12 @@ func TestCounterShared(t *testing.T) {
 	if len(got) != 2 || got["proxy"] != 1 || got["dns_udp"] != 0 || value(t, b) != 0 {
 		t.Errorf("series %v, want proxy 1 and dns_udp 0", got)
 	}
-	if c, err := Counter(nil, "tether_test", "x"); c != nil || err != nil {
+	if c, err := Counter(nil, "tether_test_accept_errors_total", "x"); c != nil || err != nil {
 		t.Errorf("Counter(nil) = %v, %v", c, err)
 	}
 	other := prometheus.NewGauge(prometheus.GaugeOpts{Name: "tether_clash_accept_errors_total"})
 	reg.MustRegister(other)
-	if _, err := Counter(reg, "tether_clash", "x"); err == nil {
+	if _, err := Counter(reg, "tether_clash_accept_errors_total", "x"); err == nil {
 		t.Error("no error when another collector has the name")
 	}
 }

@@ -7,27 +7,27 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Counter returns the series of the counter <namespace>_accept_errors_total
-// (tether_gateway_accept_errors_total, tether_edge_accept_errors_total) for
-// listener, registering the counter with reg the first time: every part of
-// a program that registers with one reg shares it. A nil reg gives a nil
-// Counter (nothing counted).
-func Counter(reg prometheus.Registerer, namespace, listener string) (prometheus.Counter, error) {
+// Counter returns the series for listener of the counter named name
+// (tether_gateway_accept_errors_total, tether_edge_accept_errors_total: each
+// program has its own), registering the counter with reg the first time:
+// every part of a program that registers with one reg shares it. A nil reg
+// gives a nil Counter (nothing counted).
+func Counter(reg prometheus.Registerer, name, listener string) (prometheus.Counter, error) {
 	if reg == nil {
 		return nil, nil
 	}
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: namespace + "_accept_errors_total",
+		Name: name,
 		Help: "Failed accepts (reads, for UDP) by listener, each retried after a backoff without stopping the process.",
 	}, []string{"listener"})
 	if err := reg.Register(v); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
-			return nil, fmt.Errorf("register %s_accept_errors_total: %w", namespace, err)
+			return nil, fmt.Errorf("register %s: %w", name, err)
 		}
 		existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
 		if !ok {
-			return nil, fmt.Errorf("register %s_accept_errors_total: another collector has its name", namespace)
+			return nil, fmt.Errorf("register %s: another collector has its name", name)
 		}
 		v = existing
 	}
