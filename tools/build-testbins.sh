@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real components Tether's tests run — kube-apiserver, kube-proxy,
-# kube-controller-manager, kubectl (it finds tetherctl as its plugin), etcd,
+# kube-controller-manager, kubectl (it finds tetherctl as its plugin), kubemark
+# (the kubelet's own code with a fake runtime), the kubelet, etcd,
 # Pebble (the ACME test server), promtool (the alerting rules' unit
 # tests) and helm (the chart's tests) — from their Go modules (pinned in
 # tools/kube, tools/etcd, tools/pebble, tools/promtool and tools/helm) into a
@@ -63,6 +64,8 @@ build "$kube_dir" kube-apiserver "$here/kube" k8s.io/kubernetes/cmd/kube-apiserv
 build "$kube_dir" kube-proxy "$here/kube" k8s.io/kubernetes/cmd/kube-proxy "under a minute once kube-apiserver is built"
 build "$kube_dir" kube-controller-manager "$here/kube" k8s.io/kubernetes/cmd/kube-controller-manager "about 2 minutes once kube-apiserver is built"
 build "$kube_dir" kubectl "$here/kube" k8s.io/kubernetes/cmd/kubectl "about a minute once kube-apiserver is built"
+build "$kube_dir" kubemark "$here/kube" k8s.io/kubernetes/cmd/kubemark "about a minute once kube-apiserver is built"
+build "$kube_dir" kubelet "$here/kube" k8s.io/kubernetes/cmd/kubelet "about a minute once kube-apiserver is built"
 build "$pebble_dir" pebble "$here/pebble" github.com/letsencrypt/pebble/v2/cmd/pebble "about 30 s cold"
 build "$promtool_dir" promtool "$here/promtool" github.com/prometheus/prometheus/cmd/promtool "about 5 minutes cold"
 helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
@@ -71,6 +74,6 @@ for p in chartutil lint/rules; do
 done
 build "$helm_dir" helm "$here/helm" helm.sh/helm/v3/cmd/helm "about 3 minutes cold" "$helm_ldflags"
 
-printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\nHELM=%s\n' \
-	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$kube_dir/kubectl" "$etcd_dir/etcd" "$pebble_dir/pebble" \
+printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nKUBEMARK=%s\nKUBELET=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\nHELM=%s\n' \
+	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$kube_dir/kubectl" "$kube_dir/kubemark" "$kube_dir/kubelet" "$etcd_dir/etcd" "$pebble_dir/pebble" \
 	"$promtool_dir/promtool" "$helm_dir/helm"

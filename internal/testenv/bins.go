@@ -17,6 +17,11 @@ import (
 // by tools/build-testbins.sh.
 type Bins struct {
 	KubeAPIServer, KubeProxy, KubeControllerManager, Etcd string
+	// Kubemark is the hollow node: run with --morph=kubelet it is the
+	// kubelet's own code over a fake, in-memory container runtime.
+	Kubemark string
+	// Kubelet is the full kubelet, for tests with a real container runtime.
+	Kubelet string
 	// Pebble is the ACME test server (StartPebble).
 	Pebble string
 	// Helm lints, renders and installs packaging/helm/tether.
@@ -104,11 +109,13 @@ func parseBins(out []byte) (Bins, error) {
 		KubeProxy:             values["KUBE_PROXY"],
 		KubeControllerManager: values["KUBE_CONTROLLER_MANAGER"],
 		Etcd:                  values["ETCD"],
+		Kubemark:              values["KUBEMARK"],
+		Kubelet:               values["KUBELET"],
 		Pebble:                values["PEBBLE"],
 		Helm:                  values["HELM"],
 	}
 	var errs []error
-	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "ETCD", "PEBBLE", "HELM"} {
+	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "KUBEMARK", "KUBELET", "ETCD", "PEBBLE", "HELM"} {
 		if values[key] == "" {
 			errs = append(errs, fmt.Errorf("no %s= line", key))
 		}

@@ -7,7 +7,8 @@ import (
 
 func TestParseBins(t *testing.T) {
 	out := "KUBE_APISERVER=/c/kube/kube-apiserver\nKUBE_PROXY=/c/kube/kube-proxy\n" +
-		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n" +
+		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nKUBEMARK=/c/kube/kubemark\nKUBELET=/c/kube/kubelet\n" +
+		"ETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n" +
 		"HELM=/c/helm/helm\n"
 	b, err := parseBins([]byte(out))
 	if err != nil {
@@ -18,6 +19,8 @@ func TestParseBins(t *testing.T) {
 		KubeProxy:             "/c/kube/kube-proxy",
 		KubeControllerManager: "/c/kube/kube-controller-manager",
 		Etcd:                  "/c/etcd/etcd",
+		Kubemark:              "/c/kube/kubemark",
+		Kubelet:               "/c/kube/kubelet",
 		Pebble:                "/c/pebble/pebble",
 		Helm:                  "/c/helm/helm",
 	}
