@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -26,8 +27,8 @@ import (
 // groups pass to the client in protobuf (as kubelet, kube-proxy and
 // coredns ask) and are turned into JSON for the cache in the background;
 // for other groups the proxy asks the apiserver for JSON. Request bodies
-// of offline writes (the node's Lease, pod and node status) are protobuf
-// too. Only the groups node components use are registered, to keep
+// of offline writes (the node's Lease, pod and node status) and of
+// TokenRequests (token.go) are protobuf too. Only the groups node components use are registered, to keep
 // tether-edge small.
 var (
 	scheme   = runtime.NewScheme()
@@ -37,7 +38,7 @@ var (
 
 func init() {
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, coordinationv1.AddToScheme,
-		discoveryv1.AddToScheme, storagev1.AddToScheme, nodev1.AddToScheme} {
+		discoveryv1.AddToScheme, storagev1.AddToScheme, nodev1.AddToScheme, authenticationv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err)
 		}

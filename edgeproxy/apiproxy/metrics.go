@@ -31,6 +31,9 @@ type metrics struct {
 	// poolWatchesEnded counts watches served from the pool's replica that
 	// the proxy ended because the replica stopped serving.
 	poolWatchesEnded prometheus.Counter
+	// Service-account tokens (token.go): kept online, served and refused
+	// offline.
+	tokensStored, tokensServed, tokensRefused *prometheus.CounterVec
 }
 
 // The queue's metrics (queue_length, queue_replayed_total) are package
@@ -59,9 +62,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"result"}),
 		poolWatchesEnded: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_edge_apiserver_pool_watches_ended_total",
 			Help: "Watches served from the node pool's replica that were ended because the replica stopped serving."}),
+		tokensStored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_tokens_stored_total",
+			Help: "Service-account tokens the cloud issued to node components, kept to be served offline, by component."},
+			[]string{"component"}),
+		tokensServed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_tokens_served_offline_total",
+			Help: "Token requests answered offline with the last token the cloud issued for them, by component."},
+			[]string{"component"}),
+		tokensRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_tokens_refused_offline_total",
+			Help: "Token requests refused offline, by component and reason: missing, other_uid, expired or unreadable."},
+			[]string{"component", "reason"}),
 	}
 	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("up"), m.bytes.WithLabelValues("down")
-	return m, promreg.Register(reg, m.requests, m.hits, m.misses, m.bytes, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded)
+	return m, promreg.Register(reg, m.requests, m.hits, m.misses, m.bytes, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded,
+		m.tokensStored, m.tokensServed, m.tokensRefused)
 }
 
 // countingReader counts the bytes read through it.

@@ -370,6 +370,7 @@ func (wc *watchCacher) apply(raw []byte) {
 		var o *localapi.Object
 		if o, err = localapi.DecodeObject(ev.Object, "", ""); err == nil {
 			err = wc.p.store.Delete(wc.comp, wc.gvr, o, !wc.scope.Selective())
+			wc.podDeleted(o)
 		}
 	case localapi.Bookmark:
 		var b localapi.BookmarkInfo

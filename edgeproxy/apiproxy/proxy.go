@@ -126,6 +126,8 @@ type Proxy struct {
 	// lastGet holds, per component and path, a hash of the last get
 	// answer cached (cleared whenever an object is answered locally).
 	lastGet sync.Map
+
+	tokenLog tokenLog // token requests whose miss was logged (token.go)
 }
 
 // New builds the proxy; Run replays queued writes, Serve serves clients.
@@ -279,6 +281,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request) strin
 		return p.forwardRead(w, r, req, viaCloud)
 	case kindLease, kindStatus:
 		return p.write(w, r, req, healthy)
+	case kindToken:
+		return p.token(w, r, req, healthy)
 	}
 	if !healthy {
 		unreachable(w, "%s of %s is not possible offline", req.Verb, describe(req, r))

@@ -33,6 +33,9 @@ const (
 	// kindStatus: a status write of a pod or a node: relayed; queued
 	// offline, or while earlier writes of the object are queued.
 	kindStatus
+	// kindToken: a TokenRequest of a cached component: relayed and the
+	// answer kept; offline, the last answer of the cloud (token.go).
+	kindToken
 )
 
 // request is a client's request, classified once (Proxy.classify): the
@@ -105,6 +108,8 @@ func (p *Proxy) classify(r *http.Request) request {
 		req.kind = kindLease
 	case isStatusWrite(req.Request):
 		req.kind = kindStatus
+	case req.cacheWrites && isTokenRequest(req.Request):
+		req.kind = kindToken
 	default:
 		req.kind = kindOther
 	}

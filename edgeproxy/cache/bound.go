@@ -56,6 +56,8 @@ type upkeep struct {
 	opened    time.Time // the age of tombstones without a time starts here
 
 	nextSweep, nextCompact time.Time
+	nextTokenSweep         time.Time
+	maxTokens              int  // per component (tokens.go)
 	stuck                  bool // over the bound with nothing left to evict (logged once)
 	compactNow             chan chan error
 
@@ -72,6 +74,7 @@ func (u *upkeep) init(o Options, now time.Time) {
 	u.noCompact = o.noCompact
 	u.opened = now
 	u.compactNow = make(chan chan error)
+	u.maxTokens = MaxTokensPerComponent
 	u.metrics = newMetrics()
 }
 
@@ -122,6 +125,10 @@ func (s *Store) maintain() {
 		if s.expireTombstones(now) > 0 {
 			use = s.usage()
 		}
+	}
+	if !now.Before(u.nextTokenSweep) {
+		u.nextTokenSweep = now.Add(tokenSweepEvery)
+		s.expireTokens(now)
 	}
 	if !u.noCompact && !now.Before(u.nextCompact) && u.worthCompacting(use) {
 		u.nextCompact = now.Add(compactEvery)

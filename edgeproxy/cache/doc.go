@@ -3,7 +3,7 @@
 // per resource, and the queue of status writes made while the cloud was
 // unreachable. It is one bbolt file (apiserver-cache.db in the data dir).
 //
-// # Schema (version 1)
+// # Schema (version 2)
 //
 // The bucket tree and the record format are an API: change them only with
 // a new schema version. They are written down, with the pool replica's,
@@ -11,7 +11,8 @@
 // (schema-version), resources/ and objects/ per component and resource
 // (objects as records: a flag byte, the resourceVersion, a meta section
 // with the key, labels and indexed fields, and the JSON), queue/,
-// evicted/ and ledger/.
+// evicted/, ledger/ and tokens/ (the service-account tokens the cloud
+// issued to node components, apart from the objects: tokens.go).
 //
 // # Invariants
 //

@@ -14,6 +14,8 @@ type metrics struct {
 	reclaimed   prometheus.Counter
 	evictions   *prometheus.CounterVec
 	expired     prometheus.Counter
+	// tokensDropped counts the service-account tokens dropped (tokens.go).
+	tokensDropped *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -34,6 +36,10 @@ func newMetrics() *metrics {
 			Name: "tether_edge_apiserver_cache_tombstones_expired_total",
 			Help: "Tombstones of deleted objects removed for their age.",
 		}),
+		tokensDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_edge_apiserver_cache_tokens_dropped_total",
+			Help: "Service-account tokens dropped from the cache, by reason: expired, pod_deleted, or bound (too many stored).",
+		}, []string{"reason"}),
 	}
 }
 
@@ -53,7 +59,7 @@ func (s *Store) Register(reg prometheus.Registerer) error {
 			Name: "tether_edge_apiserver_cache_max_bytes",
 			Help: "The bound of tether_edge_apiserver_cache_used_bytes, from --cache-max-size; zero means none.",
 		}, func() float64 { return float64(u.maxSize) }),
-		u.compactions, u.reclaimed, u.evictions, u.expired,
+		u.compactions, u.reclaimed, u.evictions, u.expired, u.tokensDropped,
 		&ledgerCollector{s: s},
 	)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -93,7 +94,8 @@ func TestSchemaChangeCarriesQueue(t *testing.T) {
 			ContentType: "application/json", Body: []byte(`{"metadata":{"name":"edge-1"},"status":{}}`),
 			Version: "v1", Resource: "nodes", Name: "edge-1", QueuedAt: at.Add(time.Second)},
 	}
-	for _, version := range []string{"0", ""} {
+	// "1" is the version before service-account tokens (the upgrade).
+	for _, version := range []string{"1", "0", ""} {
 		t.Run(fmt.Sprintf("version %q", version), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), FileName)
 			oldFile(t, path, version, map[uint64][]byte{5: queuedJSON(t, writes[0]), 9: queuedJSON(t, writes[1])})
@@ -143,7 +145,8 @@ func TestSchemaChangeWithUnreadableQueueRefuses(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, FileName)
 			good := queuedJSON(t, QueuedWrite{Method: "PATCH", Path: "/api/v1/nodes/n/status", Version: "v1", Resource: "nodes", Name: "n"})
-			oldFile(t, path, "2", map[uint64][]byte{1: good, 2: v})
+			newer := fmt.Sprint(must1(strconv.Atoi(SchemaVersion)) + 1) // a newer build's file
+			oldFile(t, path, newer, map[uint64][]byte{1: good, 2: v})
 			before, err := os.ReadFile(path)
 			must(t, err)
 			s, err := Open(path, nil)
@@ -152,7 +155,7 @@ func TestSchemaChangeWithUnreadableQueueRefuses(t *testing.T) {
 				t.Fatal("opened")
 			}
 			if !errors.Is(err, ErrQueueNotCarried) || !strings.Contains(err.Error(), "move the file away") ||
-				!strings.Contains(err.Error(), `schema version "2"`) || !strings.Contains(err.Error(), "queued write 2") {
+				!strings.Contains(err.Error(), fmt.Sprintf("schema version %q", newer)) || !strings.Contains(err.Error(), "queued write 2") {
 				t.Errorf("error does not say what and what to do: %v", err)
 			}
 			after, err := os.ReadFile(path)
@@ -165,4 +168,11 @@ func TestSchemaChangeWithUnreadableQueueRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+func must1[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -23,7 +23,7 @@ import (
 const FileName = "apiserver-cache.db"
 
 // SchemaVersion is the version of the bucket tree (internal/localapi/README.md).
-const SchemaVersion = "1"
+const SchemaVersion = "2"
 
 var (
 	bucketMeta      = []byte("meta")
@@ -222,7 +222,7 @@ func initFile(tx *bolt.Tx) error {
 	} else if v := meta.Get(keySchema); string(v) != SchemaVersion {
 		return &schemaError{found: string(v)}
 	}
-	for _, b := range [][]byte{bucketResources, bucketObjects, bucketQueue} {
+	for _, b := range [][]byte{bucketResources, bucketObjects, bucketQueue, bucketTokens} {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 			return err
 		}
