@@ -5,7 +5,9 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -21,7 +23,14 @@ type WorkloadOptions struct {
 	// (a projected volume: the kubelet asks the cloud for the token).
 	Pods    int
 	NoToken bool
+	// LocalVolume adds a pod whose data lives on a PersistentVolume of a
+	// local storage class on the node (the kubelet reads its claim and
+	// the volume from the API before mounting it).
+	LocalVolume bool
 }
+
+// LocalVolumePod is the name of the pod with the local volume.
+const LocalVolumePod = "till-disk"
 
 // CreateWorkload creates what a namespace has in a real cluster before
 // its pods run — the default ServiceAccount and kube-root-ca.crt, which
@@ -61,6 +70,20 @@ func CreateWorkload(ctx context.Context, c kubernetes.Interface, caPEM []byte, o
 		return nil, err
 	}
 	uids := map[string]types.UID{}
+	if o.LocalVolume {
+		if err := createLocalVolume(ctx, c, ns, o.Node); err != nil {
+			return nil, err
+		}
+		pod := workloadPod(LocalVolumePod, ns, o)
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "disk", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "till-disk"}}})
+		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "disk", MountPath: "/var/till"})
+		p, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("create pod %s in %s: %w", LocalVolumePod, ns, err)
+		}
+		uids[p.Name] = p.UID
+	}
 	for i := range o.Pods {
 		p, err := c.CoreV1().Pods(ns).Create(ctx, workloadPod(fmt.Sprintf("till-%02d", i), ns, o), metav1.CreateOptions{})
 		if err != nil {
@@ -106,4 +129,59 @@ func workloadPod(name, ns string, o WorkloadOptions) *corev1.Pod {
 			},
 		},
 	}
+}
+
+// createLocalVolume makes a local PersistentVolume on node and a claim
+// bound to it, marked Bound as the volume binder would.
+func createLocalVolume(ctx context.Context, c kubernetes.Interface, ns, node string) error {
+	class := "local-disk"
+	mode := storagev1.VolumeBindingWaitForFirstConsumer
+	_, err := c.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: class},
+		Provisioner: "kubernetes.io/no-provisioner", VolumeBindingMode: &mode}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create storage class: %w", err)
+	}
+	pvName := ns + "-till-disk"
+	size := resource.MustParse("1Gi")
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pvName},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: size},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              class,
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: "/mnt/till-disk"}},
+			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: ns, Name: "till-disk"},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
+			}}}},
+		},
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "till-disk", Namespace: ns},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: &class,
+			VolumeName:       pvName,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+		},
+	}
+	pvc, err = c.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create claim: %w", err)
+	}
+	pv.Spec.ClaimRef.UID = pvc.UID
+	if pv, err = c.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create local volume: %w", err)
+	}
+	pvc.Status = corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound,
+		AccessModes: pvc.Spec.AccessModes, Capacity: corev1.ResourceList{corev1.ResourceStorage: size}}
+	if _, err := c.CoreV1().PersistentVolumeClaims(ns).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("bind claim: %w", err)
+	}
+	pv.Status.Phase = corev1.VolumeBound
+	if _, err := c.CoreV1().PersistentVolumes().UpdateStatus(ctx, pv, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("bind local volume: %w", err)
+	}
+	return nil
 }
