@@ -1,0 +1,127 @@
+package testenv
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestWriteImages: the tarball holds both images over one layer with
+// busybox and its applets, and the same busybox gives the same bytes.
+func TestWriteImages(t *testing.T) {
+	if _, err := os.Stat(busyboxPath); err != nil {
+		t.Skipf("no %s (busybox-static): %v", busyboxPath, err)
+	}
+	dir := t.TempDir()
+	path, err := WriteImages(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteImages(dir); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.ReadFile(path); !bytes.Equal(first, again) {
+		t.Error("two builds differ")
+	}
+
+	files := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(first))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name], _ = io.ReadAll(tr)
+	}
+	var manifest []struct {
+		Config   string
+		RepoTags []string
+		Layers   []string
+	}
+	if err := json.Unmarshal(files["manifest.json"], &manifest); err != nil {
+		t.Fatalf("manifest.json: %v", err)
+	}
+	var tags []string
+	for _, m := range manifest {
+		tags = append(tags, m.RepoTags...)
+		if files[m.Config] == nil || len(m.Layers) != 1 || files[m.Layers[0]] == nil {
+			t.Errorf("entry %+v names files the archive lacks", m)
+		}
+	}
+	if strings.Join(tags, " ") != BusyboxImage+" "+PauseImage {
+		t.Errorf("tags %v", tags)
+	}
+
+	links := map[string]string{}
+	lr := tar.NewReader(bytes.NewReader(files[manifest[0].Layers[0]]))
+	for {
+		h, err := lr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		links[h.Name] = h.Linkname
+	}
+	for _, applet := range []string{"sh", "tar", "cat", "sleep", "httpd"} {
+		if links["bin/"+applet] != "busybox" {
+			t.Errorf("bin/%s links to %q, want busybox", applet, links["bin/"+applet])
+		}
+	}
+	if _, ok := links["bin/busybox"]; !ok {
+		t.Error("no bin/busybox")
+	}
+}
+
+// TestStartContainerd: containerd answers in a host's namespace with the
+// images imported, runs a container with runc, and its cleanup leaves no
+// process in its mount namespace.
+func TestStartContainerd(t *testing.T) {
+	RequireRoot(t)
+	var c *Containerd
+	t.Run("run", func(t *testing.T) {
+		h := NewHost(t, "ctrd")
+		c = StartContainerd(t, h, ContainerdOptions{Dir: t.TempDir()})
+		ctx := context.Background()
+		out, err := c.ctr(ctx, "--namespace", "k8s.io", "images", "list", "--quiet")
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		for _, ref := range []string{BusyboxImage, PauseImage} {
+			if !strings.Contains(out, ref) {
+				t.Errorf("images %q lack %s", out, ref)
+			}
+		}
+		// A one-level cgroup path, which runc removes with the container
+		// (ctr's default, /<namespace>/<id>, would leave /k8s.io behind).
+		cgroup := "/tether-test-probe-" + strconv.Itoa(os.Getpid())
+		out, err = c.ctr(ctx, "--namespace", "k8s.io", "run", "--rm", "--cgroup", cgroup, BusyboxImage, "probe", "sh", "-c", "echo ran in $(cat /proc/1/comm)")
+		if err != nil || strings.TrimSpace(out) != "ran in sh" {
+			t.Errorf("ctr run: %v: %q", err, out)
+		}
+		if dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + cgroup); len(dirs) > 0 {
+			t.Errorf("cgroups left after the container: %v", dirs)
+		}
+	})
+	if c == nil || c.mntNS == "" {
+		t.Fatal("containerd never started")
+	}
+	if left := processesInMountNS(c.mntNS); len(left) > 0 {
+		t.Errorf("processes %v left in containerd's mount namespace", left)
+	}
+}
