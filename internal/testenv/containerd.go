@@ -34,9 +34,11 @@ import (
 //
 // Every mount it and its shims make (rootfs overlays, pod namespaces) is
 // in that namespace and vanishes with its last process: the host sees
-// none. Processes started with (*Containerd).Start share it. The cleanup
-// kills and deletes the containers with runc, kills every process left
-// in the namespace and checks none remains.
+// none. Processes started with (*Containerd).Start share it. runc keeps
+// its state in RuncRoot, also for runtimes without a Root option. The
+// cleanup kills and deletes the containers with runc (which removes
+// their cgroups), kills every process left in the namespace, checks none
+// remains, and removes the /k8s.io cgroups it made.
 
 // ContainerdOptions configure StartContainerd.
 type ContainerdOptions struct {
@@ -58,6 +60,9 @@ type Containerd struct {
 	cmd           *exec.Cmd
 	// mntNS names containerd's mount namespace ("mnt:[<inode>]").
 	mntNS string
+	// newCgroups are the cgroups named after containerd's CRI namespace
+	// that did not exist before it started (see criCgroups).
+	newCgroups []string
 }
 
 const (
@@ -96,6 +101,11 @@ func StartContainerd(t T, h *Host, opts ContainerdOptions) *Containerd {
 	script, err := c.writeFiles(opts)
 	if err != nil {
 		t.Fatalf("containerd in %s: %v", h, err)
+	}
+	for _, dir := range criCgroups() {
+		if statErr(dir) != nil {
+			c.newCgroups = append(c.newCgroups, dir)
+		}
 	}
 	c.cmd = h.Start(t, "sh", "-c", script)
 	// Registered after Start's own cleanup, so it runs first, while
@@ -145,17 +155,32 @@ func (c *Containerd) ctr(ctx context.Context, args ...string) (string, error) {
 	return string(out), err
 }
 
-// Containers lists the IDs of the containers runc runs for containerd
-// (pod sandboxes included).
-func (c *Containerd) Containers() ([]string, error) {
-	out, err := exec.Command("runc", "--root", c.RuncRoot, "list", "--quiet").Output()
-	if err != nil {
-		if os.IsNotExist(statErr(c.RuncRoot)) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("runc list: %w", err)
+// A runcContainer is a container of runc's, with runc's state directory
+// (RuncRoot/<containerd namespace>).
+type runcContainer struct{ root, id string }
+
+// containers lists the containers runc runs for containerd (pod
+// sandboxes included), in every containerd namespace.
+func (c *Containerd) containers() ([]runcContainer, error) {
+	roots, err := os.ReadDir(c.RuncRoot)
+	if os.IsNotExist(err) {
+		return nil, nil
 	}
-	return strings.Fields(string(out)), nil
+	if err != nil {
+		return nil, err
+	}
+	var list []runcContainer
+	for _, r := range roots {
+		root := filepath.Join(c.RuncRoot, r.Name())
+		out, err := exec.Command("runc", "--root", root, "list", "--quiet").Output()
+		if err != nil {
+			return nil, fmt.Errorf("runc --root %s list: %w", root, err)
+		}
+		for _, id := range strings.Fields(string(out)) {
+			list = append(list, runcContainer{root, id})
+		}
+	}
+	return list, nil
 }
 
 func statErr(path string) error {
@@ -198,6 +223,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
+  # The test runs without CAP_SYS_RESOURCE: no oom_score_adj below
+  # containerd's own (the kubelet asks -998 for sandboxes).
+  restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -237,6 +265,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 	for _, d := range []string{"/run", "/var/lib", "/var/log"} {
 		fmt.Fprintf(&sh, "mount -t tmpfs -o mode=755 tether-private %s\n", d)
 	}
+	// runc's default state directory, for containers of runtimes without
+	// a Root option (ctr run): the cleanup finds them all in RuncRoot.
+	fmt.Fprintf(&sh, "mkdir -p /run/containerd %s\nln -s %s /run/containerd/runc\n", c.RuncRoot, c.RuncRoot)
 	for key, value := range kubeletSysctls {
 		path := "/proc/sys/" + key
 		if statErr(path) != nil {
@@ -250,6 +281,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 	}
 	fmt.Fprintf(&sh, "exec containerd --config %s\n", configFile)
 	return sh.String(), nil
+}
+
+// criCgroups are the cgroups /k8s.io in every hierarchy: containerd's CRI
+// puts a container whose pod has no cgroup parent (a kubelet without QoS
+// cgroups) in /<namespace>/<id>, and runc removes <id> but not the parent.
+func criCgroups() []string {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, m := range mounts {
+		dirs = append(dirs, filepath.Join(m.dir, "k8s.io"))
+	}
+	return dirs
 }
 
 type cgroupMount struct{ dir, fstype, opts string }
@@ -303,18 +349,23 @@ func cgroupMounts() ([]cgroupMount, error) {
 // anything started by Start), so that the namespace and its mounts go.
 func (c *Containerd) cleanup(t T) {
 	var errs []error
-	ids, err := c.Containers()
+	list, err := c.containers()
 	if err != nil {
 		errs = append(errs, err)
 	}
-	for _, id := range ids {
-		_ = exec.Command("runc", "--root", c.RuncRoot, "kill", id, "KILL").Run()
-		if out, err := exec.Command("runc", "--root", c.RuncRoot, "delete", "--force", id).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("runc delete %s: %w: %s", id, err, out))
+	for _, ct := range list {
+		_ = exec.Command("runc", "--root", ct.root, "kill", ct.id, "KILL").Run()
+		if out, err := exec.Command("runc", "--root", ct.root, "delete", "--force", ct.id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("runc delete %s: %w: %s", ct.id, err, out))
 		}
 	}
 	if c.mntNS != "" {
 		errs = append(errs, killMountNS(c.mntNS))
+	}
+	for _, dir := range c.newCgroups {
+		// Empty once the containers are deleted; another runtime's
+		// container still in it keeps it (rmdir fails, harmlessly).
+		_ = os.Remove(dir)
 	}
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("containerd cleanup in %s: %v", c.Host, err)

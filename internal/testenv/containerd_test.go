@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -94,6 +95,7 @@ func TestWriteImages(t *testing.T) {
 func TestStartContainerd(t *testing.T) {
 	RequireRoot(t)
 	var c *Containerd
+	var left string // the cgroup of a container the cleanup ends
 	t.Run("run", func(t *testing.T) {
 		h := NewHost(t, "ctrd")
 		c = StartContainerd(t, h, ContainerdOptions{Dir: t.TempDir()})
@@ -117,11 +119,35 @@ func TestStartContainerd(t *testing.T) {
 		if dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + cgroup); len(dirs) > 0 {
 			t.Errorf("cgroups left after the container: %v", dirs)
 		}
+
+		// A container left running for the cleanup to end: its rootfs is
+		// mounted in containerd's mount namespace, not in the host's.
+		left = "/tether-test-left-" + strconv.Itoa(os.Getpid())
+		if out, err := c.ctr(ctx, "--namespace", "k8s.io", "run", "--detach", "--cgroup", left, BusyboxImage, "left", "sleep", "600"); err != nil {
+			t.Fatalf("ctr run --detach: %v: %s", err, out)
+		}
+		inside, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", c.cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(inside), c.Dir) {
+			t.Errorf("no mount under %s in containerd's namespace:\n%s", c.Dir, inside)
+		}
+		host, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(host), c.Dir) {
+			t.Errorf("containerd's mounts under %s seen by the host:\n%s", c.Dir, host)
+		}
 	})
 	if c == nil || c.mntNS == "" {
 		t.Fatal("containerd never started")
 	}
-	if left := processesInMountNS(c.mntNS); len(left) > 0 {
-		t.Errorf("processes %v left in containerd's mount namespace", left)
+	if pids := processesInMountNS(c.mntNS); len(pids) > 0 {
+		t.Errorf("processes %v left in containerd's mount namespace", pids)
+	}
+	if dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + left); len(dirs) > 0 {
+		t.Errorf("cgroups of the container left running remain: %v", dirs)
 	}
 }
