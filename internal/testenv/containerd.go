@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -253,7 +254,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 	}
 	var sh strings.Builder
 	sh.WriteString("set -e\n")
-	sh.WriteString("mount -t tmpfs -o mode=755 tether-cgroup /sys/fs/cgroup\n")
+	if mounts[0].dir != "/sys/fs/cgroup" {
+		sh.WriteString("mount -t tmpfs -o mode=755 tether-cgroup /sys/fs/cgroup\n")
+	}
 	for _, m := range mounts {
 		fmt.Fprintf(&sh, "mkdir -p %s\n", m.dir)
 		if m.fstype == "cgroup2" {
@@ -301,16 +304,23 @@ func criCgroups() []string {
 type cgroupMount struct{ dir, fstype, opts string }
 
 // cgroupMounts lists the cgroup hierarchies mounted under /sys/fs/cgroup
-// in the test's mount namespace, with the options that mount them again
-// (the controllers, or none,name=<name> for a named hierarchy).
+// in the test's mount namespace (see parseCgroupMounts).
 func cgroupMounts() ([]cgroupMount, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	return parseCgroupMounts(f)
+}
+
+// parseCgroupMounts reads the cgroup hierarchies under /sys/fs/cgroup
+// from a mountinfo file, with the options that mount them again (the
+// controllers, or none,name=<name> for a named hierarchy). A host of
+// cgroup v2 only has the unified hierarchy on /sys/fs/cgroup itself.
+func parseCgroupMounts(r io.Reader) ([]cgroupMount, error) {
 	var mounts []cgroupMount
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		// id parent major:minor root mountpoint options ... - fstype source super
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -319,7 +329,13 @@ func cgroupMounts() ([]cgroupMount, error) {
 			continue
 		}
 		dir, fstype := fields[4], tail[0]
-		if !strings.HasPrefix(dir, "/sys/fs/cgroup/") || (fstype != "cgroup" && fstype != "cgroup2") {
+		if fstype != "cgroup" && fstype != "cgroup2" {
+			continue
+		}
+		if dir == "/sys/fs/cgroup" && fstype == "cgroup2" {
+			return []cgroupMount{{dir: dir, fstype: fstype}}, nil
+		}
+		if !strings.HasPrefix(dir, "/sys/fs/cgroup/") {
 			continue
 		}
 		var opts []string
@@ -337,8 +353,7 @@ func cgroupMounts() ([]cgroupMount, error) {
 		return nil, err
 	}
 	if len(mounts) == 0 {
-		// A pure cgroup v2 host mounts the unified hierarchy on /sys/fs/cgroup itself.
-		return []cgroupMount{{dir: "/sys/fs/cgroup", fstype: "cgroup2"}}, nil
+		return nil, errors.New("no cgroup hierarchy mounted under /sys/fs/cgroup")
 	}
 	return mounts, nil
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -149,5 +150,43 @@ func TestStartContainerd(t *testing.T) {
 	}
 	if dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + left); len(dirs) > 0 {
 		t.Errorf("cgroups of the container left running remain: %v", dirs)
+	}
+}
+
+func TestParseCgroupMounts(t *testing.T) {
+	hybrid := `25 30 0:23 / /sys rw,nosuid,nodev,noexec,relatime - sysfs sysfs rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+50 30 0:40 / /run/netns/x rw - nsfs nsfs rw
+`
+	got, err := parseCgroupMounts(strings.NewReader(hybrid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []cgroupMount{
+		{"/sys/fs/cgroup/cpu", "cgroup", "cpu"},
+		{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", "cpu,cpuacct"},
+		{"/sys/fs/cgroup/systemd", "cgroup", "xattr,name=systemd"},
+		{"/sys/fs/cgroup/unified", "cgroup2", ""},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("hybrid: got %+v, want %+v", got, want)
+	}
+
+	named := "40 31 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n"
+	if got, _ := parseCgroupMounts(strings.NewReader(named)); len(got) != 1 || got[0].opts != "none,name=systemd" {
+		t.Errorf("named hierarchy: got %+v, want none,name=systemd", got)
+	}
+
+	v2 := "31 23 0:28 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+	if got, _ := parseCgroupMounts(strings.NewReader(v2)); !slices.Equal(got, []cgroupMount{{"/sys/fs/cgroup", "cgroup2", ""}}) {
+		t.Errorf("cgroup v2: got %+v", got)
+	}
+
+	if _, err := parseCgroupMounts(strings.NewReader("25 30 0:23 / /sys rw - sysfs sysfs rw\n")); err == nil {
+		t.Error("no cgroup mounted: no error")
 	}
 }
