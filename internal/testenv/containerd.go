@@ -93,6 +93,11 @@ func StartContainerd(t T, h *Host, opts ContainerdOptions) *Containerd {
 	if !opts.PodCIDR.IsValid() {
 		opts.PodCIDR = netip.MustParsePrefix("10.88.0.0/24")
 	}
+	for _, prog := range []string{"containerd", "ctr", "runc", "nsenter", filepath.Join(cniBinDir, "bridge")} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Fatalf("containerd in %s: %v (make deps installs containerd, runc and containernetworking-plugins)", h, err)
+		}
+	}
 	c := &Containerd{
 		Host:     h,
 		Dir:      opts.Dir,
