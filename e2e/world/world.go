@@ -1,8 +1,9 @@
 // Package world builds the end-to-end world that the e2e tests and the
 // demo share: a real kube-apiserver in a cloud network, tether-gateway on a
 // cloud host, edge sites behind NAT with tether-edge and a stand-in kubelet
-// on every edge node, and a cloud client host. Everything runs in network
-// namespaces made by internal/testenv and is removed at cleanup.
+// on every edge node (or a full kubelet on containerd, realkubelet.go), and
+// a cloud client host. Everything runs in network namespaces made by
+// internal/testenv and is removed at cleanup.
 package world
 
 import (
