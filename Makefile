@@ -28,7 +28,7 @@ CACHE      ?= $(or $(TETHER_CACHE_DIR),$(HOME)/.cache/tether)
 STATICCHECK_VERSION := $(shell awk '$$1 == "require" && $$2 == "honnef.co/go/tools" {print $$3}' tools/lint/go.mod)
 STATICCHECK := $(CACHE)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 DEB_PKGS   := iproute2 nftables iptables conntrack curl dnsutils openssl psmisc util-linux ca-certificates \
-              rpm podman runc systemd
+              rpm podman runc systemd containerd containernetworking-plugins busybox-static
 
 .PHONY: all build test test-short unit e2e fuzz bench lint deps testbins demo clean package image
 

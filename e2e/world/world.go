@@ -1,8 +1,9 @@
 // Package world builds the end-to-end world that the e2e tests and the
 // demo share: a real kube-apiserver in a cloud network, tether-gateway on a
 // cloud host, edge sites behind NAT with tether-edge and a stand-in kubelet
-// on every edge node, and a cloud client host. Everything runs in network
-// namespaces made by internal/testenv and is removed at cleanup.
+// on every edge node (or a full kubelet on containerd, realkubelet.go), and
+// a cloud client host. Everything runs in network namespaces made by
+// internal/testenv and is removed at cleanup.
 package world
 
 import (
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -53,6 +55,11 @@ type Options struct {
 	// KubeletCA signs the stand-in kubelets' serving certificates;
 	// default a new CA.
 	KubeletCA *testenv.CA
+	// RealKubelets names the edge nodes that run no stand-in: the test
+	// starts a full kubelet there (StartRealKubelet). With any, the
+	// apiserver reaches kubelets by InternalIP with a client certificate
+	// of KubeletClientCA and verifies them by KubeletCA.
+	RealKubelets []string
 }
 
 // World is the running world.
@@ -69,6 +76,9 @@ type World struct {
 	// (the cloud client trusts only it, so a successful request proves TLS
 	// went end to end to the kubelet).
 	ClusterCA, GatewayCA, KubeletCA *testenv.CA
+	// KubeletClientCA signs the apiserver's client certificate toward
+	// real kubelets (Options.RealKubelets), the one client they accept.
+	KubeletClientCA *testenv.CA
 
 	Dir  string
 	Bins Binaries
@@ -85,7 +95,9 @@ type Edge struct {
 	// CertFile and KeyFile are the node's client certificate (the
 	// kubelet's identity, CN=system:node:<name>).
 	CertFile, KeyFile string
-	Kubelet           *Kubelet
+	// Kubelet is the stand-in kubelet; nil on a node of
+	// Options.RealKubelets.
+	Kubelet *Kubelet
 }
 
 // Binaries are the programs under test.
@@ -147,14 +159,18 @@ func New(t testenv.T, bins Binaries, opts Options, logf func(string, ...any)) *W
 		w.Gateways = append(w.Gateways, w.Topo.Cloud(fmt.Sprintf("gw%d", i)))
 	}
 
-	logf("control plane: etcd and kube-apiserver (built from their Go modules) on the apiserver host")
-	api := w.Topo.Cloud("apiserver")
-	w.CP = testenv.StartControlPlane(t, testenv.ControlPlaneOptions{Runner: api, BindAddress: api.Addr.String(), ExtraAPIServerArgs: opts.APIServerArgs})
-	w.ClusterCA = w.CP.CA
-	w.GatewayCA = testenv.MustCA(t, "tether-gateway-ca")
 	if w.KubeletCA = opts.KubeletCA; w.KubeletCA == nil {
 		w.KubeletCA = testenv.MustCA(t, "kubelet-serving-ca")
 	}
+	apiArgs := opts.APIServerArgs
+	if len(opts.RealKubelets) > 0 {
+		apiArgs = append(w.kubeletClientArgs(t), apiArgs...)
+	}
+	logf("control plane: etcd and kube-apiserver (built from their Go modules) on the apiserver host")
+	api := w.Topo.Cloud("apiserver")
+	w.CP = testenv.StartControlPlane(t, testenv.ControlPlaneOptions{Runner: api, BindAddress: api.Addr.String(), ExtraAPIServerArgs: apiArgs})
+	w.ClusterCA = w.CP.CA
+	w.GatewayCA = testenv.MustCA(t, "tether-gateway-ca")
 	w.writeCAs(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -171,8 +187,13 @@ func New(t testenv.T, bins Binaries, opts Options, logf func(string, ...any)) *W
 
 	for _, site := range w.Topo.Sites {
 		for _, h := range site.Hosts {
-			e := w.addEdge(t, ctx, site, h)
-			logf("edge node %s at %s in %s (LAN %s, NAT %s), stand-in kubelet on :%d", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr, KubeletPort)
+			standIn := !slices.Contains(opts.RealKubelets, h.Label)
+			e := w.addEdge(t, ctx, site, h, standIn)
+			if standIn {
+				logf("edge node %s at %s in %s (LAN %s, NAT %s), stand-in kubelet on :%d", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr, KubeletPort)
+			} else {
+				logf("edge node %s at %s in %s (LAN %s, NAT %s), for a real kubelet", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr)
+			}
 		}
 	}
 	return w
@@ -190,7 +211,7 @@ func (w *World) writeCAs(t testenv.T) {
 // Path is a file in the world's directory.
 func (w *World) Path(name string) string { return filepath.Join(w.Dir, name) }
 
-func (w *World) addEdge(t testenv.T, ctx context.Context, site *testenv.Site, h *testenv.Host) *Edge {
+func (w *World) addEdge(t testenv.T, ctx context.Context, site *testenv.Site, h *testenv.Host, standIn bool) *Edge {
 	t.Helper()
 	name := h.Label
 	e := &Edge{Name: name, Site: site, Host: h}
@@ -201,7 +222,9 @@ func (w *World) addEdge(t testenv.T, ctx context.Context, site *testenv.Site, h 
 	if e.CertFile, e.KeyFile, err = kp.WriteFiles(w.Dir, name); err != nil {
 		t.Fatalf("%v", err)
 	}
-	e.Kubelet = StartKubelet(t, h, name, w.KubeletCA)
+	if standIn {
+		e.Kubelet = StartKubelet(t, h, name, w.KubeletCA)
+	}
 
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name:   name,
@@ -344,9 +367,9 @@ func (w *World) Curl(ctx context.Context, url string, extra ...string) (string, 
 	return string(out), err
 }
 
-// KubeletURL is the URL of path on e's stand-in kubelet, by the node's address.
+// KubeletURL is the URL of path on e's kubelet, by the node's address.
 func (e *Edge) KubeletURL(path string) string {
-	return fmt.Sprintf("https://%s%s", e.Kubelet.Addr, path)
+	return fmt.Sprintf("https://%s:%d%s", e.Host.Addr, KubeletPort, path)
 }
 
 // WaitReachable retries until the client host reaches every edge's

@@ -22,6 +22,8 @@ type Bins struct {
 	Kubemark string
 	// Kubelet is the full kubelet, for tests with a real container runtime.
 	Kubelet string
+	// Kubectl is the command-line client.
+	Kubectl string
 	// Pebble is the ACME test server (StartPebble).
 	Pebble string
 	// Helm lints, renders and installs packaging/helm/tether.
@@ -111,11 +113,12 @@ func parseBins(out []byte) (Bins, error) {
 		Etcd:                  values["ETCD"],
 		Kubemark:              values["KUBEMARK"],
 		Kubelet:               values["KUBELET"],
+		Kubectl:               values["KUBECTL"],
 		Pebble:                values["PEBBLE"],
 		Helm:                  values["HELM"],
 	}
 	var errs []error
-	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "KUBEMARK", "KUBELET", "ETCD", "PEBBLE", "HELM"} {
+	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "KUBEMARK", "KUBELET", "KUBECTL", "ETCD", "PEBBLE", "HELM"} {
 		if values[key] == "" {
 			errs = append(errs, fmt.Errorf("no %s= line", key))
 		}

@@ -8,6 +8,7 @@ import (
 func TestParseBins(t *testing.T) {
 	out := "KUBE_APISERVER=/c/kube/kube-apiserver\nKUBE_PROXY=/c/kube/kube-proxy\n" +
 		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nKUBEMARK=/c/kube/kubemark\nKUBELET=/c/kube/kubelet\n" +
+		"KUBECTL=/c/kube/kubectl\n" +
 		"ETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n" +
 		"HELM=/c/helm/helm\n"
 	b, err := parseBins([]byte(out))
@@ -21,6 +22,7 @@ func TestParseBins(t *testing.T) {
 		Etcd:                  "/c/etcd/etcd",
 		Kubemark:              "/c/kube/kubemark",
 		Kubelet:               "/c/kube/kubelet",
+		Kubectl:               "/c/kube/kubectl",
 		Pebble:                "/c/pebble/pebble",
 		Helm:                  "/c/helm/helm",
 	}

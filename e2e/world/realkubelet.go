@@ -1,0 +1,193 @@
+package world
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tether-edge/tether/internal/testenv"
+)
+
+// RealKubeletUser is the name in the apiserver's client certificate
+// toward real kubelets.
+const RealKubeletUser = "kube-apiserver-kubelet-client"
+
+// kubeletClientArgs makes KubeletClientCA and the apiserver's client
+// certificate, writes the files the apiserver reads before it starts,
+// and returns the flags that make it reach kubelets by InternalIP (the
+// address the gateway carries into the tunnel), authenticate with that
+// certificate and verify the kubelets' serving certificates by KubeletCA.
+func (w *World) kubeletClientArgs(t testenv.T) []string {
+	t.Helper()
+	w.KubeletClientCA = testenv.MustCA(t, "kubelet-client-ca")
+	kp, err := w.KubeletClientCA.ClientCert(RealKubeletUser)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	cert, key, err := kp.WriteFiles(w.Dir, "apiserver-kubelet-client")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	ca, err := w.KubeletCA.WriteFile(w.Dir, "kubelet-ca")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return []string{
+		"--kubelet-client-certificate=" + cert,
+		"--kubelet-client-key=" + key,
+		"--kubelet-certificate-authority=" + ca,
+		"--kubelet-preferred-address-types=InternalIP",
+	}
+}
+
+// RealKubelet is a full kubelet with containerd and runc on an edge node.
+type RealKubelet struct {
+	Edge    *Edge
+	Runtime *testenv.Containerd
+	Cmd     *exec.Cmd
+	// Dir holds the kubelet's configuration, certificates and root
+	// directory, and the runtime's files.
+	Dir string
+}
+
+// RealKubeletOptions configure StartRealKubelet.
+type RealKubeletOptions struct {
+	// PodCIDR is the range of the node's pods; default 10.88.0.0/24.
+	PodCIDR netip.Prefix
+}
+
+// StartRealKubelet starts containerd and a full kubelet (v1.36, from
+// testenv.Binaries) on e, which the world made without a stand-in
+// (Options.RealKubelets). The kubelet's apiserver is tether-edge's proxy
+// on 127.0.0.1:10261 (start the edge with ProxyArgs): it acts as the node
+// through it. Its serving certificate is issued by KubeletCA for the
+// node's address and name; it accepts only client certificates of
+// KubeletClientCA (x509 authentication, anonymous and webhook off) and
+// authorizes whatever they ask (AlwaysAllow: the one holder is the
+// apiserver). On this machine's cgroup v1 it runs with failCgroupV1 off,
+// the cgroupfs driver and no QoS cgroups or node allocatable
+// enforcement, so it creates no cgroup of its own. It returns once the
+// node is Ready.
+func (w *World) StartRealKubelet(t testenv.T, e *Edge, opts RealKubeletOptions) *RealKubelet {
+	t.Helper()
+	if e.Kubelet != nil {
+		t.Fatalf("%s runs a stand-in kubelet: list it in Options.RealKubelets", e.Name)
+	}
+	if w.KubeletClientCA == nil {
+		t.Fatalf("the world has no kubelet client CA: list %s in Options.RealKubelets", e.Name)
+	}
+	dir := w.Path(e.Name + "-kubelet")
+	runtimeDir := filepath.Join(dir, "containerd")
+	if err := os.MkdirAll(runtimeDir, 0o755); err != nil {
+		t.Fatalf("%v", err)
+	}
+	k := &RealKubelet{Edge: e, Dir: dir}
+	k.Runtime = testenv.StartContainerd(t, e.Host, testenv.ContainerdOptions{Dir: runtimeDir, PodCIDR: opts.PodCIDR})
+
+	serving, err := w.KubeletCA.ServerCert(e.Name, e.Host.Addr.String(), e.Name, e.Name+"."+Zone)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	cert, key, err := serving.WriteFiles(dir, "serving")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	clientCA, err := w.KubeletClientCA.WriteFile(dir, "client-ca")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	config := map[string]any{
+		"kind":                     "KubeletConfiguration",
+		"apiVersion":               "kubelet.config.k8s.io/v1beta1",
+		"failCgroupV1":             false,
+		"cgroupDriver":             "cgroupfs",
+		"cgroupsPerQOS":            false,
+		"enforceNodeAllocatable":   []string{},
+		"failSwapOn":               false,
+		"containerRuntimeEndpoint": "unix://" + k.Runtime.Socket,
+		"port":                     KubeletPort,
+		"readOnlyPort":             0,
+		"healthzPort":              0,
+		"tlsCertFile":              cert,
+		"tlsPrivateKeyFile":        key,
+		"authentication": map[string]any{
+			"x509":      map[string]any{"clientCAFile": clientCA},
+			"webhook":   map[string]any{"enabled": false},
+			"anonymous": map[string]any{"enabled": false},
+		},
+		"authorization": map[string]any{"mode": "AlwaysAllow"},
+		// Test pods on a shared disk: never evict them, never collect
+		// the imported images (a registry to pull them again is absent).
+		"evictionHard":                map[string]string{},
+		"imageGCHighThresholdPercent": 100,
+		"imageGCLowThresholdPercent":  99,
+		"volumePluginDir":             filepath.Join(dir, "volume-plugins"),
+		"nodeStatusUpdateFrequency":   "2s",
+		"syncFrequency":               "10s",
+	}
+	configJSON, err := json.MarshalIndent(config, "", "  ")
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	configFile := filepath.Join(dir, "config.json")
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	for file, data := range map[string][]byte{
+		configFile: configJSON,
+		kubeconfig: []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: edge, cluster: {server: "http://127.0.0.1:10261"}}]
+contexts: [{name: edge, context: {cluster: edge, user: node}}]
+users: [{name: node, user: {}}]
+current-context: edge
+`),
+	} {
+		if err := os.WriteFile(file, data, 0o644); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	k.Cmd = k.Runtime.Start(t, testenv.Binaries(t).Kubelet,
+		"--config", configFile,
+		"--kubeconfig", kubeconfig,
+		"--root-dir", filepath.Join(dir, "root"),
+		"--hostname-override", e.Name,
+		"--node-ip", e.Host.Addr.String(),
+		"--v", "2",
+	)
+
+	ctx := context.Background()
+	var why string
+	testenv.EventuallyWithin(t, 2*time.Minute, "node "+e.Name+" Ready with its real kubelet", func() bool {
+		if e.Host.Exited(k.Cmd) {
+			return true
+		}
+		n, err := w.CP.Client.CoreV1().Nodes().Get(ctx, e.Name, metav1.GetOptions{})
+		if err != nil {
+			why = err.Error()
+			return false
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				why = fmt.Sprintf("Ready=%s %s: %s", c.Status, c.Reason, c.Message)
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+		why = "no Ready condition"
+		return false
+	})
+	if e.Host.Exited(k.Cmd) {
+		t.Fatalf("kubelet on %s exited:\n%s", e.Name, e.Host.Log(k.Cmd))
+	}
+	t.Logf("node %s Ready with a real kubelet (%s)", e.Name, why)
+	return k
+}
+
+// Log is the kubelet's output so far.
+func (k *RealKubelet) Log() string { return k.Edge.Host.Log(k.Cmd) }
