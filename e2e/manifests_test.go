@@ -62,7 +62,15 @@ func checkGatewayRBAC(t *testing.T, ctx context.Context, cp *testenv.ControlPlan
 			{"patch", "nodes", "", "", true},
 			{"delete", "nodes", "", "", false},
 			{"get", "secrets", "tether-system", "", false},
-			{"list", "pods", "", "", false},
+			// --node-autonomy: the tolerations of edge nodes' pods, by
+			// patch; no pod made, replaced or deleted.
+			{"list", "pods", "", "", true},
+			{"watch", "pods", "", "", true},
+			{"patch", "pods", "", "", true},
+			{"get", "pods", "", "", false},
+			{"create", "pods", "", "", false},
+			{"update", "pods", "", "", false},
+			{"delete", "pods", "", "", false},
 			// Delegated heartbeats: node Leases, after reading the pool's
 			// election record (an informer: list and watch); the election
 			// records, written for the edges (RBAC cannot name them: any

@@ -87,6 +87,8 @@ type Config struct {
 	// (gateway/pooltaint); DelegatedHeartbeatTaintRenewals is its threshold.
 	DelegatedHeartbeatTaint         bool `json:"delegated-heartbeat-taint"`
 	DelegatedHeartbeatTaintRenewals int  `json:"delegated-heartbeat-taint-renewals"`
+	// NodeAutonomy runs the autonomy controller (gateway/autonomy).
+	NodeAutonomy bool `json:"node-autonomy"`
 
 	MaxStreamsPerEdge int `json:"max-streams-per-edge"`
 	// MaxHandshakes bounds the tunnel handshakes in progress at once
@@ -181,6 +183,7 @@ func DefaultConfig() Config {
 
 		DelegatedHeartbeatTaint:         true,
 		DelegatedHeartbeatTaintRenewals: pooltaint.DefaultThreshold,
+		NodeAutonomy:                    true,
 	}
 }
 
@@ -237,7 +240,7 @@ func (p *problems) listenAddr(name, addr string) {
 
 func (c *Config) clusterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig `file` used to watch Nodes (default: the in-cluster service account)")
-	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, "average `requests` per second of each of two budgets of the Kubernetes client (client-go's default is 5): one for delegated heartbeats, one for everything else (taints, VIPs, election records, update trigger), so at most twice this in all. Each offline node whose heartbeat its pool's leader delegates costs one request every 10 s (an update of its Lease from the gateway's informer), so 100 carries about 1,000 such nodes per replica; a renewal that would wait over a second for a token is answered unavailable at once. kube-apiserver's API Priority and Fairness still protects the server")
+	fs.Float64Var(&c.KubeAPIQPS, "kube-api-qps", c.KubeAPIQPS, "average `requests` per second of each of two budgets of the Kubernetes client (client-go's default is 5): one for delegated heartbeats, one for everything else (taints, VIPs, election records, update trigger, autonomy's pod tolerations), so at most twice this in all. Each offline node whose heartbeat its pool's leader delegates costs one request every 10 s (an update of its Lease from the gateway's informer), so 100 carries about 1,000 such nodes per replica; a renewal that would wait over a second for a token is answered unavailable at once. kube-apiserver's API Priority and Fairness still protects the server")
 	fs.IntVar(&c.KubeAPIBurst, "kube-api-burst", c.KubeAPIBurst, "`requests` each budget of --kube-api-qps may send at once above its rate, as when a site goes offline and the renewals and taints of its nodes arrive together (client-go's default is 10)")
 	fs.StringVar(&c.ClientCA, "client-ca", c.ClientCA, "PEM `file` with the CA certificate(s) that sign the edges' node client certificates (CN=system:node:<name>, O=system:nodes), such as the cluster CA; read again when it changes; required")
 }
@@ -473,6 +476,7 @@ func (c *Config) validateDNS(p *problems) {
 func (c *Config) poolFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.DelegatedHeartbeatTaint, "delegated-heartbeat-taint", c.DelegatedHeartbeatTaint, "taint node.openyurt.io/unschedulable=true:NoSchedule the nodes whose Lease renewals reach the cloud only through their pool's leader (openyurt.io/delegate-heartbeat), and clear the taint once they renew it themselves (needs patch of Nodes, list/watch of Leases in kube-node-lease)")
 	fs.IntVar(&c.DelegatedHeartbeatTaintRenewals, "delegated-heartbeat-taint-renewals", c.DelegatedHeartbeatTaintRenewals, "taint a node after this many `n` delegated Lease renewals in a row (with --delegated-heartbeat-taint)")
+	fs.BoolVar(&c.NodeAutonomy, "node-autonomy", c.NodeAutonomy, "keep the pods of the edge nodes annotated node.beta.openyurt.io/autonomy=true (forever) or node.openyurt.io/autonomy-duration (a Go duration; 0: forever) bound through a loss of the cloud: their tolerations of node.kubernetes.io/unreachable and not-ready (NoExecute) are set to that bound, and put back when the annotation goes (needs list/watch and patch of Pods; docs/operate.md)")
 	fs.BoolVar(&c.EnableUpdateTrigger, "enable-update-trigger", c.EnableUpdateTrigger, "stamp openyurt.io/update-trigger on the EndpointSlices and Endpoints a Service's openyurt.io/topologyKeys change or a node's pool change affects, so that YurtHub edges filter them again (needs list/watch of Services and EndpointSlices/Endpoints, patch of them)")
 }
 

@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"github.com/tether-edge/tether/gateway/autonomy"
 	"github.com/tether-edge/tether/gateway/dnat"
 	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/election"
@@ -86,6 +87,7 @@ type Gateway struct {
 	records    *poolcheck.RecordCache    // election records, for both handlers
 	nodeLeases cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
 	poolTaint  *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
+	autonomy   *autonomy.Controller      // nil with --node-autonomy=false
 }
 
 // Run is New followed by Run.
@@ -171,6 +173,9 @@ func New(cfg Config) (_ *Gateway, err error) {
 		return nil, err
 	}
 	if err := add(g.newPoolHandlers(client)); err != nil {
+		return nil, err
+	}
+	if err := add(g.newAutonomy(client)); err != nil {
 		return nil, err
 	}
 	if err := add(g.newTunnels(resetKey)); err != nil {
@@ -316,6 +321,30 @@ func (g *Gateway) newPoolHandlers(client kubernetes.Interface) (_ []component.Co
 		ps = append(ps, part{N: "delegated-heartbeat-taint", RunF: g.poolTaint.Run})
 	}
 	return ps, nil
+}
+
+// newAutonomy makes the autonomy controller, with --node-autonomy: the
+// pods of autonomous edge nodes tolerate the node's loss of the cloud.
+func (g *Gateway) newAutonomy(client kubernetes.Interface) ([]component.Component, error) {
+	if !g.cfg.NodeAutonomy {
+		return nil, nil
+	}
+	sel, err := labels.Parse(g.cfg.EdgeSelector)
+	if err != nil {
+		return nil, fmt.Errorf("--edge-selector: %w", err)
+	}
+	if g.autonomy, err = autonomy.New(client, autonomy.Options{
+		EdgeSelector: sel,
+		Logger:       g.log.With("part", "autonomy"),
+		Registerer:   g.metrics,
+		// Half the client's budget at most, so that a mass change (or a
+		// node toggling its own annotation) leaves the rest to taints,
+		// VIPs and election records.
+		Limiter: rate.NewLimiter(rate.Limit(g.cfg.KubeAPIQPS/2), max(g.cfg.KubeAPIBurst/2, 1)),
+	}); err != nil {
+		return nil, err
+	}
+	return []component.Component{part{N: "autonomy", RunF: g.autonomy.Run}}, nil
 }
 
 // newTunnels makes the edge registry and binds the tunnel server.

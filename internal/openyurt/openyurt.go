@@ -54,3 +54,21 @@ func IsPoolKey(keys string) bool {
 	}
 	return false
 }
+
+// Node autonomy (gateway/autonomy): the pods of an edge node annotated so
+// tolerate its loss of the cloud, as OpenYurt's pod binding controller
+// makes them.
+const (
+	// AutonomyAnnotation ("true") keeps the node's pods bound through an
+	// outage of any length. OpenYurt calls it deprecated but still reads it.
+	AutonomyAnnotation = "node.beta.openyurt.io/autonomy"
+	// AutonomyDurationAnnotation bounds it: a Go duration ("24h"); "0" (or
+	// any duration not above zero) means forever.
+	AutonomyDurationAnnotation = "node.openyurt.io/autonomy-duration"
+	// OriginalNotReadyTolerationAnnotation and
+	// OriginalUnreachableTolerationAnnotation on a pod record the
+	// tolerationSeconds its not-ready and unreachable tolerations had
+	// before autonomy changed them: seconds, or "infinite" for none.
+	OriginalNotReadyTolerationAnnotation    = "apps.openyurt.io/original-not-ready-toleration-duration"
+	OriginalUnreachableTolerationAnnotation = "apps.openyurt.io/original-unreachable-toleration-duration"
+)
