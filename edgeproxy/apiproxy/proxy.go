@@ -279,6 +279,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request) strin
 		return p.forwardRead(w, r, req, viaCloud)
 	case kindLease, kindStatus:
 		return p.write(w, r, req, healthy)
+	case kindRegister:
+		return p.register(w, r, req, healthy)
 	}
 	if !healthy {
 		unreachable(w, "%s of %s is not possible offline", req.Verb, describe(req, r))

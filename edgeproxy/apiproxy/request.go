@@ -33,6 +33,11 @@ const (
 	// kindStatus: a status write of a pod or a node: relayed; queued
 	// offline, or while earlier writes of the object are queued.
 	kindStatus
+	// kindRegister: a create of a Node, or a create or update of a
+	// CSINode, by a cached component: relayed and its answer cached;
+	// offline, a create of this node's cached Node is answered 409
+	// AlreadyExists, anything else refused (register.go).
+	kindRegister
 )
 
 // request is a client's request, classified once (Proxy.classify): the
@@ -105,6 +110,8 @@ func (p *Proxy) classify(r *http.Request) request {
 		req.kind = kindLease
 	case isStatusWrite(req.Request):
 		req.kind = kindStatus
+	case req.cacheWrites && isRegistration(req.Request):
+		req.kind = kindRegister
 	default:
 		req.kind = kindOther
 	}
