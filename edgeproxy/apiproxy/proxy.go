@@ -162,7 +162,7 @@ func New(o Options) (*Proxy, error) {
 		return nil, err
 	}
 	p.rt = &countingTransport{rt: p.up.Transport(), m: p.m}
-	if p.queue, err = writequeue.New(writequeue.Options{Store: o.Store, Upstream: o.Upstream, Transport: p.rt,
+	if p.queue, err = writequeue.New(writequeue.Options{Store: o.Store, Upstream: o.Upstream, Transport: p.rt, NodeName: o.NodeName,
 		Clock: p.clock, Logger: p.log, Registerer: o.Registerer}); err != nil {
 		return nil, fmt.Errorf("apiproxy: %w", err)
 	}
