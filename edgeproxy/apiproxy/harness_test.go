@@ -67,6 +67,8 @@ type edgeSpec struct {
 	topology bool
 	// pool, if set, is the node pool the proxy serves from.
 	pool Pool
+	// components are the cached components (DefaultComponents if nil).
+	components []string
 }
 
 // edge is a running proxy, built from the same packages and in the same
@@ -148,7 +150,11 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 		e.Topo = filter.New(spec.node, c)
 		topo = e.Topo
 	}
-	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: DefaultComponents,
+	components := spec.components
+	if components == nil {
+		components = DefaultComponents
+	}
+	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: components,
 		HeldWatchRecheck: 2 * time.Second, ReleaseJitter: 100 * time.Millisecond,
 		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents, Pool: spec.pool})
 	if err != nil {

@@ -31,6 +31,10 @@ func (p *Proxy) serveRead(w http.ResponseWriter, r *http.Request, req request, w
 				refuse(w, why, "%s were never cached for %s", req.GVR.Resource, req.comp)
 				return servedRefused
 			}
+			if p.ownCSINode(req) {
+				refuse(w, why, "this node's CSINode was never cached for %s", req.comp)
+				return servedRefused
+			}
 			writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound,
 				&metav1.StatusDetails{Name: req.Name, Group: req.GVR.Group, Kind: req.GVR.Resource},
 				"%s %q not found", req.GVR.Resource, req.Name)

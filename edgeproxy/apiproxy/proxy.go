@@ -164,7 +164,7 @@ func New(o Options) (*Proxy, error) {
 		return nil, err
 	}
 	p.rt = &countingTransport{rt: p.up.Transport(), m: p.m}
-	if p.queue, err = writequeue.New(writequeue.Options{Store: o.Store, Upstream: o.Upstream, Transport: p.rt,
+	if p.queue, err = writequeue.New(writequeue.Options{Store: o.Store, Upstream: o.Upstream, Transport: p.rt, NodeName: o.NodeName,
 		Clock: p.clock, Logger: p.log, Registerer: o.Registerer}); err != nil {
 		return nil, fmt.Errorf("apiproxy: %w", err)
 	}
@@ -283,6 +283,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request) strin
 		return p.write(w, r, req, healthy)
 	case kindToken:
 		return p.token(w, r, req, healthy)
+	case kindRegister:
+		return p.register(w, r, req, healthy)
 	}
 	if !healthy {
 		unreachable(w, "%s of %s is not possible offline", req.Verb, describe(req, r))

@@ -36,6 +36,11 @@ const (
 	// kindToken: a TokenRequest of a cached component: relayed and the
 	// answer kept; offline, the last answer of the cloud (token.go).
 	kindToken
+	// kindRegister: a create of a Node, or a create or update of a
+	// CSINode, by a cached component: relayed and its answer cached;
+	// offline, a create of this node's cached Node is answered 409
+	// AlreadyExists, anything else refused (register.go).
+	kindRegister
 )
 
 // request is a client's request, classified once (Proxy.classify): the
@@ -110,6 +115,8 @@ func (p *Proxy) classify(r *http.Request) request {
 		req.kind = kindStatus
 	case req.cacheWrites && isTokenRequest(req.Request):
 		req.kind = kindToken
+	case req.cacheWrites && isRegistration(req.Request):
+		req.kind = kindRegister
 	default:
 		req.kind = kindOther
 	}

@@ -16,7 +16,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, queueLen func() float64) (*metrics, error) {
 	m := &metrics{
 		replayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_queue_replayed_total",
-			Help: "Queued status writes that left the queue, by result: applied, obsolete, rejected or coalesced."},
+			Help: "Queued status writes that left the queue, by result: applied, rebased, obsolete, rejected or coalesced."},
 			[]string{"result"}),
 		length: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tether_edge_apiserver_queue_length",
 			Help: "Status writes made offline and not yet replayed to the cloud."}, queueLen),

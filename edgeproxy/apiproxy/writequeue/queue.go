@@ -50,7 +50,11 @@ type Options struct {
 	Store    *cache.Store
 	Upstream Upstream
 	// Transport carries the replay's requests to the cloud, as the node.
-	Transport  http.RoundTripper
+	Transport http.RoundTripper
+	// NodeName is this node: its own Node's status patches are rebased
+	// rather than dropped when another manager wrote the status since
+	// (rebase.go). Empty disables that.
+	NodeName   string
 	Clock      clock.WithTicker
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -72,6 +76,7 @@ type Queue struct {
 	store *cache.Store
 	up    Upstream
 	rt    http.RoundTripper
+	node  string
 	clock clock.WithTicker
 	log   *slog.Logger
 	m     *metrics
@@ -111,7 +116,7 @@ func New(o Options) (*Queue, error) {
 	if o.Store == nil || o.Upstream == nil || o.Transport == nil {
 		return nil, errors.New("writequeue: Store, Upstream and Transport are required")
 	}
-	q := &Queue{store: o.Store, up: o.Upstream, rt: o.Transport, clock: o.Clock, log: o.Logger,
+	q := &Queue{store: o.Store, up: o.Upstream, rt: o.Transport, node: o.NodeName, clock: o.Clock, log: o.Logger,
 		replayCh: make(chan struct{}, 1), pending: map[Object]*pendingObject{}, replaced: map[uint64]uint64{},
 		retries: map[uint64]*retryState{}}
 	if q.clock == nil {

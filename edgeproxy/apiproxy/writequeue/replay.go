@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/internal/statuspatch"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/internal/localapi"
 )
@@ -28,6 +29,9 @@ const (
 	replayApplied  = "applied"
 	replayObsolete = "obsolete"
 	replayRejected = "rejected"
+	// A status patch of the node's own Node, sent rebased on the Node
+	// as it is upstream (rebase.go); the ledger counts it applied.
+	replayRebased = "rebased"
 	// A patch queued later took its place (coalesce.go).
 	replayCoalesced = "coalesced"
 )
@@ -93,7 +97,9 @@ func replayBackoff(failures int, retryAfter time.Duration) time.Duration {
 // as obsolete when a later update (PUT) of the same object in the queue
 // replaces it, when the object is gone or was recreated upstream (another
 // UID), or when another field manager wrote its status upstream after the
-// write was queued; as rejected when the cloud answers it 4xx.
+// write was queued; as rejected when the cloud answers it 4xx. A status
+// patch of this node's own Node whose conditions were written upstream
+// since is rebased on the upstream Node instead (rebase.go).
 func (q *Queue) replay(ctx context.Context) (next time.Time) {
 	q.takeReplaced()
 	now := q.clock.Now()
@@ -104,7 +110,7 @@ func (q *Queue) replay(ctx context.Context) (next time.Time) {
 	counts := map[string]int{}
 	defer func() {
 		if len(counts) > 0 {
-			q.log.Info("queued status writes replayed", "applied", counts[replayApplied], "obsolete", counts[replayObsolete],
+			q.log.Info("queued status writes replayed", "applied", counts[replayApplied], "rebased", counts[replayRebased], "obsolete", counts[replayObsolete],
 				"rejected", counts[replayRejected], "still_queued", q.Len())
 		}
 	}()
@@ -252,13 +258,37 @@ func (q *Queue) replayOne(ctx context.Context, w cache.QueuedWrite) (result, why
 		if w.UID != "" && obj.Metadata.UID != w.UID {
 			return replayObsolete, "the object was recreated upstream (uid " + obj.Metadata.UID + ")", nil
 		}
+		method, contentType, body := w.Method, w.ContentType, w.Body
+		rebased := ""                                // why, when the write is sent rebased
 		queuedAt := w.QueuedAt.Truncate(time.Second) // managedFields times have seconds only
 		for _, mf := range obj.Metadata.ManagedFields {
 			if mf.Subresource == "status" && mf.Manager != w.Component && mf.Time != nil && mf.Time.Time.After(queuedAt) {
-				return replayObsolete, "status written upstream since by " + mf.Manager, nil
+				why := "status written upstream since by " + mf.Manager
+				if !q.rebases(w) {
+					return replayObsolete, why, nil
+				}
+				b, err := rebase(w, cur, q.clock.Now(), false)
+				if err != nil {
+					return replayObsolete, why + "; not rebased: " + err.Error(), nil
+				}
+				method, contentType, body = http.MethodPatch, statuspatch.StrategicMerge, b
+				rebased = why + ": the conditions the write set were sent as a patch of the upstream Node"
+				break
 			}
 		}
-		body := w.Body
+		if rebased == "" && q.rebases(w) {
+			// kube-apiserver keeps no managedFields on Nodes: a condition
+			// written upstream since shows only as a difference from the
+			// base the patch was made against, which the patch alone would
+			// not undo (a kubelet heartbeat carries no status).
+			switch b, err := rebase(w, cur, q.clock.Now(), true); {
+			case err == nil:
+				contentType, body = statuspatch.StrategicMerge, b
+				rebased = "the Node's conditions were written upstream since the write's base: the write and the conditions it set were sent as a patch of the upstream Node"
+			case !errors.Is(err, errNothingToRebase):
+				q.log.Warn("node status patch not rebased; sent as queued", "seq", w.Seq, "err", err)
+			}
+		}
 		if w.Method == http.MethodPut {
 			if body, err = localapi.WithResourceVersion(body, localapi.ParseRV(obj.Metadata.ResourceVersion), "", ""); err != nil {
 				return replayRejected, "the queued body does not decode: " + err.Error(), nil
@@ -275,7 +305,7 @@ func (q *Queue) replayOne(ctx context.Context, w cache.QueuedWrite) (result, why
 					"seq", w.Seq, "component", w.Component, "method", w.Method, "path", w.Path)
 			}
 		}
-		a, err = q.send(ctx, w, w.Method, w.Path, w.ContentType, body)
+		a, err = q.send(ctx, w, method, w.Path, contentType, body)
 		if errors.Is(err, errNotHealthy) || (err == nil && a.code == http.StatusTooManyRequests) {
 			// Not sent, or refused before it was handled: the next send
 			// is a first one.
@@ -291,6 +321,9 @@ func (q *Queue) replayOne(ctx context.Context, w cache.QueuedWrite) (result, why
 			gvr := schema.GroupVersionResource{Group: w.Group, Version: w.Version, Resource: w.Resource}
 			if o, err := localapi.DecodeObject(resp, "", ""); err == nil {
 				q.store.Put(w.Component, gvr, o)
+			}
+			if rebased != "" {
+				return replayRebased, rebased, nil
 			}
 			return replayApplied, "", nil
 		case code == http.StatusConflict && w.Method == http.MethodPut && attempt < 3:
@@ -379,7 +412,7 @@ func statusMessage(body []byte) string {
 // outcomeOf is the ledger's name of a replay's result.
 func outcomeOf(result string) cache.Outcome {
 	switch result {
-	case replayApplied:
+	case replayApplied, replayRebased:
 		return cache.OutcomeApplied
 	case replayRejected:
 		return cache.OutcomeRejected
@@ -391,7 +424,7 @@ func slogLevel(result string) slog.Level {
 	switch result {
 	case replayApplied:
 		return slog.LevelDebug
-	case replayObsolete:
+	case replayObsolete, replayRebased:
 		return slog.LevelInfo
 	}
 	return slog.LevelWarn
