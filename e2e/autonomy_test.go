@@ -23,14 +23,16 @@ import (
 // admission gives every pod here (300 s in a cluster's defaults).
 const autonomyTolerationSeconds = 5
 
-// TestAutonomy cuts two edge nodes from the cloud with the real
-// kube-controller-manager's node lifecycle and taint eviction controllers
-// running: both nodes go unreachable and are tainted. The pods of edge-2,
-// without the autonomy annotation, are evicted as upstream Kubernetes
-// evicts them, once their default toleration runs out; those of edge-1,
-// annotated node.beta.openyurt.io/autonomy: "true", stay bound, neither
-// deleted nor terminating, well past that bound, until the annotation is
-// removed.
+// TestAutonomy cuts two edge nodes, each running the kubelet's own code
+// (kubemark's hollow kubelet) behind tether-edge, from the cloud with the
+// real kube-controller-manager's node lifecycle and taint eviction
+// controllers running: both nodes go unreachable and are tainted. The pods
+// of edge-2, without the autonomy annotation, are evicted as upstream
+// Kubernetes evicts them, once their default toleration runs out; those of
+// edge-1, annotated node.beta.openyurt.io/autonomy: "true", stay bound,
+// neither deleted nor terminating, well past that bound, and after the
+// heal its kubelet still runs them under the same UIDs. Without the
+// annotation, a second outage evicts them as upstream does.
 func TestAutonomy(t *testing.T) {
 	secs := fmt.Sprint(autonomyTolerationSeconds)
 	w := world.New(t, bins, world.Options{APIServerArgs: []string{
@@ -48,27 +50,24 @@ func TestAutonomy(t *testing.T) {
 	if _, err := admin.CoreV1().Nodes().Patch(ctx, lone.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range w.Edges {
-		markReady(t, ctx, admin, e.Name)
-	}
 	// A cloud node that stays Ready: with every node of the cluster
 	// NotReady, the node lifecycle controller assumes the control plane
 	// itself is cut, untaints them all and evicts nothing.
 	keepReady(t, ctx, admin, "cloud-1", 2*time.Second)
 	w.StartGateway(t, w.Gateways[0])
 	w.RouteSitesVia(t, w.Gateways[0])
+	kubelets := map[string]*world.HollowKubelet{}
 	for _, e := range w.Edges {
-		w.StartEdge(t, e, w.ProxyArgs(e)...)
+		w.StartEdge(t, e, append(w.ProxyArgs(e), "--cache-components", world.HollowComponents)...)
+		kubelets[e.Name] = w.StartHollowKubelet(t, e, false)
 	}
 	if err := w.WaitReachable(ctx, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range w.Edges {
-		e.StartHeartbeats(ctx, 2*time.Second)
-	}
-	// The nodes the test made carry no NoExecute taint before the pods
-	// come: a pod bound to a node tainted already would be evicted before
-	// the gateway could act.
+	// The nodes carry no NoExecute taint before the pods come: a pod bound
+	// to a node tainted already would be evicted before the gateway could
+	// act. Pods bound before the kubelet posted the node's capacity would
+	// be refused (OutOfpods).
 	for _, e := range w.Edges {
 		waitUntil(t, cm.Options.NodeMonitorGracePeriod+60*time.Second, e.Name+" Ready without NoExecute taints", func() bool {
 			n, err := admin.CoreV1().Nodes().Get(ctx, e.Name, metav1.GetOptions{})
@@ -78,19 +77,28 @@ func TestAutonomy(t *testing.T) {
 
 	const ns = "autonomy"
 	pods := map[string][]string{}
+	uids := map[string]map[string]types.UID{}
 	createNamespace(t, ctx, admin, ns)
 	for _, e := range w.Edges {
 		for i := range 3 {
 			name := fmt.Sprintf("%s-%d", e.Name, i)
-			if _, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			p, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: name},
 				Spec: corev1.PodSpec{NodeName: e.Name, AutomountServiceAccountToken: ptr.To(false),
 					Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/none"}}},
-			}, metav1.CreateOptions{}); err != nil {
+			}, metav1.CreateOptions{})
+			if err != nil {
 				t.Fatal(err)
 			}
 			pods[e.Name] = append(pods[e.Name], name)
+			if uids[e.Name] == nil {
+				uids[e.Name] = map[string]types.UID{}
+			}
+			uids[e.Name][name] = p.UID
 		}
+	}
+	for _, e := range w.Edges {
+		waitKubeletRuns(t, ctx, kubelets[e.Name], ns, uids[e.Name])
 	}
 	// The gateway makes edge-1's pods tolerate its loss forever; edge-2's
 	// keep the admission's bound.
@@ -159,13 +167,38 @@ func TestAutonomy(t *testing.T) {
 	}
 	t.Logf("edge-1's pods still bound %v after the cut, under %s", time.Since(cutAt).Round(time.Second), noExecuteTaint(n))
 
+	// The heal: edge-1's kubelet, which ran its pods all along, finds them
+	// still bound to it, and keeps running them.
+	lone.HealUplink(t)
+	waitUntil(t, 60*time.Second, "edge-1 Ready again after the heal", func() bool { return nodeReady(t, ctx, admin, lone.Name) })
+	waitPodsRunning(t, ctx, admin, ns, uids[lone.Name])
+	waitKubeletRuns(t, ctx, kubelets[lone.Name], ns, uids[lone.Name])
+	for _, name := range pods[lone.Name] {
+		if evicted(t, ctx, admin, ns, name) {
+			t.Errorf("%s of autonomous edge-1 deleted or terminating after the heal", name)
+		}
+	}
+
 	// The operator takes autonomy away: the pods tolerate what they did
-	// before, and are evicted as upstream Kubernetes evicts them.
+	// before, and the next outage evicts them as upstream Kubernetes does.
 	patch, _ = json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{openyurt.AutonomyAnnotation: nil}}})
 	if _, err := admin.CoreV1().Nodes().Patch(ctx, lone.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 60*time.Second, "edge-1's pods evicted once autonomy is off", func() bool {
+	waitUntil(t, 60*time.Second, "edge-1's pods back to the default toleration", func() bool {
+		for _, name := range pods[lone.Name] {
+			p, err := admin.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			if b := tolerationBound(p, corev1.TaintNodeUnreachable); b == nil || *b != autonomyTolerationSeconds {
+				return false
+			}
+		}
+		return true
+	})
+	lone.CutUplink(t)
+	waitUntil(t, bound, "edge-1's pods evicted in an outage once autonomy is off", func() bool {
 		for _, name := range pods[lone.Name] {
 			if !evicted(t, ctx, admin, ns, name) {
 				return false
