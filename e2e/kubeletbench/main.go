@@ -37,11 +37,13 @@
 //     --offline-bound. A restart that does not get there says how many
 //     pods ran and why the others did not, from the kubelet's log.
 //
-// It prints tables and how the node fares against the targets (no
-// request added by the cache; an offline restart within 30 s). It
+// It prints tables and how the node fares against the targets: the
+// cache adds no request to the kubelet's (those tether-edge forwards,
+// told from its own health checks and node pool by their User-Agent),
+// online and after a restart; an offline restart within 30 s. It
 // asserts nothing. Its last line is machine-readable:
 //
-//	kubelet: pods=<n> steady_rpm_through=<> steady_rpm_straight=<> restart_requests_through=<> restart_requests_straight=<> restart_run_s_through=<> restart_run_s_straight=<> edge_rss_mib_online=<> edge_cpu_pct_online=<> edge_rss_mib_offline=<> edge_cpu_pct_offline=<> offline_run_s=<> offline_running=<> offline_run_s_notoken=<> offline_running_notoken=<>
+//	kubelet: pods=<n> steady_rpm_through=<> steady_rpm_straight=<> steady_rpm_edge_own=<> restart_requests_through=<> restart_requests_straight=<> restart_run_s_through=<> restart_run_s_straight=<> edge_rss_mib_online=<> edge_cpu_pct_online=<> edge_rss_mib_offline=<> edge_cpu_pct_offline=<> offline_run_s=<> offline_running=<> offline_run_s_notoken=<> offline_running_notoken=<>
 //
 // where a restart whose pods did not all run within the bound reads "-".
 // The text output and SVG plots (requests per minute by kind in steady

@@ -209,7 +209,7 @@ var (
 
 // hollowNoise are errors the hollow node logs about every pod, running or
 // not: its fake runtime has no cgroups.
-var hollowNoise = []string{`"failed to read memory cgroup config for the pod"`}
+var hollowNoise = []string{`"failed to read memory cgroup `}
 
 // missingReasons are the kubelet's error and warning lines about the
 // missing pods, normalised and counted, most frequent first: at most n.
