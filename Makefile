@@ -111,6 +111,22 @@ BENCH_POOL_FLAGS ?=
 bench-pool: build testbins
 	$(GO) run ./e2e/poolbench --bin-dir $(BIN) $(BENCH_POOL_FLAGS)
 
+# bench-kubelet measures one edge node running the kubelet's own code
+# (kubemark's hollow node) with 30 pods, through tether-edge and straight to
+# kube-apiserver (the baseline, in the same run): requests per minute from
+# the node in steady state and after an online restart of the kubelet, as
+# kube-apiserver's audit log counts them; tether-edge's RSS and CPU online
+# and offline; the seconds from the kubelet's start to all pods running
+# after an offline restart (kubelet and tether-edge killed with the uplink
+# cut), with and without service-account tokens. It prints tables ending in
+# a machine-readable "kubelet:" line and writes them with SVG plots into
+# kubeletbench-<date>/ (--out). It needs root and takes about 10 minutes.
+# BENCH_KUBELET_FLAGS: see --help (--pods, --steady, --offline-bound, --out).
+.PHONY: bench-kubelet
+BENCH_KUBELET_FLAGS ?=
+bench-kubelet: build testbins
+	$(GO) run ./e2e/kubeletbench --bin-dir $(BIN) $(BENCH_KUBELET_FLAGS)
+
 # bench-scale measures one gateway serving a fleet of simulated edges
 # (default 10,000): cold start, steady RSS and CPU, routing, restart storm,
 # delegated heartbeats, Node churn, 3 replicas (3,000 of the edges), in
