@@ -1,5 +1,5 @@
 // Package benchkit holds the helpers the bench commands of e2e
-// (scalebench, tunnelbench, poolbench, soak) share, each once:
+// (scalebench, tunnelbench, poolbench, kubeletbench, soak) share, each once:
 //
 //   - process sampling (proc.go): CPU, the CPU time a process has used
 //     (/proc/<pid>/stat); ReadMem, its resident memory now and at its peak
