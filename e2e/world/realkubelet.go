@@ -2,16 +2,22 @@ package world
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tether-edge/tether/internal/testenv"
 )
@@ -56,6 +62,11 @@ type RealKubelet struct {
 	// Dir holds the kubelet's configuration, certificates and root
 	// directory, and the runtime's files.
 	Dir string
+	// ManifestDir is the kubelet's staticPodPath: a pod manifest written
+	// there runs as a static pod (empty unless a test writes one).
+	ManifestDir string
+	w           *World
+	args        []string
 }
 
 // RealKubeletOptions configure StartRealKubelet.
@@ -89,7 +100,10 @@ func (w *World) StartRealKubelet(t testenv.T, e *Edge, opts RealKubeletOptions) 
 	if err := os.MkdirAll(runtimeDir, 0o755); err != nil {
 		t.Fatalf("%v", err)
 	}
-	k := &RealKubelet{Edge: e, Dir: dir}
+	k := &RealKubelet{Edge: e, Dir: dir, ManifestDir: filepath.Join(dir, "manifests"), w: w}
+	if err := os.MkdirAll(k.ManifestDir, 0o755); err != nil {
+		t.Fatalf("%v", err)
+	}
 	k.Runtime = testenv.StartContainerd(t, e.Host, testenv.ContainerdOptions{Dir: runtimeDir, PodCIDR: opts.PodCIDR})
 
 	serving, err := w.KubeletCA.ServerCert(e.Name, e.Host.Addr.String(), e.Name, e.Name+"."+Zone)
@@ -132,6 +146,7 @@ func (w *World) StartRealKubelet(t testenv.T, e *Edge, opts RealKubeletOptions) 
 		"volumePluginDir":             filepath.Join(dir, "volume-plugins"),
 		"nodeStatusUpdateFrequency":   "2s",
 		"syncFrequency":               "10s",
+		"staticPodPath":               k.ManifestDir,
 	}
 	configJSON, err := json.MarshalIndent(config, "", "  ")
 	if err != nil {
@@ -153,14 +168,15 @@ current-context: edge
 			t.Fatalf("%v", err)
 		}
 	}
-	k.Cmd = k.Runtime.Start(t, testenv.Binaries(t).Kubelet,
+	k.args = []string{
 		"--config", configFile,
 		"--kubeconfig", kubeconfig,
 		"--root-dir", filepath.Join(dir, "root"),
 		"--hostname-override", e.Name,
 		"--node-ip", e.Host.Addr.String(),
 		"--v", "2",
-	)
+	}
+	k.Cmd = k.Runtime.Start(t, testenv.Binaries(t).Kubelet, k.args...)
 
 	ctx := context.Background()
 	var why string
@@ -191,3 +207,87 @@ current-context: edge
 
 // Log is the kubelet's output so far.
 func (k *RealKubelet) Log() string { return k.Edge.Host.Log(k.Cmd) }
+
+// Exited reports whether the kubelet has exited.
+func (k *RealKubelet) Exited() bool { return k.Edge.Host.Exited(k.Cmd) }
+
+// PowerCut ends the node as a power cut does: the kubelet gets SIGKILL,
+// then the runtime and every container go (Containerd.PowerOff). The
+// kubelet's root directory and the runtime's disk stay for Boot.
+func (k *RealKubelet) PowerCut() error {
+	if err := syscall.Kill(-k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill the kubelet of %s: %w", k.Edge.Name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = k.Edge.Host.Wait(ctx, k.Cmd) // killed: the exit status says so
+	if ctx.Err() != nil {
+		return fmt.Errorf("the kubelet of %s did not exit after SIGKILL", k.Edge.Name)
+	}
+	return k.Runtime.PowerOff()
+}
+
+// Boot starts containerd and the kubelet again, as they were configured,
+// on what PowerCut left: the node rebooted. It returns the new kubelet
+// once it runs, without waiting for the cloud (which may be away); k must
+// not be used any more.
+func (k *RealKubelet) Boot(t testenv.T) *RealKubelet {
+	t.Helper()
+	n := *k
+	n.Runtime = k.Runtime.Boot(t)
+	n.Cmd = n.Runtime.Start(t, testenv.Binaries(t).Kubelet, n.args...)
+	return &n
+}
+
+// RunningPods asks the kubelet's own server which pods its runtime runs
+// (GET /runningpods/ on its HTTPS port, with a client certificate of
+// KubeletClientCA as the apiserver's, its serving certificate verified by
+// KubeletCA), by namespace/name: what the node does, whether or not the
+// cloud has heard of it. A static pod has the UID the kubelet gave it,
+// not its mirror pod's.
+func (k *RealKubelet) RunningPods(ctx context.Context) (map[string]types.UID, error) {
+	client, err := k.w.kubeletClient(k.Edge)
+	if err != nil {
+		return nil, err
+	}
+	url := "https://" + net.JoinHostPort(k.Edge.Host.Addr.String(), fmt.Sprint(KubeletPort)) + "/runningpods/"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %.200s", url, resp.Status, body)
+	}
+	var list corev1.PodList
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("running pods of %s: %w (%.200s)", k.Edge.Name, err, body)
+	}
+	pods := map[string]types.UID{}
+	for _, p := range list.Items {
+		pods[p.Namespace+"/"+p.Name] = p.UID
+	}
+	return pods, nil
+}
+
+// kubeletClient is an HTTPS client to e's real kubelet as the apiserver
+// is one: dialled in e's namespace, with a client certificate of
+// KubeletClientCA, verifying the kubelet's by KubeletCA.
+func (w *World) kubeletClient(e *Edge) (*http.Client, error) {
+	kp, err := w.KubeletClientCA.ClientCert(RealKubeletUser)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext:     e.Host.DialContext,
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{kp.TLS}, RootCAs: w.KubeletCA.Pool()},
+	}}, nil
+}

@@ -64,6 +64,7 @@ type Containerd struct {
 	// newCgroups are the cgroups named after containerd's CRI namespace
 	// that did not exist before it started (see criCgroups).
 	newCgroups []string
+	opts       ContainerdOptions
 }
 
 const (
@@ -103,6 +104,7 @@ func StartContainerd(t T, h *Host, opts ContainerdOptions) *Containerd {
 		Dir:      opts.Dir,
 		Socket:   filepath.Join(opts.Dir, "containerd.sock"),
 		RuncRoot: filepath.Join(opts.Dir, "runc"),
+		opts:     opts,
 	}
 	script, err := c.writeFiles(opts)
 	if err != nil {
@@ -363,11 +365,46 @@ func parseCgroupMounts(r io.Reader) ([]cgroupMount, error) {
 	return mounts, nil
 }
 
-// cleanup kills and deletes runc's containers (from the test's own mount
-// namespace, where the same cgroup paths are mounted), then kills every
-// process left in containerd's mount namespace (containerd, its shims,
-// anything started by Start), so that the namespace and its mounts go.
-func (c *Containerd) cleanup(t T) {
+// PowerOff ends containerd as a power cut ends a node: every process in
+// its mount namespace (containerd, its shims, a kubelet started by
+// Start) gets SIGKILL, then every container is killed and deleted with
+// runc. What a reboot wipes goes: its state directory and runc's (a
+// node keeps them on the tmpfs /run) and the namespace's own /run. What
+// a disk keeps stays: the root directory with the images, snapshots and
+// containerd's metadata, the CNI's IP leases, and everything outside Dir
+// (a kubelet's root directory). Unlike a node's disk, the namespace's
+// /var/lib and /var/log go too (tmpfs here): the pods' logs in
+// /var/log/pods and the CNI's cache in /var/lib/cni. Boot starts it
+// again.
+func (c *Containerd) PowerOff() error {
+	var errs []error
+	if c.mntNS != "" {
+		errs = append(errs, killMountNS(c.mntNS))
+	}
+	errs = append(errs, c.deleteContainers())
+	for _, dir := range []string{filepath.Join(c.Dir, "state"), c.RuncRoot} {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("power off containerd in %s: %w", c.Host, err)
+	}
+	return nil
+}
+
+// Boot starts containerd again on the files PowerOff left, with the
+// options it was first started with: the node rebooted. The old
+// Containerd must not be used any more.
+func (c *Containerd) Boot(t T) *Containerd {
+	t.Helper()
+	return StartContainerd(t, c.Host, c.opts)
+}
+
+// deleteContainers kills and deletes runc's containers (from the test's
+// own mount namespace, where the same cgroup paths are mounted); runc
+// removes their cgroups.
+func (c *Containerd) deleteContainers() error {
 	var errs []error
 	list, err := c.containers()
 	if err != nil {
@@ -379,6 +416,15 @@ func (c *Containerd) cleanup(t T) {
 			errs = append(errs, fmt.Errorf("runc delete %s: %w: %s", ct.id, err, out))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// cleanup kills and deletes runc's containers (from the test's own mount
+// namespace, where the same cgroup paths are mounted), then kills every
+// process left in containerd's mount namespace (containerd, its shims,
+// anything started by Start), so that the namespace and its mounts go.
+func (c *Containerd) cleanup(t T) {
+	errs := []error{c.deleteContainers()}
 	if c.mntNS != "" {
 		errs = append(errs, killMountNS(c.mntNS))
 	}
