@@ -3,6 +3,7 @@ package apiproxy
 import (
 	"net/http"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -22,17 +23,22 @@ import (
 //     404; after a 404 it creates the CSINode, and if that fails for
 //     about 140 s the kubelet exits.
 //
+//   - the Lease controller starts with GET of the node's Lease; until that
+//     answers (404 leads to a create), it renews nothing.
+//
 // So offline, the proxy answers a create of this node's Node, when the
 // component cached it, 409 AlreadyExists as the apiserver would; a get of
 // this node's CSINode that is not cached 503, never 404; and online it
-// caches the answers to the component's create of its Node and create or
-// update of its CSINode, so that a next start offline finds them.
+// caches the answers to the component's create of its Node, create or
+// update of its CSINode and create of its node Lease, so that a next start
+// offline finds them (a kubelet cut before its first renewal would
+// otherwise find no Lease, and renew nothing, not even through its pool).
 
 var csiNodesGVR = schema.GroupVersionResource{Group: "storage.k8s.io", Version: "v1", Resource: "csinodes"}
 
-// isRegistration reports whether req creates a Node, or creates or
-// updates a CSINode: the writes a kubelet makes to register (kindRegister
-// when the component is cached).
+// isRegistration reports whether req creates a Node or a node Lease, or
+// creates or updates a CSINode: the writes a kubelet makes to register
+// (kindRegister when the component is cached).
 func isRegistration(req localapi.Request) bool {
 	if !req.IsResource || req.Subresource != "" {
 		return false
@@ -42,6 +48,8 @@ func isRegistration(req localapi.Request) bool {
 		return req.Verb == localapi.VerbCreate
 	case csiNodesGVR:
 		return req.Verb == localapi.VerbCreate || req.Verb == localapi.VerbUpdate
+	case leasesGVR:
+		return req.Verb == localapi.VerbCreate && req.Namespace == corev1.NamespaceNodeLease
 	}
 	return false
 }

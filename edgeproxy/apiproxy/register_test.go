@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/internal/localapi"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -56,7 +58,19 @@ func TestRegisterOffline(t *testing.T) {
 	if csi, err = kubelet.StorageV1().CSINodes().Update(ctx, csi, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update the CSINode online: %v", err)
 	}
+	// Its Lease controller creates the node Lease (a kubelet cut before
+	// its first renewal has sent no other write of it).
+	lease, err := kubelet.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: node, Namespace: corev1.NamespaceNodeLease},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node), LeaseDurationSeconds: ptr.To[int32](40)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create the node Lease online: %v", err)
+	}
 	testenv.EventuallyNoError(t, "the online writes in the kubelet's cache", func() error {
+		if l, err := e.Store.Get("kubelet", leasesGVR, corev1.NamespaceNodeLease, node); err != nil || l == nil {
+			return fmt.Errorf("lease: %v, %v", l, err)
+		}
 		n, err := e.Store.Get("kubelet", nodesGVR, "", node)
 		if err != nil || n == nil {
 			return fmt.Errorf("node: %v, %v", n, err)
@@ -119,6 +133,10 @@ func TestRegisterOffline(t *testing.T) {
 		}
 		if _, err := kubelet.StorageV1().CSINodes().Update(ctx, got, metav1.UpdateOptions{}); !apierrors.IsServiceUnavailable(err) {
 			t.Errorf("%s: update of the CSINode offline: %v, want 503", phase, err)
+		}
+		// The Lease controller's first step: the Lease it created online.
+		if l, err := kubelet.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node, metav1.GetOptions{}); err != nil || l.UID != lease.UID {
+			t.Errorf("%s: get of the node Lease: %v, %v; want the one created online", phase, l, err)
 		}
 	}
 	offline.set(true)
