@@ -236,12 +236,33 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	return fmt.Errorf("apiserver proxy: %w", err)
 }
 
+// startReadWait bounds how long a read of a cached component waits, at
+// start, for the first verdict on the cloud. A cloud that drops packets is
+// judged only when a probe times out (5 s); a kubelet booted in a cut
+// site then gets its first lists from the cache within this bound rather
+// than after the probe, and, online, its informers start from the cache
+// if the first probe is slow, then watch the cloud from there.
+const startReadWait = time.Second
+
 // ServeHTTP serves one request of a node component.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := p.classify(r)
-	p.up.WaitKnown(r.Context())
+	p.waitKnown(r, req)
 	served := p.serve(w, r, req)
 	p.m.requests.WithLabelValues(req.label, req.Verb, served).Inc()
+}
+
+// waitKnown waits for the first health checks, before which the proxy
+// cannot tell online from offline: writes and relayed requests as long as
+// they take, cached reads at most startReadWait (then the cache answers).
+func (p *Proxy) waitKnown(r *http.Request, req request) {
+	if req.kind != kindRead && req.kind != kindWatch {
+		p.up.WaitKnown(r.Context())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), startReadWait)
+	defer cancel()
+	p.up.WaitKnown(ctx)
 }
 
 // serve is the proxy's decision table: req's kind, and whether the cloud
