@@ -133,7 +133,9 @@ const (
 	DefaultTunnelListen = ":10262"
 	DefaultProxyPort    = 10263
 	DefaultDNSListen    = ":53"
-	DefaultAdminListen  = ":10265"
+	// The admin endpoints answer on loopback unless told otherwise: the
+	// manifests bind them to the node's VPC address.
+	DefaultAdminListen = "127.0.0.1:10265"
 	// DefaultKubeAPIQPS and DefaultKubeAPIBurst replace client-go's 5 and
 	// 10. They size two budgets: the delegated heartbeats' writes, and
 	// every other request (taint, VIP, election records, update trigger).
@@ -571,7 +573,7 @@ func (c *Config) receiveBudget() *tunnel.ReceiveBudget {
 // Process: the admin endpoints and the log.
 
 func (c *Config) processFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes), for clients of --allowed-sources only; empty disables them")
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes), for clients of --allowed-sources only; empty disables them. The default answers on loopback only: give the host's VPC address (the manifests give the node's) for Prometheus and the kubelet's probes")
 	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "also serve the Go runtime's profiles (CPU, heap, goroutines, execution trace) under /debug/pprof/ on the admin address; whoever reaches that address can read them and load the process, so keep it off or the address private")
 	fs.StringVar(&c.Replica, "replica", c.Replica, "`name` of this replica on /status (default: the host name)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn or error (debug also logs every routed or refused connection)")
