@@ -58,6 +58,7 @@ func (g *Gateway) newSources() (*sources.Filter, error) {
 		Allowed:    allowed,
 		Denied:     denied,
 		Tunnels:    g.tunnelPeers,
+		Local:      sources.LocalAddrs,
 		Logger:     g.log,
 		Registerer: g.metrics,
 	})

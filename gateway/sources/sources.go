@@ -14,7 +14,10 @@
 // address an edge's tunnel comes from (its NAT's public address, which
 // every other host of that shop shares). The edges' addresses win over
 // the allowed ranges, except loopback: an edge or Node on loopback runs on
-// the gateway's own host. The client address is the socket's remote address:
+// the gateway's own host. The host's own addresses are admitted too (a
+// process of the host dialling an edge node is DNATed with the source
+// address routing picked, which may be a public one); the kernel drops a
+// packet from outside that claims one of them. The client address is the socket's remote address:
 // DNAT (netrules' redirect) changes only the destination, so it is the
 // client's own also for redirected connections.
 //
@@ -73,6 +76,10 @@ type Options struct {
 	// Tunnels returns the addresses the edges' tunnels come from; nil
 	// means none. It is called at most once per TunnelsMaxAge.
 	Tunnels func() []netip.Addr
+	// Local returns the host's own addresses, whose clients are the
+	// host's processes (the kernel drops a packet from outside that
+	// claims one); nil means none. Called with Tunnels.
+	Local func() []netip.Addr
 	// Logger receives the refusal lines; nil discards them.
 	Logger *slog.Logger
 	// Registerer, if set, gets the filter's metrics.
@@ -84,6 +91,7 @@ type Filter struct {
 	allowed []netip.Prefix
 	denied  []netip.Prefix
 	tunnels func() []netip.Addr
+	local   func() []netip.Addr
 	log     *slog.Logger
 	metrics *metrics
 
@@ -98,7 +106,8 @@ type Filter struct {
 
 type peerSet struct {
 	at    time.Time
-	addrs map[netip.Addr]struct{}
+	addrs map[netip.Addr]struct{} // the edges' tunnels'
+	local map[netip.Addr]struct{} // the host's own
 }
 
 type logState struct {
@@ -135,6 +144,7 @@ func New(opts Options) (*Filter, error) {
 		allowed: opts.Allowed,
 		denied:  opts.Denied,
 		tunnels: opts.Tunnels,
+		local:   opts.Local,
 		log:     opts.Logger,
 		metrics: m,
 		logs:    map[string]*logState{},
@@ -179,12 +189,16 @@ func (f *Filter) Check(a netip.Addr) string {
 		// gateway, and the host's own clients are the VPC's.
 		return f.allowedReason(a)
 	}
+	ps := f.peerSet()
+	if _, ok := ps.local[a]; ok {
+		return "" // a process of this host, on one of its addresses
+	}
 	if nodes := f.nodes.Load(); nodes != nil {
 		if _, ok := (*nodes)[a]; ok {
 			return ReasonEdgeNode
 		}
 	}
-	if _, ok := f.peerSet().addrs[a]; ok {
+	if _, ok := ps.addrs[a]; ok {
 		return ReasonEdgeTunnel
 	}
 	return f.allowedReason(a)
@@ -200,8 +214,8 @@ func (f *Filter) allowedReason(a netip.Addr) string {
 	return ReasonNotAllowed
 }
 
-// peerSet returns the edges' tunnel addresses, refreshed when older than
-// TunnelsMaxAge.
+// peerSet returns the edges' tunnel addresses and the host's own,
+// refreshed when older than TunnelsMaxAge.
 func (f *Filter) peerSet() *peerSet {
 	if ps := f.peers.Load(); ps != nil && time.Since(ps.at) < TunnelsMaxAge {
 		return ps
@@ -211,10 +225,15 @@ func (f *Filter) peerSet() *peerSet {
 	if ps := f.peers.Load(); ps != nil && time.Since(ps.at) < TunnelsMaxAge {
 		return ps
 	}
-	ps := &peerSet{at: time.Now(), addrs: map[netip.Addr]struct{}{}}
+	ps := &peerSet{at: time.Now(), addrs: map[netip.Addr]struct{}{}, local: map[netip.Addr]struct{}{}}
 	if f.tunnels != nil {
 		for _, a := range f.tunnels() {
 			ps.addrs[a.Unmap()] = struct{}{}
+		}
+	}
+	if f.local != nil {
+		for _, a := range f.local() {
+			ps.local[a.Unmap()] = struct{}{}
 		}
 	}
 	f.peers.Store(ps)
@@ -302,4 +321,22 @@ func Reset(c net.Conn) {
 		tc.SetLinger(0)
 	}
 	c.Close()
+}
+
+// LocalAddrs returns the addresses of the host's interfaces, for
+// Options.Local; none when they cannot be read.
+func LocalAddrs() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
 }

@@ -33,6 +33,9 @@ func TestCheck(t *testing.T) {
 			tunnelCalls.Add(1)
 			return []netip.Addr{netip.MustParseAddr("10.9.9.9"), netip.MustParseAddr("203.0.113.7"), netip.MustParseAddr("127.0.0.1")}
 		},
+		Local: func() []netip.Addr {
+			return []netip.Addr{netip.MustParseAddr("198.51.100.20"), netip.MustParseAddr("10.0.0.12")}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +58,7 @@ func TestCheck(t *testing.T) {
 		{"127.0.0.2", ""},                    // loopback, though an edge Node has it
 		{"100.64.0.2", ReasonNotAllowed},     // a site's NAT in carrier-grade NAT space
 		{"198.51.100.1", ReasonNotAllowed},   // the internet
+		{"198.51.100.20", ""},                // this host's own public address
 		{"2001:db8::1", ReasonNotAllowed},    // the IPv6 internet
 		{"192.168.100.4", ReasonEdgeRange},   // in --edge-cidrs, though RFC 1918
 		{"10.20.0.5", ReasonEdgeNode},        // an edge Node's InternalIP
