@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/selfca"
+	"github.com/tether-edge/tether/gateway/sources"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
@@ -73,6 +75,10 @@ type Config struct {
 	EdgeCIDRs    []string `json:"edge-cidrs,omitempty"`
 	NetRules     string   `json:"netrules"`
 	EdgeSelector string   `json:"edge-selector"`
+
+	// AllowedSources are the client ranges the transparent listener and
+	// the admin endpoints accept (gateway/sources).
+	AllowedSources []string `json:"allowed-sources"`
 
 	EdgePorts      config.Ports    `json:"edge-ports"`
 	ResyncPeriod   metav1.Duration `json:"resync-period"`
@@ -127,7 +133,9 @@ const (
 	DefaultTunnelListen = ":10262"
 	DefaultProxyPort    = 10263
 	DefaultDNSListen    = ":53"
-	DefaultAdminListen  = ":10265"
+	// The admin endpoints answer on loopback unless told otherwise: the
+	// manifests bind them to the node's VPC address.
+	DefaultAdminListen = "127.0.0.1:10265"
 	// DefaultKubeAPIQPS and DefaultKubeAPIBurst replace client-go's 5 and
 	// 10. They size two budgets: the delegated heartbeats' writes, and
 	// every other request (taint, VIP, election records, update trigger).
@@ -167,6 +175,7 @@ func DefaultConfig() Config {
 		NetRules:          netrules.KindAuto,
 		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
 		EdgePorts:         config.Ports{10250, 10255},
+		AllowedSources:    slices.Clone(sources.DefaultAllowed),
 		ResyncPeriod:      metav1.Duration{Duration: 30 * time.Second},
 		CleanupOnExit:     true,
 		DNSTTL:            metav1.Duration{Duration: dns.DefaultTTL},
@@ -369,6 +378,7 @@ func (c *Config) ACMESecret() (namespace, name string, ok bool, err error) {
 func (c *Config) routingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TunnelListen, "tunnel-listen", c.TunnelListen, "UDP `address` of the QUIC listener that edges dial")
 	fs.IntVar(&c.ProxyPort, "proxy-port", c.ProxyPort, "TCP `port` of the transparent listener, on all addresses (IPv4 and IPv6), where DNAT sends connections for edge nodes. A client that dials this port directly is routed by TLS SNI or HTTP Host (a node name, bare or under a --dns-zone) to that node's port 10250")
+	fs.Var(config.NewStringList(&c.AllowedSources), "allowed-sources", "client `prefixes` (comma-separated or repeated) the transparent listener (--proxy-port) and the admin endpoints (--admin-listen) accept connections from: the VPC's. An edge's address is refused even inside them: one in --edge-cidrs, an edge Node's, or the address an edge's tunnel comes from. Others are reset and counted in tether_gateway_source_refusals_total. The host's own addresses are always admitted. The default is RFC 1918, IPv6 unique local and loopback; 0.0.0.0/0,::/0 admits any client but the edges")
 	fs.Var(&c.EdgePorts, "edge-ports", "edge `ports` (comma-separated) whose traffic to an edge node's address is redirected to --proxy-port; the edges' --allow-ports decide what they accept")
 	fs.StringVar(&c.EdgeSelector, "edge-selector", c.EdgeSelector, "label `selector` that tells edge nodes from cloud nodes")
 	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
@@ -399,6 +409,9 @@ func (c *Config) validateRouting(p *problems) {
 		p.add("--vip-cidr is required with --mode=vip")
 	}
 	if _, err := c.edgeCIDRs(); err != nil {
+		p.add("%w", err)
+	}
+	if _, err := sources.ParsePrefixes("allowed-sources", c.AllowedSources); err != nil {
 		p.add("%w", err)
 	}
 	switch c.NetRules {
@@ -560,7 +573,7 @@ func (c *Config) receiveBudget() *tunnel.ReceiveBudget {
 // Process: the admin endpoints and the log.
 
 func (c *Config) processFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes); empty disables them")
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "listen `address` of the admin HTTP endpoints /metrics, /healthz, /readyz (listeners up and Nodes synced) and /status (JSON: replica, edges, RTT, streams, bytes), for clients of --allowed-sources only; empty disables them. The default answers on loopback only: give the host's VPC address (the manifests give the node's) for Prometheus and the kubelet's probes")
 	fs.BoolVar(&c.Profiling, "profiling", c.Profiling, "also serve the Go runtime's profiles (CPU, heap, goroutines, execution trace) under /debug/pprof/ on the admin address; whoever reaches that address can read them and load the process, so keep it off or the address private")
 	fs.StringVar(&c.Replica, "replica", c.Replica, "`name` of this replica on /status (default: the host name)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log `level`: debug, info, warn or error (debug also logs every routed or refused connection)")

@@ -48,6 +48,7 @@ import (
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/proxy"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/sources"
 	"github.com/tether-edge/tether/gateway/topology"
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/admin"
@@ -73,6 +74,7 @@ type Gateway struct {
 	registry *registry.Registry
 	tunnels  *tunnelserver.Server
 	proxy    *proxy.Proxy
+	sources  *sources.Filter // the clients the proxy and the admin endpoints accept
 	proxyLn  net.Listener
 	adminLn  net.Listener // nil when --admin-listen is empty
 	acmeLn   net.Listener // ACME HTTP-01 challenges; nil unless ACME mode
@@ -195,7 +197,7 @@ func New(cfg Config) (_ *Gateway, err error) {
 		if err != nil {
 			return nil, err
 		}
-		g.adminLn = ln
+		g.adminLn = g.sources.Listen(ln, "admin")
 		g.parts.Add(g.adminPart())
 	}
 	g.parts.AddTogether(parts...)
@@ -375,7 +377,11 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 
 // newProxy makes the transparent proxy and binds --proxy-port.
 func (g *Gateway) newProxy() (_ []component.Component, err error) {
+	if g.sources, err = g.newSources(); err != nil {
+		return nil, err
+	}
 	g.proxy, err = proxy.New(g.registry, proxy.Options{
+		Sources:     g.sources,
 		Mode:        nodewatch.Mode(g.cfg.Mode),
 		Zones:       g.cfg.DNSZones,
 		IdleTimeout: g.cfg.StreamIdleTimeout.Duration,

@@ -3,7 +3,9 @@ package gateway
 import (
 	"fmt"
 	"net"
+	"net/netip"
 
+	"github.com/tether-edge/tether/gateway/sources"
 	"github.com/tether-edge/tether/internal/accept"
 )
 
@@ -38,4 +40,43 @@ func (g *Gateway) retrying(name string, ln net.Listener) (net.Listener, error) {
 		return nil, err
 	}
 	return accept.Listen(ln, accept.Options{Name: name, Logger: g.log, Errors: errs}), nil
+}
+
+// newSources makes the filter of the clients the transparent listener and
+// the admin endpoints accept (--allowed-sources, never an edge's address)
+// and subscribes it to the node watcher.
+func (g *Gateway) newSources() (*sources.Filter, error) {
+	allowed, err := sources.ParsePrefixes("allowed-sources", g.cfg.AllowedSources)
+	if err != nil {
+		return nil, err
+	}
+	denied, err := g.cfg.edgeCIDRs()
+	if err != nil {
+		return nil, err
+	}
+	f, err := sources.New(sources.Options{
+		Allowed:    allowed,
+		Denied:     denied,
+		Tunnels:    g.tunnelPeers,
+		Local:      sources.LocalAddrs,
+		Logger:     g.log,
+		Registerer: g.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
+	g.watcher.Subscribe(f.Update)
+	return f, nil
+}
+
+// tunnelPeers are the addresses the edges' tunnels come from: their NATs'
+// public addresses, which the other hosts of their sites share.
+func (g *Gateway) tunnelPeers() []netip.Addr {
+	var out []netip.Addr
+	for _, e := range g.registry.Edges() {
+		if ap, err := netip.ParseAddrPort(e.Remote); err == nil {
+			out = append(out, ap.Addr())
+		}
+	}
+	return out
 }

@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{resultRelayed, resultRelayError, resultRefused} {
 		m.connections.WithLabelValues(r)
 	}
-	reasons := []string{ReasonNoRoute, ReasonPeekTimeout, ReasonReplyTimeout, ReasonStreamError,
+	reasons := []string{ReasonSource, ReasonNoRoute, ReasonPeekTimeout, ReasonReplyTimeout, ReasonStreamError,
 		registry.ReasonNoTunnel, registry.ReasonOverloaded, registry.ReasonOpenFailed}
 	for _, c := range tunnel.Codes() {
 		if c != tunnel.OK {

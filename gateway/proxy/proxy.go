@@ -19,6 +19,9 @@
 //     destination's, or Options.DefaultPort (10250) when the client dialled
 //     the listener's own port.
 //
+// A client whose address Options.Sources refuses (one outside the VPC's
+// ranges, or an edge's) is reset before anything is read.
+//
 // Any refusal — no route, no tunnel, no free stream, the edge's refusal —
 // resets the client connection and is counted by reason
 // (tether_gateway_proxy_refusals_total).
@@ -42,6 +45,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/sources"
 	"github.com/tether-edge/tether/internal/accept"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/tunnel"
@@ -62,6 +66,7 @@ const (
 	ReasonPeekTimeout  = "peek_timeout"  // the client sent no routable first bytes in time
 	ReasonReplyTimeout = "reply_timeout" // the edge did not answer in time
 	ReasonStreamError  = "stream_error"  // the stream failed before the reply
+	ReasonSource       = "source"        // the client is not an allowed source (gateway/sources)
 )
 
 // Opener opens streams to edges; *registry.Registry is one.
@@ -96,6 +101,9 @@ type Options struct {
 	// means netrules.OriginalDst. When it fails the connection is treated
 	// as addressed to the listener.
 	OriginalDst func(*net.TCPConn) (netip.AddrPort, error)
+	// Sources admits clients by address before anything else; nil admits
+	// every client.
+	Sources *sources.Filter
 	// Logger receives the proxy's logs; nil discards them.
 	Logger *slog.Logger
 	// Registerer, if set, gets the proxy's metrics.
@@ -211,6 +219,14 @@ func (p *Proxy) handle(ctx context.Context, tc *net.TCPConn, listenPort uint16) 
 		if p.log.Enabled(ctx, slog.LevelDebug) {
 			p.log.Debug(msg, append(attrs, args...)...)
 		}
+	}
+
+	// Before a byte is read: a client that may not use the listener
+	// learns nothing of the edges, not even which names route.
+	if why := p.opts.Sources.Admit("proxy", tc.RemoteAddr()); why != "" {
+		p.refuse(tc, nil, ReasonSource)
+		debug("connection refused", "reason", ReasonSource, "source", why)
+		return
 	}
 
 	tg, reason, err := p.route(tc, listenPort)

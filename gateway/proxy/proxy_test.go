@@ -27,6 +27,7 @@ import (
 	"github.com/tether-edge/tether/gateway/internal/metrictest"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/registry"
+	"github.com/tether-edge/tether/gateway/sources"
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/accept/accepttest"
 	"github.com/tether-edge/tether/internal/testenv"
@@ -457,5 +458,36 @@ func TestProxySendsClientBytesBeforeReply(t *testing.T) {
 	}
 	if err := <-edgeErr; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A client the source filter refuses is reset before the proxy reads a
+// byte or opens a stream: the edge sees no request, and the refusal is
+// counted as source.
+func TestProxyRefusesSource(t *testing.T) {
+	e := newEnv(t)
+	port := e.backend("")
+	edge := e.edge("edge-1", edgetest.AllowPorts(port))
+	f, err := sources.New(sources.Options{Allowed: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, addr := e.proxy(Options{DefaultPort: port, Sources: f})
+	// The reset may come so soon that it fails the dial itself.
+	if c, err := net.Dial("tcp", addr); err == nil {
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := bufio.NewReader(c).ReadByte(); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("read from a refused client's connection: %v, want connection reset", err)
+		}
+		c.Close()
+	} else if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatal(err)
+	}
+	if v := value(t, p, "refusals", "reason="+ReasonSource); v != 1 {
+		t.Errorf("source refusals: %v, want 1", v)
+	}
+	if reqs := edge.Requests(); len(reqs) != 0 {
+		t.Errorf("the edge got requests %+v from a refused client", reqs)
 	}
 }
