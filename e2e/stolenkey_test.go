@@ -143,6 +143,14 @@ func stolenNodeKey(t *testing.T, backend string) {
 	}
 
 	t.Run("AnotherEdgesAddress", func(t *testing.T) {
+		// The world registered the Nodes as the operator, before the
+		// admission policy stamped registrations: the operator pins the
+		// honest node's address, which then beats the thief's claim
+		// (e2e.TestAddressClaims has nodes register themselves).
+		pin := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, nodewatch.RegisteredAnnotation, honestIP)
+		if _, err := w.CP.Client.CoreV1().Nodes().Patch(ctx, honest.Name, types.MergePatchType, []byte(pin), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		setAddress(t, honestIP)
 		waitRefusal(t, statusapi.AddressRefusal{Addr: netip.MustParseAddr(honestIP), Node: thief.Name, Reason: string(nodewatch.ReasonConflict), Holder: honest.Name})
 		for i := range 10 {

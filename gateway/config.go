@@ -75,6 +75,9 @@ type Config struct {
 	EdgeCIDRs    []string `json:"edge-cidrs,omitempty"`
 	NetRules     string   `json:"netrules"`
 	EdgeSelector string   `json:"edge-selector"`
+	// MaxNodeAddresses bounds the addresses routed to one edge node
+	// (nodewatch.Policy.MaxPerNode).
+	MaxNodeAddresses int `json:"max-addresses-per-node"`
 
 	// AllowedSources are the client ranges the transparent listener and
 	// the admin endpoints accept (gateway/sources).
@@ -172,6 +175,7 @@ func DefaultConfig() Config {
 		ACMEStorage:       ACMEStorageDir,
 		ACMEHTTPListen:    DefaultACMEHTTPListen,
 		Mode:              string(nodewatch.ModeNodeIP),
+		MaxNodeAddresses:  nodewatch.DefaultMaxPerNode,
 		NetRules:          netrules.KindAuto,
 		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
 		EdgePorts:         config.Ports{10250, 10255},
@@ -384,6 +388,7 @@ func (c *Config) routingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
 	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
 	fs.Var(config.NewStringList(&c.EdgeCIDRs), "edge-cidrs", "`prefixes` (comma-separated or repeated) the edge sites' node addresses lie in; in node-ip mode an edge node's address outside them is never redirected to it (default: any address that is not a cloud node's or the gateway host's)")
+	fs.IntVar(&c.MaxNodeAddresses, "max-addresses-per-node", c.MaxNodeAddresses, "at most this many `addresses` of one edge node are routed to it (redirected, answered in DNS): those it registered with first, then the others in the order it lists them")
 	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")
 	fs.DurationVar(&c.ResyncPeriod.Duration, "resync-period", c.ResyncPeriod.Duration, "re-apply the DNAT rules this often even without a Node change, repairing rules someone else flushed (drift)")
 	fs.BoolVar(&c.CleanupOnExit, "cleanup-on-exit", c.CleanupOnExit, "remove the DNAT rules and the VIP interface tether0 on exit (what Tether created, nothing else)")
@@ -413,6 +418,9 @@ func (c *Config) validateRouting(p *problems) {
 	}
 	if _, err := sources.ParsePrefixes("allowed-sources", c.AllowedSources); err != nil {
 		p.add("%w", err)
+	}
+	if c.MaxNodeAddresses < 1 {
+		p.add("--max-addresses-per-node %d: want 1 or more", c.MaxNodeAddresses)
 	}
 	switch c.NetRules {
 	case netrules.KindAuto, netrules.KindNFTables, netrules.KindIPTables, netrules.KindNone:
@@ -447,7 +455,7 @@ func (c Config) edgeCIDRs() ([]netip.Prefix, error) {
 
 // routePolicy is what the node watcher accepts as an edge node's address.
 func (c Config) routePolicy() nodewatch.Policy {
-	p := nodewatch.Policy{Mode: nodewatch.Mode(c.Mode)}
+	p := nodewatch.Policy{Mode: nodewatch.Mode(c.Mode), MaxPerNode: c.MaxNodeAddresses}
 	p.EdgeCIDRs, _ = c.edgeCIDRs() // checked by Validate
 	if v, err := netip.ParsePrefix(c.VIPCIDR); err == nil {
 		p.VIPCIDR = v.Masked()

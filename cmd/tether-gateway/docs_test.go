@@ -40,7 +40,7 @@ func program() (docgen.Program, []docgen.Flag, error) {
 			{Heading: "Cluster", Keys: []string{"kubeconfig", "kube-api-qps", "kube-api-burst", "client-ca"}},
 			{Heading: "Serving certificate: files, the gateway's own CA, or ACME", Keys: []string{"tls-cert", "tls-key", "data-dir", "server-name",
 				"acme-domain", "acme-ca", "acme-email", "acme-ca-root", "acme-storage", "acme-http-listen"}},
-			{Heading: "Tunnels and routing", Keys: []string{"tunnel-listen", "proxy-port", "allowed-sources", "edge-ports", "edge-selector", "mode", "vip-cidr", "edge-cidrs",
+			{Heading: "Tunnels and routing", Keys: []string{"tunnel-listen", "proxy-port", "allowed-sources", "edge-ports", "edge-selector", "mode", "vip-cidr", "edge-cidrs", "max-addresses-per-node",
 				"netrules", "resync-period", "cleanup-on-exit"}},
 			{Heading: "DNS", Keys: []string{"dns-listen", "dns-zone", "dns-ttl", "dns-cloud-nodes", "hosts-configmap"}},
 			{Heading: "Node pools and service topology", Keys: []string{"delegated-heartbeat-taint", "delegated-heartbeat-taint-renewals", "node-autonomy", "enable-update-trigger"}},

@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -329,8 +330,10 @@ func TestEDNS0(t *testing.T) {
 	}
 }
 
+// TestTruncation: UDP answers fit the size the client offers (the
+// amplification bound is lifted here; TestAmplificationBound tests it).
 func TestTruncation(t *testing.T) {
-	s := newTestServer(t, Options{})
+	s := newTestServer(t, Options{MaxAmplification: 1000})
 	tests := []struct {
 		name    string
 		bufsize uint16
@@ -415,6 +418,57 @@ func TestServeDNS(t *testing.T) {
 			}
 			if !slices.Equal(w.out, want) {
 				t.Errorf("%v %v: ServeDNS wrote %d bytes, raw path %d bytes, or they differ", q.Question[0], via, len(w.out), len(want))
+			}
+		}
+	}
+}
+
+// TestAmplificationBound: over UDP no answer is more than
+// MaxAmplification times its query; past it the answer is truncated to at
+// most the query's size and the client asks again over TCP, which gets
+// everything. Everyday answers stay within the bound untruncated.
+func TestAmplificationBound(t *testing.T) {
+	nodes := testSnapshot()
+	var four []netip.Addr
+	for i := range 4 {
+		four = append(four, netip.AddrFrom4([4]byte{10, 8, 0, byte(1 + i)}))
+	}
+	nodes.Nodes["e"] = nodewatch.Node{Name: "e", Edge: true, InternalIPs: four}
+	s := newTestServer(t, Options{})
+	s.Update(nodes)
+	for _, tc := range []struct {
+		name    string
+		q       *dns.Msg
+		answers int
+		trunc   bool
+	}{
+		{"one address", query("edge-2.tether.internal.", dns.TypeA, 1232), 1, false},
+		{"one address, no EDNS0", query("edge-2.", dns.TypeA, 0), 1, false},
+		{"four addresses under the zone", query("e.tether.internal.", dns.TypeA, 1232), 4, false},
+		{"four addresses, shortest bare name", query("e.", dns.TypeA, 0), 0, true},
+		{"NXDOMAIN with the SOA", query("x.tether.internal.", dns.TypeA, 0), 0, false},
+		{"SOA", query("tether.internal.", dns.TypeSOA, 0), 1, false},
+		{"60 addresses", query("many.tether.internal.", dns.TypeA, 1232), 0, true},
+		{"60 addresses, ANY", query("many.tether.internal.", dns.TypeANY, 4096), 0, true},
+	} {
+		b, err := tc.q.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, n := exchange(t, s, tc.q, overUDP)
+		t.Logf("%s: query %d bytes, answer %d bytes (%.1fx), %d records, TC=%v", tc.name, len(b), n, float64(n)/float64(len(b)), len(r.Answer), r.Truncated)
+		if n > DefaultMaxAmplification*len(b) {
+			t.Errorf("%s: %d-byte answer to a %d-byte query: more than %dx", tc.name, n, len(b), DefaultMaxAmplification)
+		}
+		if r.Truncated != tc.trunc || len(r.Answer) != tc.answers {
+			t.Errorf("%s: TC=%v with %d answers, want TC=%v with %d", tc.name, r.Truncated, len(r.Answer), tc.trunc, tc.answers)
+		}
+		if tc.trunc && n > len(b) {
+			t.Errorf("%s: truncated answer %d bytes, query %d", tc.name, n, len(b))
+		}
+		if tc.trunc {
+			if r, _ := exchange(t, s, tc.q, overTCP); r.Truncated || len(r.Answer) == 0 {
+				t.Errorf("%s over TCP: TC=%v with %d answers", tc.name, r.Truncated, len(r.Answer))
 			}
 		}
 	}

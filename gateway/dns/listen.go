@@ -33,6 +33,8 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	}
 	if _, udp := w.RemoteAddr().(*net.UDPAddr); !udp {
 		limit = dns.MaxMsgSize
+	} else {
+		limit = min(limit, s.opts.MaxAmplification*r.Len())
 	}
 	out, err := pack(&resp, nil, limit)
 	if err != nil {
@@ -92,6 +94,8 @@ func (s *Server) handle(ss *session, in []byte, via transport, src netip.Addr) [
 	if via == overTCP {
 		limit = dns.MaxMsgSize
 		buf = buf[2:]
+	} else {
+		limit = min(limit, s.opts.MaxAmplification*len(in))
 	}
 	out, err := pack(&ss.resp, buf, limit)
 	if err != nil {

@@ -34,6 +34,9 @@ import (
 const (
 	DefaultTTL        = 5 * time.Second
 	DefaultMaxUDPSize = 1232 // the DNS flag day 2020 size: no IP fragmentation
+	// DefaultMaxAmplification bounds a UDP answer to this many times the
+	// size of its query (QUIC's anti-amplification limit is 3).
+	DefaultMaxAmplification = 4
 )
 
 // Options configure a Server.
@@ -56,6 +59,12 @@ type Options struct {
 	// MaxUDPSize caps UDP answers below the size the client offers with
 	// EDNS0; 0 means DefaultMaxUDPSize.
 	MaxUDPSize int
+	// MaxAmplification caps a UDP answer at this many times the size of
+	// its query, so that a forged source address cannot turn the server
+	// into a reflector; an answer past it is sent truncated (TC=1, the
+	// size of the query or less) and the client asks again over TCP. 0
+	// means DefaultMaxAmplification.
+	MaxAmplification int
 	// Logger receives the server's logs; nil discards them. Refused
 	// queries are logged at info level, at most once per source address
 	// per RefusalLogInterval, with the count of the others.
@@ -105,6 +114,9 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("TCP limits (%d connections, %d per source, %s idle) must not be negative",
 			o.MaxTCPConns, o.MaxTCPConnsPerSource, o.TCPIdleTimeout))
 	}
+	if o.MaxAmplification < 0 {
+		errs = append(errs, fmt.Errorf("max amplification %d is negative", o.MaxAmplification))
+	}
 	if o.MaxUDPSize != 0 && (o.MaxUDPSize < 512 || o.MaxUDPSize > 65535) {
 		errs = append(errs, fmt.Errorf("max UDP size %d out of range (512 to 65535)", o.MaxUDPSize))
 	}
@@ -136,6 +148,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxUDPSize == 0 {
 		opts.MaxUDPSize = DefaultMaxUDPSize
+	}
+	if opts.MaxAmplification == 0 {
+		opts.MaxAmplification = DefaultMaxAmplification
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -21,6 +22,13 @@ const (
 	PoolLabel = openyurt.PoolLabel
 	// VIPAnnotation holds the virtual IP of an edge node in vip mode.
 	VIPAnnotation = "tether.io/vip"
+	// RegisteredAnnotation lists, comma-separated, the addresses a Node
+	// registered with: node-admission.yaml's MutatingAdmissionPolicy
+	// stamps it from status.addresses when the Node is created, and its
+	// ValidatingAdmissionPolicy keeps a node from changing it. The
+	// operator may set it (pin a node's addresses). In a contest for an
+	// address, a claim listed here beats one that is not (Resolve).
+	RegisteredAnnotation = "tether.io/registered-addresses"
 )
 
 // DefaultEdgeSelector selects nodes labelled openyurt.io/is-edge-worker=true.
@@ -69,6 +77,10 @@ type Node struct {
 	// VIP is the tether.io/vip annotation when present and a valid address;
 	// the zero Addr otherwise.
 	VIP netip.Addr
+	// Registered are the valid addresses of the
+	// tether.io/registered-addresses annotation: those the Node registered
+	// with, or that the operator pinned.
+	Registered []netip.Addr
 }
 
 // Reach returns the addresses that reach the node in the given mode: for an
@@ -88,7 +100,8 @@ func (n Node) Reach(mode Mode) []netip.Addr {
 // Equal reports whether two Nodes hold the same data.
 func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.Edge == o.Edge && n.Pool == o.Pool &&
-		n.VIP == o.VIP && slices.Equal(n.InternalIPs, o.InternalIPs) && slices.Equal(n.ExternalIPs, o.ExternalIPs)
+		n.VIP == o.VIP && slices.Equal(n.InternalIPs, o.InternalIPs) && slices.Equal(n.ExternalIPs, o.ExternalIPs) &&
+		slices.Equal(n.Registered, o.Registered)
 }
 
 // fromObject converts a Node object. The returned warning is non-empty when
@@ -112,6 +125,21 @@ func fromObject(obj *corev1.Node, edge labels.Selector) (n Node, warning string)
 			n.VIP = a.Unmap()
 		} else {
 			warning = join(warning, fmt.Sprintf("invalid %s annotation %q", VIPAnnotation, v))
+		}
+	}
+	if v, ok := obj.Annotations[RegisteredAnnotation]; ok {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			a, err := netip.ParseAddr(f)
+			if err != nil || a.Zone() != "" || a.IsUnspecified() {
+				warning = join(warning, fmt.Sprintf("invalid address %q in the %s annotation", f, RegisteredAnnotation))
+				continue
+			}
+			if a = a.Unmap(); !slices.Contains(n.Registered, a) {
+				n.Registered = append(n.Registered, a)
+			}
 		}
 	}
 	return n, warning

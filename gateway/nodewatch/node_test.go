@@ -60,6 +60,18 @@ func TestFromObject(t *testing.T) {
 			warning: true,
 		},
 		{
+			name: "registered addresses; an empty list; a bad one ignored with a warning",
+			obj: node("n", nil, map[string]string{RegisteredAnnotation: "10.0.0.4, ::ffff:10.0.0.5,,10.0.0.4,nope"},
+				addr(corev1.NodeInternalIP, "10.0.0.4")),
+			want:    Node{Name: "n", InternalIPs: ips("10.0.0.4"), Registered: ips("10.0.0.4", "10.0.0.5")},
+			warning: true,
+		},
+		{
+			name: "registered with no address",
+			obj:  node("n", nil, map[string]string{RegisteredAnnotation: ""}, addr(corev1.NodeInternalIP, "10.0.0.4")),
+			want: Node{Name: "n", InternalIPs: ips("10.0.0.4")},
+		},
+		{
 			name:    "invalid VIP ignored with a warning",
 			obj:     node("n", map[string]string{EdgeLabel: "true"}, map[string]string{VIPAnnotation: "100.64.0.300"}),
 			want:    Node{Name: "n", Edge: true},

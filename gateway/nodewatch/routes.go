@@ -2,7 +2,6 @@ package nodewatch
 
 import (
 	"cmp"
-	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -15,10 +14,17 @@ import (
 type Reason string
 
 const (
-	// ReasonConflict: another edge node claims the same address. The node
-	// that held it first keeps it; when none did (both appeared in the
-	// same snapshot, as after a gateway restart), nobody gets it.
+	// ReasonConflict: another edge node claims the same address. In
+	// node-ip mode the one claim that the claimant registered with (or
+	// the operator pinned: Node.Registered) gets it, and when there is no
+	// such claim, or more than one, nobody does: arrival order decides
+	// nothing. In vip mode, where the gateway assigns the address, the
+	// node that held it first keeps it.
 	ReasonConflict Reason = "conflict"
+	// ReasonTooMany: the node claims more acceptable addresses than
+	// Policy.MaxPerNode; its registered ones are kept first, then the
+	// others in the order it lists them.
+	ReasonTooMany Reason = "too_many"
 	// ReasonCloudNode: the address belongs to a Node that is not an edge
 	// node (its InternalIP or ExternalIP).
 	ReasonCloudNode Reason = "cloud_node"
@@ -35,8 +41,12 @@ const (
 
 // Reasons lists every Reason, for metrics.
 func Reasons() []Reason {
-	return []Reason{ReasonConflict, ReasonCloudNode, ReasonGatewayHost, ReasonOutsideRanges, ReasonNotUnicast}
+	return []Reason{ReasonConflict, ReasonCloudNode, ReasonGatewayHost, ReasonOutsideRanges, ReasonNotUnicast, ReasonTooMany}
 }
+
+// DefaultMaxPerNode is the gateway's default Policy.MaxPerNode: a node
+// has one address per family, a few more with a second interface.
+const DefaultMaxPerNode = 4
 
 // Policy is what the gateway accepts as an edge node's address.
 type Policy struct {
@@ -48,6 +58,9 @@ type Policy struct {
 	VIPCIDR netip.Prefix
 	// EdgeCIDRs, when not empty, bound edge addresses in node-ip mode.
 	EdgeCIDRs []netip.Prefix
+	// MaxPerNode, when positive, bounds the addresses routed to one edge
+	// node; the claims past it are refused (ReasonTooMany).
+	MaxPerNode int
 }
 
 // Refusal is one address an edge node claims that the gateway does not
@@ -93,9 +106,11 @@ func (r *Routes) Refused() []Refusal { return r.refused }
 // Resolve decides the routes of the edge nodes in nodes. local are the
 // gateway host's own addresses (nil skips that check, and with it the
 // loopback one: for tests that run edges on loopback). prev is the
-// previous decision (nil at start): an address it gave to a node that
-// still claims it stays with that node, whoever else claims it now. Names
-// never break a tie.
+// previous decision (nil at start), read in vip mode only: a VIP it gave
+// to a node that still claims it stays with that node. In node-ip mode an
+// address several edges claim goes to the one claimant that lists it in
+// Node.Registered, and to none when no claimant or several do; when
+// claims arrived never matters. Names never break a tie.
 func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) *Routes {
 	r := &Routes{mode: p.Mode, owner: map[netip.Addr]string{}, byNode: map[string][]netip.Addr{}}
 	reserved := map[netip.Addr]bool{}
@@ -116,15 +131,31 @@ func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) 
 	}
 	checkLocal := local != nil
 
+	// A claim is registered when its node lists it in Node.Registered
+	// (node-ip mode only: a VIP is the gateway's, never registered).
+	registered := func(name string, a netip.Addr) bool {
+		return p.Mode != ModeVIP && slices.Contains(nodes[name].Registered, a)
+	}
 	claims := map[netip.Addr][]string{}
 	names := slices.Sorted(maps.Keys(nodes))
-	for name, a := range edgeReach(nodes, names, p.Mode) {
-		reason := p.check(a, reserved, isLocal, checkLocal)
-		if reason != "" {
-			r.refused = append(r.refused, Refusal{Addr: a, Node: name, Reason: reason})
-			continue
+	for _, name := range names {
+		var ok []netip.Addr
+		for _, a := range nodes[name].edgeReach(p.Mode) {
+			if reason := p.check(a, reserved, isLocal, checkLocal); reason != "" {
+				r.refused = append(r.refused, Refusal{Addr: a, Node: name, Reason: reason})
+			} else if !slices.Contains(ok, a) {
+				ok = append(ok, a)
+			}
 		}
-		if !slices.Contains(claims[a], name) {
+		// Registered claims first, then the others as the node lists them.
+		slices.SortStableFunc(ok, func(x, y netip.Addr) int {
+			return cmp.Compare(b2i(!registered(name, x)), b2i(!registered(name, y)))
+		})
+		for i, a := range ok {
+			if p.MaxPerNode > 0 && i >= p.MaxPerNode {
+				r.refused = append(r.refused, Refusal{Addr: a, Node: name, Reason: ReasonTooMany})
+				continue
+			}
 			claims[a] = append(claims[a], name)
 		}
 	}
@@ -133,9 +164,15 @@ func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) 
 		switch {
 		case len(cs) == 1:
 			holder = cs[0]
-		case prev != nil:
-			if h, ok := prev.owner[a]; ok && slices.Contains(cs, h) {
-				holder = h
+		case p.Mode == ModeVIP:
+			if prev != nil {
+				if h, ok := prev.owner[a]; ok && slices.Contains(cs, h) {
+					holder = h
+				}
+			}
+		default:
+			if reg := slices.DeleteFunc(slices.Clone(cs), func(c string) bool { return !registered(c, a) }); len(reg) == 1 {
+				holder = reg[0]
 			}
 		}
 		if holder != "" {
@@ -149,9 +186,11 @@ func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) 
 			}
 		}
 	}
-	for name, a := range edgeReach(nodes, names, p.Mode) {
-		if r.owner[a] == name && !slices.Contains(r.byNode[name], a) {
-			r.byNode[name] = append(r.byNode[name], a)
+	for _, name := range names {
+		for _, a := range nodes[name].edgeReach(p.Mode) {
+			if r.owner[a] == name && !slices.Contains(r.byNode[name], a) {
+				r.byNode[name] = append(r.byNode[name], a)
+			}
 		}
 	}
 	slices.SortFunc(r.refused, func(x, y Refusal) int {
@@ -160,22 +199,24 @@ func Resolve(nodes map[string]Node, p Policy, local []netip.Addr, prev *Routes) 
 	return r
 }
 
-// edgeReach yields the edge nodes' addresses in mode (Node.Reach),
-// unmapped, node by node in the order of names (the keys of nodes).
-func edgeReach(nodes map[string]Node, names []string, mode Mode) iter.Seq2[string, netip.Addr] {
-	return func(yield func(string, netip.Addr) bool) {
-		for _, name := range names {
-			n := nodes[name]
-			if !n.Edge {
-				continue
-			}
-			for _, a := range n.Reach(mode) {
-				if !yield(name, a.Unmap()) {
-					return
-				}
-			}
-		}
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
+	return 0
+}
+
+// edgeReach returns the node's addresses in mode (Reach), unmapped, none
+// when it is not an edge node.
+func (n Node) edgeReach(mode Mode) []netip.Addr {
+	if !n.Edge {
+		return nil
+	}
+	out := make([]netip.Addr, 0, len(n.Reach(mode)))
+	for _, a := range n.Reach(mode) {
+		out = append(out, a.Unmap())
+	}
+	return out
 }
 
 // check returns why a is not an acceptable edge address, or "".

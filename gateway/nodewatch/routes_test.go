@@ -90,60 +90,105 @@ func TestResolveRefusals(t *testing.T) {
 }
 
 // TestResolveConflicts: an address two edges claim goes to the one that
-// held it first, or to none; never by name order.
+// registered with it, and to none when neither or both did; never by when
+// the claims came, nor by name order.
 func TestResolveConflicts(t *testing.T) {
-	honest := Node{Name: "edge-b", Edge: true, InternalIPs: ips("10.1.0.11")}
+	honest := Node{Name: "edge-b", Edge: true, InternalIPs: ips("10.1.0.11"), Registered: ips("10.1.0.11")}
 	// Sorts before the honest node: name order would give it the address.
-	thief := Node{Name: "edge-a", Edge: true, InternalIPs: ips("10.1.0.11")}
+	// It added the address by a status update: not registered.
+	thief := Node{Name: "edge-a", Edge: true, InternalIPs: ips("10.1.0.66", "10.1.0.11"), Registered: ips("10.1.0.66")}
 	p := Policy{Mode: ModeNodeIP}
 
-	first := Resolve(nodeMap(honest), p, nil, nil)
-	if n, _ := first.Owner(ip("10.1.0.11")); n != "edge-b" {
-		t.Fatalf("owner %q before the conflict", n)
+	// The thief first (it squats the address before the honest node
+	// registers), then both: the honest node gets it.
+	squat := Resolve(nodeMap(thief), p, nil, nil)
+	if n, _ := squat.Owner(ip("10.1.0.11")); n != "edge-a" {
+		t.Fatalf("owner %q of an address nobody else claims", n)
 	}
-	second := Resolve(nodeMap(honest, thief), p, nil, first)
-	if n, _ := second.Owner(ip("10.1.0.11")); n != "edge-b" {
-		t.Errorf("owner %q after the thief claimed the address, want the first holder edge-b", n)
+	arrived := Resolve(nodeMap(honest, thief), p, nil, squat)
+	if n, _ := arrived.Owner(ip("10.1.0.11")); n != "edge-b" {
+		t.Errorf("owner %q after the node that registered with the address arrived, want edge-b", n)
 	}
 	want := []Refusal{{Addr: ip("10.1.0.11"), Node: "edge-a", Reason: ReasonConflict, Holder: "edge-b"}}
-	if diff := cmp.Diff(want, second.Refused(), addrCmp); diff != "" {
+	if diff := cmp.Diff(want, arrived.Refused(), addrCmp); diff != "" {
 		t.Errorf("refusals (-want +got):\n%s", diff)
 	}
-	// It stays so, snapshot after snapshot.
-	third := Resolve(nodeMap(honest, thief), p, nil, second)
-	if n, _ := third.Owner(ip("10.1.0.11")); n != "edge-b" {
-		t.Errorf("owner %q in the next snapshot", n)
+	// The honest node first, then the thief's claim: the holder keeps it.
+	first := Resolve(nodeMap(honest), p, nil, nil)
+	robbed := Resolve(nodeMap(honest, thief), p, nil, first)
+	if n, _ := robbed.Owner(ip("10.1.0.11")); n != "edge-b" {
+		t.Errorf("owner %q after the thief's later claim, want edge-b", n)
+	}
+	// With no history at all (a gateway restart), the same.
+	if n, _ := Resolve(nodeMap(honest, thief), p, nil, nil).Owner(ip("10.1.0.11")); n != "edge-b" {
+		t.Errorf("owner %q with no history, want edge-b", n)
+	}
+	if got := robbed.Of("edge-a"); len(got) != 1 || got[0] != ip("10.1.0.66") {
+		t.Errorf("the thief's own address: %v", got)
 	}
 
-	// Both at once (a gateway restart): nobody gets it, both are reported.
-	fresh := Resolve(nodeMap(honest, thief), p, nil, nil)
-	if n, ok := fresh.Owner(ip("10.1.0.11")); ok {
-		t.Errorf("a contested address with no history went to %q", n)
-	}
-	if got := fresh.Refused(); len(got) != 2 || got[0].Holder != "" || got[1].Holder != "" {
-		t.Errorf("refusals with no holder: %+v", got)
-	}
-	if fresh.Of("edge-a") != nil || fresh.Of("edge-b") != nil {
-		t.Error("a contested address is routed")
-	}
-	// When one of them lets go, the other gets it.
-	after := Resolve(nodeMap(honest, Node{Name: "edge-a", Edge: true, InternalIPs: ips("10.1.0.99")}), p, nil, fresh)
-	if n, _ := after.Owner(ip("10.1.0.11")); n != "edge-b" || len(after.Refused()) != 0 {
-		t.Errorf("after the thief let go: owner %q, refusals %+v", n, after.Refused())
+	// Neither registered with it, or both did: nobody gets it, whoever
+	// held it before; both are reported.
+	for _, tc := range []struct {
+		name string
+		a, b Node
+	}{
+		{"neither", Node{Name: "edge-a", Edge: true, InternalIPs: ips("10.1.0.12")}, Node{Name: "edge-b", Edge: true, InternalIPs: ips("10.1.0.12")}},
+		{"both", Node{Name: "edge-a", Edge: true, InternalIPs: ips("10.1.0.12"), Registered: ips("10.1.0.12")},
+			Node{Name: "edge-b", Edge: true, InternalIPs: ips("10.1.0.12"), Registered: ips("10.1.0.12")}},
+	} {
+		held := Resolve(nodeMap(tc.b), p, nil, nil)
+		both := Resolve(nodeMap(tc.a, tc.b), p, nil, held)
+		if n, ok := both.Owner(ip("10.1.0.12")); ok {
+			t.Errorf("%s registered: the contested address went to %q", tc.name, n)
+		}
+		if got := both.Refused(); len(got) != 2 || got[0].Holder != "" || got[1].Holder != "" || got[0].Reason != ReasonConflict {
+			t.Errorf("%s registered: refusals %+v", tc.name, got)
+		}
+		if both.Of("edge-a") != nil || both.Of("edge-b") != nil {
+			t.Errorf("%s registered: a contested address is routed", tc.name)
+		}
+		// When one of them lets go, the other gets it.
+		after := Resolve(nodeMap(tc.b), p, nil, both)
+		if n, _ := after.Owner(ip("10.1.0.12")); n != "edge-b" || len(after.Refused()) != 0 {
+			t.Errorf("%s registered, after one let go: owner %q, refusals %+v", tc.name, n, after.Refused())
+		}
 	}
 
-	// The holder leaving hands the address to the one left.
-	gone := Resolve(nodeMap(thief), p, nil, third)
-	if n, _ := gone.Owner(ip("10.1.0.11")); n != "edge-a" {
-		t.Errorf("owner %q after the holder left", n)
-	}
-
-	// vip mode: the same rule for a VIP an edge writes on itself.
+	// vip mode: the gateway assigns VIPs (a node cannot write its own
+	// with node-admission.yaml), so a VIP stays with its first holder.
 	vp := Policy{Mode: ModeVIP, VIPCIDR: netip.MustParsePrefix("100.64.0.0/16")}
 	h := Node{Name: "edge-b", Edge: true, InternalIPs: ips("192.168.1.10"), VIP: ip("100.64.0.7")}
 	v1 := Resolve(nodeMap(h), vp, nil, nil)
 	v2 := Resolve(nodeMap(h, Node{Name: "edge-a", Edge: true, InternalIPs: ips("192.168.1.10"), VIP: ip("100.64.0.7")}), vp, nil, v1)
 	if n, _ := v2.Owner(ip("100.64.0.7")); n != "edge-b" || len(v2.Refused()) != 1 {
 		t.Errorf("vip conflict: owner %q, refusals %+v", n, v2.Refused())
+	}
+}
+
+// TestResolveBound: a node claiming dozens of addresses gets MaxPerNode
+// routed, the ones it registered with first; the rest are refused.
+func TestResolveBound(t *testing.T) {
+	var many []netip.Addr
+	for i := range 40 {
+		many = append(many, netip.AddrFrom4([4]byte{10, 9, 0, byte(10 + i)}))
+	}
+	n := Node{Name: "edge-a", Edge: true, InternalIPs: many, Registered: ips("10.9.0.30")}
+	other := Node{Name: "edge-b", Edge: true, InternalIPs: ips("10.1.0.11")}
+	r := Resolve(nodeMap(n, other), Policy{Mode: ModeNodeIP, MaxPerNode: 4}, nil, nil)
+	if diff := cmp.Diff(ips("10.9.0.10", "10.9.0.11", "10.9.0.12", "10.9.0.30"), r.Of("edge-a"), addrCmp); diff != "" {
+		t.Errorf("routed (-want +got):\n%s", diff)
+	}
+	if r.Len() != 5 || len(r.Refused()) != 36 {
+		t.Errorf("%d routed, %d refused; want 5 and 36", r.Len(), len(r.Refused()))
+	}
+	for _, x := range r.Refused() {
+		if x.Reason != ReasonTooMany || x.Node != "edge-a" {
+			t.Fatalf("refusal %+v", x)
+		}
+	}
+	// Unbounded with MaxPerNode 0.
+	if got := Resolve(nodeMap(n), Policy{Mode: ModeNodeIP}, nil, nil).Of("edge-a"); len(got) != 40 {
+		t.Errorf("%d routed without a bound", len(got))
 	}
 }

@@ -11,9 +11,11 @@
 //
 // Each snapshot carries the routing decision (Routes, see Resolve): which
 // edge node each address reaches. The publisher resolves it from the new
-// Nodes, the previous decision (an address stays with the node that held
-// it first) and the gateway host's own addresses, which it reads again on
-// every publish and every HostCheckEvery. New refusals are logged once and
+// Nodes (an address several edges claim goes to the one that registered
+// with it, else to none), the previous decision (read in vip mode only: a
+// VIP stays with the node that held it first) and the gateway host's own
+// addresses, which it reads again on every publish and every
+// HostCheckEvery. New refusals are logged once and
 // counted by reason.
 package nodewatch
 

@@ -154,13 +154,13 @@ func waitFor(t *testing.T, ch <-chan *Snapshot, ok func(*Snapshot) bool) *Snapsh
 }
 
 // TestWatcherAddressClaims runs the routing decision through the watcher:
-// a node that claims another edge's address later does not get it, whatever
-// its name; the refusal is counted once, however many snapshots carry it;
+// a node that claims another edge's registered address does not get it,
+// whatever its name; the refusal is counted once, however many snapshots carry it;
 // an address that appears on the gateway host is withdrawn from the edge
 // that claimed it at the next host check, without a Node event.
 func TestWatcherAddressClaims(t *testing.T) {
 	client := fake.NewClientset(
-		node("edge-b", map[string]string{EdgeLabel: "true"}, nil, addr(corev1.NodeInternalIP, "10.1.0.11")),
+		node("edge-b", map[string]string{EdgeLabel: "true"}, map[string]string{RegisteredAnnotation: "10.1.0.11"}, addr(corev1.NodeInternalIP, "10.1.0.11")),
 		node("edge-a", map[string]string{EdgeLabel: "true"}, nil, addr(corev1.NodeInternalIP, "10.1.0.12")),
 	)
 	var mu sync.Mutex

@@ -61,15 +61,15 @@ func TestRoutes(t *testing.T) {
 		}
 	}
 
-	// With the watcher's history, the node that held the address first
-	// keeps it, though the other sorts first.
-	held := testSnapshot()
-	delete(held.Nodes, "site-a")
-	first := nodewatch.Resolve(held.Nodes, nodewatch.Policy{Mode: nodewatch.ModeNodeIP}, nil, nil)
+	// The node that registered with the address keeps it, though the
+	// other sorts first.
 	later := testSnapshot()
-	later.Routes = nodewatch.Resolve(later.Nodes, nodewatch.Policy{Mode: nodewatch.ModeNodeIP}, nil, first)
+	b := later.Nodes["site-b"]
+	b.Registered = []netip.Addr{netip.MustParseAddr("192.168.1.10")}
+	later.Nodes["site-b"] = b
+	later.Routes = nodewatch.Resolve(later.Nodes, nodewatch.Policy{Mode: nodewatch.ModeNodeIP}, nil, nil)
 	if got, _ := buildRoutes(later, nodewatch.ModeNodeIP, zones).addr(netip.MustParseAddr("192.168.1.10")); got != ok("site-b", "192.168.1.10") {
-		t.Errorf("contested address with history routes to %+v, want the first holder site-b", got)
+		t.Errorf("contested address routes to %+v, want site-b, which registered with it", got)
 	}
 	// Routes of another mode route nothing.
 	if got := buildRoutes(later, nodewatch.ModeVIP, zones); len(got.byAddr) != 0 {
