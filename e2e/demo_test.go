@@ -31,10 +31,13 @@ func TestDemoTour(t *testing.T) {
 	var missing []string
 	for _, want := range []string{
 		"ok edge-1", "ok edge-3", "TLS verified", // the tunnel part
+		"the kubelets on edge-1 and edge-2 posted their Nodes Ready through tether-edge",
+		"the kubelets on edge-1 and edge-2 admitted and run their Pods",
 		"shown: kube-proxy on edge-1 programs 10.244.1.10 10.244.2.10 (edge-1 and edge-2, its pool), not 10.244.3.10",
 		"programs 10.244.1.10 only (its own node), without a restart",
 		"answered from tether-edge's cache",
 		"marked openyurt.io/delegate-heartbeat=true",
+		"the hollow kubelet on edge-", // renewed the delegated Lease
 		"has the taint node.openyurt.io/unschedulable=true:NoSchedule",
 		"is still Ready=True",
 		"is untainted and Ready",

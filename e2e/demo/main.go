@@ -9,7 +9,9 @@
 // a world of three edges (edge-1 and edge-2 in pool site-a, edge-3 in
 // site-b) whose tether-edges are their nodes' apiserver proxies: service
 // topology under a real kube-proxy, a node cut from the cloud kept Ready
-// by its pool, and `kubectl logs` through kube-apiserver (tour.go).
+// by its pool while kubemark's hollow kubelet (the kubelet's own code)
+// runs behind its tether-edge, and `kubectl logs` through kube-apiserver
+// (tour.go).
 //
 // It needs root (network namespaces) and uses only addresses inside the
 // namespaces it creates.
@@ -34,7 +36,7 @@ import (
 func main() {
 	binDir := flag.String("bin-dir", "bin", "directory holding tether-gateway and tether-edge (built by `make build`); empty builds them into a temporary directory")
 	once := flag.Bool("once", false, "run straight through and exit (status 1 if a step did not show what it claims) instead of pausing between tour steps and waiting for Ctrl-C at the end")
-	tour := flag.Bool("tour", false, "after the tunnel, tour the rest of the product: service topology under a real kube-proxy, a node cut from the cloud kept Ready by its pool, kubectl logs through kube-apiserver (about a minute more)")
+	tour := flag.Bool("tour", false, "after the tunnel, tour the rest of the product: service topology under a real kube-proxy, a node cut from the cloud kept Ready by its pool, kubectl logs through kube-apiserver (about two minutes more)")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: demo [--bin-dir DIR] [--once] [--tour]\n\nRuns the Tether demo in network namespaces on this machine (needs root).\n\n")
 		flag.PrintDefaults()
@@ -91,7 +93,9 @@ func run(ctx context.Context, s *testenv.Session, binDir string, once, tour bool
 		step("starting tether-edge on %s: dials out to the gateway, allows :%d", e.Name, world.KubeletPort)
 		var extra []string
 		if t != nil {
-			extra = w.ProxyArgs(e)
+			// The tour's hollow kubelets say "hollow-kubelet" in their
+			// User-Agent: tether-edge caches their reads as the kubelet's.
+			extra = append(w.ProxyArgs(e), "--cache-components", world.HollowComponents)
 		}
 		w.StartEdge(s, e, extra...)
 	}

@@ -38,13 +38,22 @@ const (
 	tourService   = "web"
 	// grace is kube-controller-manager's node monitor grace period in the
 	// tour (its default is 50 s): a node whose Lease nobody renews for
-	// that long turns Ready=Unknown.
-	grace = 12 * time.Second
-	// heartbeatPeriod is how often the stand-in kubelets renew their
-	// Leases through tether-edge (kubelet: 10 s).
-	heartbeatPeriod = 2 * time.Second
+	// that long turns Ready=Unknown. The kubelet renews its Lease every
+	// 10 s: 25 s leaves two renewals of slack.
+	grace = 25 * time.Second
+	// leasePeriod is how often the kubelet renews its Lease; edge-3's
+	// stand-in renews at the same pace.
+	leasePeriod = 10 * time.Second
+	// logsNode is the node step 3 reaches with kubectl logs: it keeps the
+	// stand-in kubelet (see setup).
+	logsNode = "edge-3"
 	// stepTimeout bounds every wait of the tour for what a step shows.
 	stepTimeout = 40 * time.Second
+	// kubeletTimeout bounds the waits on what a kubelet does in its own
+	// time: start and post its Node Ready, and renew its Lease (the
+	// gateway taints a node after four delegated renewals, 40 s of a
+	// kubelet's, and untaints it on its first renewal of its own).
+	kubeletTimeout = 90 * time.Second
 	// edgeProxy is tether-edge's apiserver proxy on each edge node.
 	edgeProxy       = "http://127.0.0.1:10261"
 	kubeletUA       = "kubelet/v1.36.3 (linux/amd64) kubernetes/demo"
@@ -127,18 +136,47 @@ func (t *tourWorld) run(ctx context.Context, s *testenv.Session, w *world.World)
 	return nil
 }
 
-// setup starts the node heartbeats and kube-controller-manager, and
+// setup starts the nodes' kubelets and kube-controller-manager, and
 // creates the workload the steps look at: a Pod on each edge node and a
 // Service with an endpoint on each.
 func (t *tourWorld) setup(ctx context.Context, s *testenv.Session, w *world.World) error {
 	admin := w.CP.Client
-	step("kubelet-like Lease renewals every %v through each node's tether-edge; the Nodes Ready; kube-controller-manager's node lifecycle controller (grace %v)", heartbeatPeriod, grace)
+	var hollow []*world.Edge
 	for _, e := range w.Edges {
-		e.StartHeartbeats(ctx, heartbeatPeriod)
-		if err := world.MarkReady(ctx, admin, e.Name); err != nil {
-			return fmt.Errorf("mark %s Ready: %w", e.Name, err)
+		if e.Name != logsNode {
+			hollow = append(hollow, e)
 		}
 	}
+	step("kubemark's hollow kubelet (the kubelet's own code over a fake container runtime) on %s, "+
+		"with its node's tether-edge as its kube-apiserver: it posts its Node's status and renews its Lease every %v", edgeNames(hollow), leasePeriod)
+	for _, e := range hollow {
+		w.StartHollowKubelet(s, e, false)
+	}
+	// A hollow kubelet posts its own server's port (HollowKubeletPort,
+	// plain HTTP, over a runtime that keeps no logs) in its Node's status,
+	// where kube-apiserver would send kubectl logs. The node of step 3
+	// keeps the stand-in kubelet, which the world starts on every edge
+	// host and which serves the kubelet's HTTPS API on KubeletPort through
+	// the tunnel; there, scripted renewals stand in for the kubelet's.
+	step("%s keeps the stand-in kubelet, whose HTTPS API on :%d step 3 reaches: its Node is posted Ready and its Lease renewed every %v through its tether-edge",
+		logsNode, world.KubeletPort, leasePeriod)
+	e3 := w.Edge(logsNode)
+	e3.StartHeartbeats(ctx, leasePeriod)
+	if err := world.MarkReady(ctx, admin, e3.Name); err != nil {
+		return fmt.Errorf("mark %s Ready: %w", e3.Name, err)
+	}
+	// The kubelet admits Pods only once it has posted its Node's capacity.
+	start := time.Now()
+	for _, e := range hollow {
+		if err := waitForD(ctx, kubeletTimeout, func() (bool, string) {
+			ready, _, err := world.NodeCondition(ctx, admin, e.Name)
+			return err == nil && ready == corev1.ConditionTrue, fmt.Sprintf("%s Ready=%q %v", e.Name, ready, err)
+		}); err != nil {
+			return fmt.Errorf("the kubelet on %s does not post its Node Ready: %w", e.Name, err)
+		}
+	}
+	say("shown: the kubelets on %s posted their Nodes Ready through tether-edge (%v)", edgeNames(hollow), time.Since(start).Round(100*time.Millisecond))
+	step("kube-controller-manager's node lifecycle controller (grace %v)", grace)
 	t.cm = w.CP.StartControllerManager(s, testenv.ControllerManagerOptions{NodeMonitorGracePeriod: grace})
 
 	step("workload: namespace %s, a Pod %s-<node> on each edge node, Service %s with one endpoint per Pod", tourNamespace, tourService, tourService)
@@ -186,7 +224,31 @@ func (t *tourWorld) setup(ctx context.Context, s *testenv.Session, w *world.Worl
 	if _, err := admin.DiscoveryV1().EndpointSlices(tourNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 		return err
 	}
+	for _, e := range hollow {
+		if err := waitForD(ctx, kubeletTimeout, func() (bool, string) {
+			p, err := admin.CoreV1().Pods(tourNamespace).Get(ctx, podName(e), metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return p.Status.Phase == corev1.PodRunning, fmt.Sprintf("%s/%s %s", tourNamespace, p.Name, p.Status.Phase)
+		}); err != nil {
+			return fmt.Errorf("the kubelet on %s does not run its Pod: %w", e.Name, err)
+		}
+	}
+	say("shown: the kubelets on %s admitted and run their Pods (phase Running, in their fake runtimes)", edgeNames(hollow))
 	return nil
+}
+
+// edgeNames lists the edges' names, "a and b" for two.
+func edgeNames(edges []*world.Edge) string {
+	var names []string
+	for _, e := range edges {
+		names = append(names, e.Name)
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
 func podName(e *world.Edge) string { return tourService + "-" + e.Name }
@@ -270,10 +332,11 @@ func (t *tourWorld) cut(ctx context.Context, s *testenv.Session, w *world.World)
 	heading(2, fmt.Sprintf("%s loses its uplink: its node keeps working and stays Ready through its pool", f.Name))
 	say("pool site-a: %s leads (it watches the pool's Services and EndpointSlices in the cloud for its peers), %s follows", leader.Name, f.Name)
 
-	// kubelet's reads while online, which tether-edge caches.
+	// What a starting kubelet reads, read here with its User-Agent (the
+	// hollow kubelet already runs): online, then offline.
 	kubelet := f.ProxyClient(kubeletUA)
 	if _, err := kubeletReads(ctx, kubelet, f.Name); err != nil {
-		return fmt.Errorf("%s's kubelet-like reads through tether-edge, online: %w", f.Name, err)
+		return fmt.Errorf("%s's kubelet start-up reads through tether-edge, online: %w", f.Name, err)
 	}
 	cached, err := f.Served(ctx, "cache")
 	if err != nil {
@@ -304,15 +367,15 @@ func (t *tourWorld) cut(ctx context.Context, s *testenv.Session, w *world.World)
 		now, _ := f.Served(ctx, "cache")
 		return err == nil && now >= cached+2, fmt.Sprintf("reads: %v; served from the cache: %v, %v before", err, now, cached)
 	}); err != nil {
-		return fmt.Errorf("%s's kubelet-like reads offline: %w", f.Name, err)
+		return fmt.Errorf("%s's kubelet start-up reads offline: %w", f.Name, err)
 	}
-	say("shown: kubelet on %s gets its Node and lists its Pods through tether-edge offline: %s,", f.Name, summary)
+	say("shown: a kubelet starting on %s now (its reads, made with the kubelet's User-Agent) gets its Node and lists its Pods through tether-edge offline: %s,", f.Name, summary)
 	say("answered from tether-edge's cache (tether_edge_apiserver_requests_total{served=\"cache\"})")
 	why("a kubelet (or kube-proxy, coredns) that restarts while its node is offline still finds its Pods, Services " +
 		"and endpoints, so workloads keep running; status updates are queued and replayed when the cloud is back.")
 
 	var renewed time.Time
-	if err := waitFor(ctx, func() (bool, string) {
+	if err := waitForD(ctx, kubeletTimeout, func() (bool, string) {
 		l, err := admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, f.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -325,8 +388,9 @@ func (t *tourWorld) cut(ctx context.Context, s *testenv.Session, w *world.World)
 	}
 	say("shown: %v after the cut, Lease kube-node-lease/%s in the cloud has a new renewal, marked %s=true:",
 		time.Since(cutAt).Round(100*time.Millisecond), f.Name, openyurt.DelegateHeartbeatAnnotation)
-	say("%s's tether-edge sent it to the leader %s over the LAN, and %s had tether-gateway write it", f.Name, leader.Name, leader.Name)
-	if err := waitFor(ctx, func() (bool, string) {
+	say("the hollow kubelet on %s renewed it as always; its tether-edge sent the renewal to the leader %s over the LAN, and %s had tether-gateway write it",
+		f.Name, leader.Name, leader.Name)
+	if err := waitForD(ctx, kubeletTimeout, func() (bool, string) {
 		_, tainted, err := world.NodeCondition(ctx, admin, f.Name)
 		return err == nil && tainted, fmt.Sprintf("tainted %v, %v", tainted, err)
 	}); err != nil {
@@ -381,7 +445,7 @@ func (t *tourWorld) cut(ctx context.Context, s *testenv.Session, w *world.World)
 	f.HealUplink(s)
 	healed = true
 	healAt := time.Now()
-	if err := waitFor(ctx, func() (bool, string) {
+	if err := waitForD(ctx, kubeletTimeout, func() (bool, string) {
 		l, err := admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, f.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -391,13 +455,13 @@ func (t *tourWorld) cut(ctx context.Context, s *testenv.Session, w *world.World)
 		return fmt.Errorf("%s's Lease still delegated after the heal: %w", f.Name, err)
 	}
 	own := time.Since(healAt)
-	if err := waitFor(ctx, func() (bool, string) {
+	if err := waitForD(ctx, kubeletTimeout, func() (bool, string) {
 		ready, tainted, err := world.NodeCondition(ctx, admin, f.Name)
 		return err == nil && !tainted && ready == corev1.ConditionTrue, fmt.Sprintf("Ready=%s tainted %v %v", ready, tainted, err)
 	}); err != nil {
 		return fmt.Errorf("%s not untainted after the heal: %w", f.Name, err)
 	}
-	say("shown: %s renews its own Lease again (%v after the heal) and is untainted and Ready (%v after the heal)",
+	say("shown: %s's kubelet renews its own Lease again (%v after the heal) and is untainted and Ready (%v after the heal)",
 		f.Name, own.Round(100*time.Millisecond), time.Since(healAt).Round(100*time.Millisecond))
 	return nil
 }
@@ -489,6 +553,9 @@ func (t *tourWorld) logs(ctx context.Context, s *testenv.Session, w *world.World
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		return err
 	}
+	// The stand-in kubelet answers: it serves the kubelet's HTTPS API on
+	// KubeletPort for the tunnel (see setup); the hollow kubelets are the
+	// ones that talk to tether-edge.
 	before := e.Kubelet.Requests.Load()
 	pod := podName(e)
 	say("cloud client: $ kubectl -n %s logs %s", tourNamespace, pod)
@@ -509,7 +576,7 @@ func (t *tourWorld) logs(ctx context.Context, s *testenv.Session, w *world.World
 	if after := e.Kubelet.Requests.Load(); after <= before {
 		return fmt.Errorf("kubectl logs answered, but %s's kubelet served no request", e.Name)
 	}
-	say("shown: the log lines come from %s's kubelet at %s, a private address behind %s's NAT", e.Name, e.Kubelet.Addr, e.Site.Name)
+	say("shown: the log lines come from %s's (stand-in) kubelet at %s, a private address behind %s's NAT", e.Name, e.Kubelet.Addr, e.Site.Name)
 	why("kube-apiserver dialled the node's InternalIP as usual; the route took it to tether-gateway, which relayed the " +
 		"TCP connection over the tunnel " + e.Name + " dialled out. kube-apiserver verified the kubelet's own certificate: " +
 		"TLS is end to end, the gateway never holds a key. kubectl exec, attach, port-forward and metrics-server take the same path.")
