@@ -367,6 +367,13 @@ func (s *Server) handle(conn *quic.Conn) {
 	}
 	defer s.untrack(conn)
 	remote := conn.RemoteAddr().String()
+	if s.isRetired(conn) {
+		// Retired between its handshake and track: CloseRetired may have
+		// missed it.
+		node, _ := tunnel.NodeName(conn.ConnectionState().TLS.PeerCertificates[0])
+		s.evict(conn, node, remote)
+		return
+	}
 	e, err := s.reg.Register(conn)
 	if err != nil {
 		s.conns.WithLabelValues(resultNotANode).Inc()
