@@ -164,4 +164,3 @@ func nodeCSR(t *testing.T, node string) *certificatesv1.CertificateSigningReques
 			Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
 		}}
 }
-
