@@ -54,6 +54,7 @@ import (
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/component"
 	"github.com/tether-edge/tether/internal/promreg"
+	"github.com/tether-edge/tether/internal/retired"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/netrules/vip"
@@ -90,6 +91,7 @@ type Gateway struct {
 	nodeLeases cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
 	poolTaint  *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
 	autonomy   *autonomy.Controller      // nil with --node-autonomy=false
+	retired    *retired.Watcher          // the retired node identities
 }
 
 // Run is New followed by Run.
@@ -180,6 +182,8 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err := add(g.newAutonomy(client)); err != nil {
 		return nil, err
 	}
+	g.retired = retired.NewWatcher(client, 10*time.Minute, g.log.With("part", "retired-nodes"))
+	parts = append(parts, g.retiredPart())
 	if err := add(g.newTunnels(resetKey)); err != nil {
 		return nil, err
 	}
@@ -368,10 +372,12 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 		Registerer:        g.metrics,
 		Heartbeats:        g.heartbeats,
 		Elections:         g.elections,
+		Retired:           g.retired,
 	})
 	if err != nil {
 		return nil, err
 	}
+	g.retired.OnChange(g.tunnels.CloseRetired)
 	return []component.Component{g.tunnelPart()}, nil
 }
 

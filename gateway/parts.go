@@ -43,6 +43,20 @@ func (g *Gateway) watcherPart() component.Component {
 	}
 }
 
+// retiredPart reads the retired node identities (internal/retired): ready
+// once read. Each change, the first read included, closes the tunnels of
+// the certificates it retires (tunnelserver.Server.CloseRetired).
+func (g *Gateway) retiredPart() component.Component {
+	return part{N: "retired-nodes", RunF: g.retired.Run,
+		ReadyF: func() error {
+			if !g.retired.HasSynced() {
+				return errors.New("retired nodes not read")
+			}
+			return nil
+		},
+	}
+}
+
 // tunnelPart is the QUIC tunnel server: when stopped it closes its
 // listener, lets open streams drain for --shutdown-grace and closes the
 // tunnels with tunnel.CloseShutdown; /status's edges, with their pools

@@ -3,7 +3,8 @@
 // tether-gateway replicas, read from their admin endpoint's /status;
 // `tetherctl ca` prints the CA bundle edges need when the gateways manage
 // their own certificates; `tetherctl pools` prints the node pools, from the
-// cloud apiserver or from edges' /status.
+// cloud apiserver or from edges' /status; `tetherctl node retire NAME`
+// retires a compromised node's identity (internal/retired).
 //
 // Installed as kubectl-tether too (the packages add that link), it is
 // kubectl's plugin: `kubectl tether pools --context prod` runs it with the
@@ -97,19 +98,27 @@ func runAs(ctx context.Context, prog string, args []string, stdout, stderr io.Wr
 		return exitUsage
 	}
 	cmd := rest[0]
-	if err := fs.Parse(rest[1:]); err != nil {
-		return usageError(err)
+	// Flags and the command's arguments, in any order.
+	var cmdArgs []string
+	for rest = rest[1:]; ; rest = fs.Args()[1:] {
+		if err := fs.Parse(rest); err != nil {
+			return usageError(err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		cmdArgs = append(cmdArgs, fs.Arg(0))
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s %s: unexpected arguments %q\n", prog, cmd, fs.Args())
+	if len(cmdArgs) > 0 && cmd != "node" {
+		fmt.Fprintf(stderr, "%s %s: unexpected arguments %q\n", prog, cmd, cmdArgs)
 		return exitUsage
 	}
 	if o.output != "table" && o.output != "json" && o.output != "wide" {
 		fmt.Fprintf(stderr, "%s: -o %q: want table, json or wide\n", prog, o.output)
 		return exitUsage
 	}
-	if cmd != "pools" && (o.output == "wide" || o.kubeconfig != "" || o.kubeContext != "" || len(o.edges) > 0) {
-		fmt.Fprintf(stderr, "%[1]s %[2]s: -o wide, --kubeconfig, --context and --edge are for %[1]s pools\n", prog, cmd)
+	if cmd != "pools" && (o.output == "wide" || len(o.edges) > 0 || (cmd != "node" && (o.kubeconfig != "" || o.kubeContext != ""))) {
+		fmt.Fprintf(stderr, "%[1]s %[2]s: -o wide and --edge are for %[1]s pools, --kubeconfig and --context for %[1]s pools and %[1]s node\n", prog, cmd)
 		return exitUsage
 	}
 	if (o.kubeconfig != "" || o.kubeContext != "") && len(o.edges) > 0 {
@@ -130,6 +139,8 @@ func runAs(ctx context.Context, prog string, args []string, stdout, stderr io.Wr
 		return ca(ctx, o, stdout, stderr)
 	case "pools":
 		return pools(ctx, o, stdout, stderr)
+	case "node":
+		return node(ctx, o, cmdArgs, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tetherctl", version.Version)
 		return exitOK
@@ -138,7 +149,7 @@ func runAs(ctx context.Context, prog string, args []string, stdout, stderr io.Wr
 		fs.Usage()
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "%s: unknown command %q (want status, ca, pools, version or help)\n", prog, cmd)
+	fmt.Fprintf(stderr, "%s: unknown command %q (want status, ca, pools, node, version or help)\n", prog, cmd)
 	return exitUsage
 }
 
@@ -167,6 +178,17 @@ Commands:
             members' names.
             With --edge, each edge's replica instead: role, leader, epoch,
             revision, objects, last sync, fresh, replication lag, digest
+  node retire NAME
+            retire a node's identity, in the cloud apiserver (--kubeconfig,
+            --context): its certificates issued until now get no tunnel
+            (a live one is closed), kube-apiserver refuses the name's Node
+            registrations and certificate requests, and its Node is
+            deleted. A machine onboarded under the name later, with a
+            certificate issued after the retirement, gets a tunnel
+  node unretire NAME
+            take the name out of the retired nodes
+  node retired
+            the retired nodes and when they were retired
   version   print tetherctl's version
 
 Flags:

@@ -15,6 +15,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/tether-edge/tether/internal/openyurt"
+	"github.com/tether-edge/tether/internal/retired"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -117,6 +118,24 @@ func TestKubectlPlugin(t *testing.T) {
 		_, errOut, err := kubectlRun(nil, "tether", "frobnicate")
 		if err == nil || !strings.Contains(errOut, `kubectl tether: unknown command "frobnicate"`) {
 			t.Errorf("kubectl tether frobnicate: %v\n%s", err, errOut)
+		}
+	})
+	t.Run("node retire", func(t *testing.T) {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: retired.Namespace}}
+		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, err := kubectlRun(nil, "tether", "node", "retire", "edge-1", "--kubeconfig", twoContexts, "--context", adminContext)
+		if err != nil || !strings.HasPrefix(out, "node edge-1 retired at ") {
+			t.Errorf("kubectl tether node retire: %v\n%s%s", err, out, errOut)
+		}
+		out, errOut, err = kubectlRun(nil, "tether", "--kubeconfig", cp.AdminKubeconfig, "node", "retired")
+		if lines := strings.Split(strings.TrimSpace(out), "\n"); err != nil || len(lines) != 2 || strings.Fields(lines[1])[0] != "edge-1" {
+			t.Errorf("kubectl tether node retired: %v\n%s%s", err, out, errOut)
+		}
+		_, errOut, err = kubectlRun(nil, "tether", "node", "retire", "--kubeconfig", cp.AdminKubeconfig)
+		if err == nil || !strings.Contains(errOut, "kubectl tether node: want `kubectl tether node retire NAME`") {
+			t.Errorf("kubectl tether node retire without a name: %v\n%s", err, errOut)
 		}
 	})
 }

@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer, s *Server, budget *tunnel.ReceiveBudg
 		}, []string{"result"}),
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_evictions_total",
-			Help: "Live tunnels closed because their client certificate no longer verifies against the client CAs, by reason.",
+			Help: "Live tunnels closed because their client certificate no longer verifies against the client CAs, or was retired.",
 		}, []string{"reason"}),
 		edgeStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_gateway_tunnel_edge_streams_total",
@@ -52,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, s *Server, budget *tunnel.ReceiveBudg
 	for _, r := range results {
 		m.conns.WithLabelValues(r)
 	}
-	for _, r := range []string{resultExpired, resultUnknownCA, resultBadCertificate} {
+	for _, r := range []string{resultExpired, resultUnknownCA, resultBadCertificate, resultRetired} {
 		m.evictions.WithLabelValues(r)
 	}
 	for _, r := range []string{streamServed, streamProbe, streamBadRequest, streamAborted} {

@@ -38,6 +38,15 @@
 // flood): at most refusalLogBurst per refusalLogWindow, the rest counted
 // only, with the number left out reported on the next line.
 //
+// A retired node identity (Options.Retired; internal/retired) gets no
+// tunnel: its certificate is refused once verified, counted with the
+// result "retired", and CloseRetired, called when the retired set
+// changes, closes the live tunnels of the certificates it now retires with
+// tunnel.CloseNotAllowed (tether_gateway_tunnel_evictions_total, reason
+// "retired"). A stream the edge opens is checked again before it is
+// served, so no election record or delegated heartbeat is written for a
+// retired certificate in the moment before its tunnel closes.
+//
 // The gateway opens one stream per proxied TCP connection. An edge may
 // open streams of three kinds only, liveness probes (always answered OK:
 // see the tunnel package doc), delegated heartbeats (when
@@ -131,6 +140,17 @@ type Options struct {
 	// edges may open no stream.
 	Heartbeats Heartbeats
 	Elections  Elections
+	// Retired, if set, says which node certificates are retired (see the
+	// package doc).
+	Retired Retired
+}
+
+// Retired says whether a node's certificate is retired
+// (internal/retired.Watcher).
+type Retired interface {
+	// Retired reports whether cert, a certificate of node, is retired.
+	// It must not block.
+	Retired(node string, cert *x509.Certificate) bool
 }
 
 // Heartbeats answers delegated heartbeats (package gateway/heartbeat).
@@ -179,6 +199,7 @@ type Server struct {
 
 	heartbeats Heartbeats
 	elections  Elections
+	retired    Retired
 
 	wg     sync.WaitGroup // connection handlers
 	mu     sync.Mutex
@@ -196,9 +217,10 @@ const (
 	resultUnknownCA      = "unknown_ca"      // not signed by a client CA
 	resultExpired        = "expired"         // outside its validity period
 	resultBadCertificate = "bad_certificate" // any other verification failure (key usage, ...)
+	resultRetired        = "retired"         // a node certificate the operator retired (also an eviction reason)
 )
 
-var results = []string{resultRegistered, resultNotANode, resultNoCertificate, resultUnknownCA, resultExpired, resultBadCertificate}
+var results = []string{resultRegistered, resultNotANode, resultNoCertificate, resultUnknownCA, resultExpired, resultBadCertificate, resultRetired}
 
 // Results of the streams edges open, counted by
 // tether_gateway_tunnel_edge_streams_total.
@@ -252,6 +274,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		recheck:    opts.RecheckInterval,
 		heartbeats: opts.Heartbeats,
 		elections:  opts.Elections,
+		retired:    opts.Retired,
 	}
 	if s.grace <= 0 {
 		s.grace = DefaultShutdownGrace
@@ -344,6 +367,13 @@ func (s *Server) handle(conn *quic.Conn) {
 	}
 	defer s.untrack(conn)
 	remote := conn.RemoteAddr().String()
+	if s.isRetired(conn) {
+		// Retired between its handshake and track: CloseRetired may have
+		// missed it.
+		node, _ := tunnel.NodeName(conn.ConnectionState().TLS.PeerCertificates[0])
+		s.evict(conn, node, remote)
+		return
+	}
 	e, err := s.reg.Register(conn)
 	if err != nil {
 		s.conns.WithLabelValues(resultNotANode).Inc()
@@ -410,6 +440,11 @@ func (s *Server) serveEdgeStreams(conn *quic.Conn, node, remote string, log *slo
 	for {
 		qs, err := conn.AcceptStream(conn.Context())
 		if err != nil {
+			return
+		}
+		if s.isRetired(conn) {
+			// Retired since the handshake: CloseRetired is closing it.
+			s.evict(conn, node, remote)
 			return
 		}
 		wg.Go(func() { s.serveEdgeStream(conn.Context(), qs, node, remote, log) })

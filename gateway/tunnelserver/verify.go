@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -74,6 +76,12 @@ func (s *Server) tlsConfig(getCert func(*tls.ClientHelloInfo) (*tls.Certificate,
 func (s *Server) verifyClient(certs []*x509.Certificate, roots *x509.CertPool, remote string) error {
 	_, err := verifyChain(certs, roots, s.now())
 	if err == nil {
+		if node, nerr := tunnel.NodeName(certs[0]); nerr == nil && s.retired != nil && s.retired.Retired(node, certs[0]) {
+			s.conns.WithLabelValues(resultRetired).Inc()
+			s.refused("tunnel refused: the node's identity is retired (tetherctl node retire)", "node", node, "remote", remote,
+				"reason", resultRetired, "cert_serial", certs[0].SerialNumber.Text(16), "cert_not_before", certs[0].NotBefore)
+			return errRetired
+		}
 		return nil
 	}
 	reason := refusalReason(err)
@@ -86,7 +94,10 @@ func (s *Server) verifyClient(certs []*x509.Certificate, roots *x509.CertPool, r
 	return err
 }
 
-var errNoCertificate = errors.New("no client certificate")
+var (
+	errNoCertificate = errors.New("no client certificate")
+	errRetired       = errors.New("client certificate retired")
+)
 
 // verifyChain verifies the leaf certificate against roots, with the rest
 // of certs as intermediates, for client authentication at time now. It
@@ -293,4 +304,45 @@ func (s *Server) recheckLive() {
 		c.CloseWithError(tunnel.CloseNotAllowed, "client certificate no longer valid: "+reason)
 	}
 	s.verified.keep(leaves)
+}
+
+// isRetired reports whether conn's certificate is retired now.
+func (s *Server) isRetired(conn *quic.Conn) bool {
+	if s.retired == nil {
+		return false
+	}
+	certs := conn.ConnectionState().TLS.PeerCertificates
+	if len(certs) == 0 {
+		return false
+	}
+	node, err := tunnel.NodeName(certs[0])
+	return err == nil && s.retired.Retired(node, certs[0])
+}
+
+// CloseRetired closes, with tunnel.CloseNotAllowed, every live tunnel
+// whose certificate is retired now. The gateway calls it when the retired
+// set changes.
+func (s *Server) CloseRetired() {
+	if s.retired == nil {
+		return
+	}
+	s.mu.Lock()
+	live := slices.Collect(maps.Keys(s.live))
+	s.mu.Unlock()
+	for _, c := range live {
+		if s.isRetired(c) {
+			node, _ := tunnel.NodeName(c.ConnectionState().TLS.PeerCertificates[0])
+			s.evict(c, node, c.RemoteAddr().String())
+		}
+	}
+}
+
+// evict closes the tunnel of a retired certificate, once.
+func (s *Server) evict(c *quic.Conn, node, remote string) {
+	if c.Context().Err() != nil {
+		return
+	}
+	s.evictions.WithLabelValues(resultRetired).Inc()
+	s.log.Warn("tunnel closed: the node's identity is retired (tetherctl node retire)", "node", node, "remote", remote)
+	c.CloseWithError(tunnel.CloseNotAllowed, "node identity retired")
 }
