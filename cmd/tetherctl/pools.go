@@ -162,7 +162,8 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 			case err != nil:
 				return kubeError("get election record "+record.Namespace+"/"+record.ElectionName(p.Pool), err)
 			default:
-				p.Election = &poolRecord{Holder: el.Holder, Renewed: el.Renewed, Expires: el.Expires, Expired: now.After(el.Expires)}
+				exp := el.Expires(record.DefaultLeaseDuration)
+				p.Election = &poolRecord{Holder: el.Holder, Renewed: el.Renewed, Expires: exp, Expired: now.After(exp)}
 			}
 			p.Sync, err = readSyncRecord(gctx, client, p.Pool, now)
 			return err
