@@ -27,6 +27,7 @@ import (
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
+	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -98,6 +99,9 @@ type Config struct {
 	DelegatedHeartbeatTaintRenewals int  `json:"delegated-heartbeat-taint-renewals"`
 	// NodeAutonomy runs the autonomy controller (gateway/autonomy).
 	NodeAutonomy bool `json:"node-autonomy"`
+	// PoolLeaseDuration bounds the lease of the pools' election records
+	// (gateway/poolcheck, gateway/election); it must equal the edges'.
+	PoolLeaseDuration metav1.Duration `json:"pool-lease-duration"`
 
 	MaxStreamsPerEdge int `json:"max-streams-per-edge"`
 	// MaxHandshakes bounds the tunnel handshakes in progress at once
@@ -197,6 +201,7 @@ func DefaultConfig() Config {
 		DelegatedHeartbeatTaint:         true,
 		DelegatedHeartbeatTaintRenewals: pooltaint.DefaultThreshold,
 		NodeAutonomy:                    true,
+		PoolLeaseDuration:               metav1.Duration{Duration: record.DefaultLeaseDuration},
 	}
 }
 
@@ -498,12 +503,16 @@ func (c *Config) poolFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.DelegatedHeartbeatTaint, "delegated-heartbeat-taint", c.DelegatedHeartbeatTaint, "taint node.openyurt.io/unschedulable=true:NoSchedule the nodes whose Lease renewals reach the cloud only through their pool's leader (openyurt.io/delegate-heartbeat), and clear the taint once they renew it themselves (needs patch of Nodes, list/watch of Leases in kube-node-lease)")
 	fs.IntVar(&c.DelegatedHeartbeatTaintRenewals, "delegated-heartbeat-taint-renewals", c.DelegatedHeartbeatTaintRenewals, "taint a node after this many `n` delegated Lease renewals in a row (with --delegated-heartbeat-taint)")
 	fs.BoolVar(&c.NodeAutonomy, "node-autonomy", c.NodeAutonomy, "keep the pods of the edge nodes annotated node.beta.openyurt.io/autonomy=true (forever) or node.openyurt.io/autonomy-duration (a Go duration; 0: forever) bound through a loss of the cloud: their tolerations of node.kubernetes.io/unreachable and not-ready (NoExecute) are set to that bound, and put back when the annotation goes (needs list/watch and patch of Pods; docs/operate.md)")
+	fs.DurationVar(&c.PoolLeaseDuration.Duration, "pool-lease-duration", c.PoolLeaseDuration.Duration, "the edges' --pool-lease-duration, which must be the same: a pool leader is taken as such (for its delegated heartbeats and sync records) for at most this `duration` after its last renewal of its pool's election record, and the records are written with at most this lease, whatever the leader sent (a stolen node key cannot hold its pool's lead once it stops renewing). Shorter than the edges': a leader is refused before its pool elects another; longer: a leader that stopped is taken as such for longer")
 	fs.BoolVar(&c.EnableUpdateTrigger, "enable-update-trigger", c.EnableUpdateTrigger, "stamp openyurt.io/update-trigger on the EndpointSlices and Endpoints a Service's openyurt.io/topologyKeys change or a node's pool change affects, so that YurtHub edges filter them again (needs list/watch of Services and EndpointSlices/Endpoints, patch of them)")
 }
 
 func (c *Config) validatePools(p *problems) {
 	if c.DelegatedHeartbeatTaintRenewals < 1 {
 		p.add("--delegated-heartbeat-taint-renewals %d: want at least 1", c.DelegatedHeartbeatTaintRenewals)
+	}
+	if c.PoolLeaseDuration.Duration < time.Second {
+		p.add("--pool-lease-duration %v: want at least 1s", c.PoolLeaseDuration.Duration)
 	}
 }
 

@@ -295,6 +295,7 @@ func (g *Gateway) newPoolHandlers(client kubernetes.Interface) (_ []component.Co
 		Requests:   rate.NewLimiter(rate.Limit(g.cfg.KubeAPIQPS), g.cfg.KubeAPIBurst),
 		Nodes:      watcherPools{g.watcher},
 		Records:    g.records,
+		MaxLease:   g.cfg.PoolLeaseDuration.Duration,
 		Logger:     log.With("part", "delegated-heartbeats"),
 		Registerer: g.metrics,
 	})
@@ -308,6 +309,7 @@ func (g *Gateway) newPoolHandlers(client kubernetes.Interface) (_ []component.Co
 		Client:     client,
 		Nodes:      watcherPools{g.watcher},
 		Records:    g.records,
+		MaxLease:   g.cfg.PoolLeaseDuration.Duration,
 		Logger:     log.With("part", "election-records"),
 		Registerer: g.metrics,
 	})

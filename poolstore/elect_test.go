@@ -125,7 +125,7 @@ func TestElectionAndSource(t *testing.T) {
 		return err == nil && rec.Data["holderIdentity"] == first.node
 	})
 	el, err := record.ReadLeader(ctx, cp.Client.CoreV1().ConfigMaps(record.Namespace), "p1")
-	if err != nil || el.Holder != first.node || !el.Expires.After(time.Now()) {
+	if err != nil || el.Holder != first.node || !el.Expires(record.DefaultLeaseDuration).After(time.Now()) {
 		t.Fatalf("election record: %+v, %v", el, err)
 	}
 

@@ -40,11 +40,6 @@ var DefaultResources = []schema.GroupVersionResource{
 // they are.
 const SyncInterval = 10 * time.Second
 
-// syncLeaseSeconds is the sync Lease's duration: a leader's sync older
-// than that is stale (DESIGN: followers serve from the replica while the
-// leader's sync is at most 30 s old).
-const syncLeaseSeconds = 30
-
 // SourceOptions configure a Source.
 type SourceOptions struct {
 	// Client reads the known resources (in protobuf: the cheapest on the
@@ -149,7 +144,7 @@ func (s *Source) renewSyncLease(ctx context.Context, now time.Time) error {
 		w = record.ClientWriter{ConfigMaps: cms}
 	}
 	name := record.SyncName(s.o.Pool)
-	data := record.Sync{HolderIdentity: s.o.Node, RenewTime: now, LeaseDurationSeconds: syncLeaseSeconds}.Data()
+	data := record.Sync{HolderIdentity: s.o.Node, RenewTime: now, LeaseDurationSeconds: record.SyncLeaseSeconds}.Data()
 	cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: record.Namespace}, Data: data}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/poolstore/record"
 )
 
 // DefaultGateway is the admin address of a gateway on this host
@@ -59,6 +60,7 @@ type options struct {
 	kubeconfig  string
 	kubeContext string
 	edges       []string
+	poolLease   time.Duration
 }
 
 // Exit codes.
@@ -83,6 +85,7 @@ func runAs(ctx context.Context, prog string, args []string, stdout, stderr io.Wr
 	fs.StringVar(&o.dataDir, "data-dir", "", "ca: read the CA from this gateway data `directory` (its --data-dir) instead of asking the gateways")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "pools: the cloud apiserver's kubeconfig `file`; default $KUBECONFIG, then ~/.kube/config")
 	fs.StringVar(&o.kubeContext, "context", "", "pools: the kubeconfig `context` to use; default its current-context")
+	fs.DurationVar(&o.poolLease, "pool-lease-duration", record.DefaultLeaseDuration, "pools: the pools' configured lease `duration` (the edges' and gateways' --pool-lease-duration): an election record's lease counts at most this long, and one written longer is marked")
 	fs.Var(config.NewStringList(&o.edges), "edge", "pools: read the admin /status of these tether-edge `URL`s instead of the cloud (comma-separated or repeated; "+
 		"host:port means http://host:port, the port defaults to 10267: --edge 127.0.0.1 on an edge node)")
 	fs.Usage = func() { usage(fs, prog) }
@@ -111,6 +114,10 @@ func runAs(ctx context.Context, prog string, args []string, stdout, stderr io.Wr
 	}
 	if len(cmdArgs) > 0 && cmd != "node" {
 		fmt.Fprintf(stderr, "%s %s: unexpected arguments %q\n", prog, cmd, cmdArgs)
+		return exitUsage
+	}
+	if o.poolLease < time.Second {
+		fmt.Fprintf(stderr, "%s: --pool-lease-duration %v: want at least 1s\n", prog, o.poolLease)
 		return exitUsage
 	}
 	if o.output != "table" && o.output != "json" && o.output != "wide" {

@@ -43,12 +43,17 @@ type cloudPool struct {
 
 // poolRecord is an election or sync record: who holds it, when it was
 // last renewed, and whether that was longer ago than its duration when
-// tetherctl read it.
+// tetherctl read it. An election record's duration counts at most the
+// pools' configured lease (--pool-lease-duration), as the edges and the
+// gateways count it; LeaseSeconds is set when the record was written with
+// a longer one (by a tool or an edge of another configuration, or a node
+// trying to hold the lead beyond it).
 type poolRecord struct {
-	Holder  string    `json:"holder"`
-	Renewed time.Time `json:"renewed"`
-	Expires time.Time `json:"expires,omitzero"`
-	Expired bool      `json:"expired"`
+	Holder       string    `json:"holder"`
+	Renewed      time.Time `json:"renewed"`
+	Expires      time.Time `json:"expires,omitzero"`
+	Expired      bool      `json:"expired"`
+	LeaseSeconds int       `json:"leaseSecondsOverBound,omitempty"`
 }
 
 // poolsRBAC says what `tetherctl pools` reads, for Forbidden errors.
@@ -67,7 +72,7 @@ func pools(ctx context.Context, o options, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	now := time.Now()
-	ps, err := readPools(ctx, client, now)
+	ps, err := readPools(ctx, client, now, o.poolLease)
 	if err != nil {
 		fmt.Fprintln(stderr, o.prog+" pools:", err)
 		return exitError
@@ -106,8 +111,9 @@ func kubeClient(o options) (kubernetes.Interface, error) {
 // readPools reads every pool: the distinct values of the pool label on
 // Nodes, each pool's election and sync records (read by name: the
 // gateway's RBAC gets them but does not list ConfigMaps), and the node
-// Leases and taints of its members.
-func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) ([]cloudPool, error) {
+// Leases and taints of its members; maxLease bounds the election
+// records' leases.
+func readPools(ctx context.Context, client kubernetes.Interface, now time.Time, maxLease time.Duration) ([]cloudPool, error) {
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: openyurt.PoolLabel})
 	if err != nil {
 		return nil, kubeError("list nodes", err)
@@ -162,7 +168,11 @@ func readPools(ctx context.Context, client kubernetes.Interface, now time.Time) 
 			case err != nil:
 				return kubeError("get election record "+record.Namespace+"/"+record.ElectionName(p.Pool), err)
 			default:
-				p.Election = &poolRecord{Holder: el.Holder, Renewed: el.Renewed, Expires: el.Expires, Expired: now.After(el.Expires)}
+				exp := el.Expires(maxLease)
+				p.Election = &poolRecord{Holder: el.Holder, Renewed: el.Renewed, Expires: exp, Expired: now.After(exp)}
+				if int64(el.LeaseSeconds) > int64(maxLease/time.Second) {
+					p.Election.LeaseSeconds = el.LeaseSeconds
+				}
 			}
 			p.Sync, err = readSyncRecord(gctx, client, p.Pool, now)
 			return err
@@ -221,6 +231,9 @@ func writePoolsTable(w io.Writer, ps []cloudPool, now time.Time, wide bool) {
 			leader, renewed = e.Holder, formatAge(e.Renewed, now)
 			if e.Expired {
 				leader += " (expired)"
+			}
+			if e.LeaseSeconds > 0 {
+				leader += fmt.Sprintf(" (lease %ds over the bound)", e.LeaseSeconds)
 			}
 		}
 		sync := "-"

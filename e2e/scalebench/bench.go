@@ -140,7 +140,10 @@ func (b *bench) startGateway(ctx context.Context, i int) (*gwProc, error) {
 		b.gwArgs[i] = append(b.w.GatewayArgs(h, b.s),
 			"--netrules", "nftables", "--log-level", "info",
 			"--edge-cidrs", edgeCIDRs.String(), "--dns-zone", world.Zone,
-			"--profiling", "--replica", h.Label, "--shutdown-grace", "1s")
+			"--profiling", "--replica", h.Label, "--shutdown-grace", "1s",
+			// The heartbeats phase's election records are written once,
+			// with an hour's lease, for leaders that never renew them.
+			"--pool-lease-duration", "1h")
 		b.gwArgs[i] = append(b.gwArgs[i], b.o.gatewayArgs...)
 	}
 	started := time.Now()

@@ -33,7 +33,10 @@
 //
 // Then the record's times are clamped to the gateway's clock (renewTime
 // and acquireTime no later than now), so that a node cannot write a
-// renewal from the future, and the record is written: created as a
+// renewal from the future, and its leaseDurationSeconds to the pools'
+// configured lease (Options.MaxLease; record.SyncLeaseSeconds for a sync
+// record), so that a node cannot write a lead that outlasts it; every
+// reader bounds it too (record.Election.Lease). The record is written: created as a
 // ConfigMap of that name holding the record and nothing else, or updated
 // on the object the cluster holds, of which only the record (the election
 // annotation, or the sync record's three data keys) changes, with the
@@ -107,6 +110,12 @@ type Options struct {
 	// Limit is how many refusals a sender may draw before it is answered
 	// tunnel.RateLimited; zero means poolcheck.DefaultLimit.
 	Limit poolcheck.Limit
+	// MaxLease is the pools' configured lease duration (the gateway's
+	// --pool-lease-duration, equal to the edges'): an election record's
+	// leaseDurationSeconds is written at most that long, and a sync record
+	// is taken only from a leader whose record, so bounded, has not
+	// expired. Zero means record.DefaultLeaseDuration.
+	MaxLease time.Duration
 	// Clock clamps the records' times, decides whether an election record
 	// has expired and gives back the refused senders' tokens; nil means
 	// the real clock.
@@ -137,8 +146,11 @@ func New(o Options) (*Handler, error) {
 	if records == nil {
 		records = o.Client.CoreV1().ConfigMaps(record.Namespace)
 	}
+	if o.MaxLease <= 0 {
+		o.MaxLease = record.DefaultLeaseDuration
+	}
 	h := &Handler{client: o.Client, clock: o.Clock, log: o.Logger,
-		check: poolcheck.Checker{Nodes: o.Nodes, Records: records},
+		check: poolcheck.Checker{Nodes: o.Nodes, Records: records, MaxLease: o.MaxLease},
 	}
 	if h.clock == nil {
 		h.clock = clock.RealClock{}
@@ -296,6 +308,11 @@ func (h *Handler) electionRecord(sender string, sent, cur *corev1.ConfigMap, now
 	}
 	clampTime(&rec.RenewTime, now)
 	clampTime(&rec.AcquireTime, now)
+	// The holder chooses its lease: stored at most the pools' own, so
+	// that edges and tools of any version read no longer one.
+	if max := int(h.check.MaxLease / time.Second); rec.LeaseDurationSeconds > max {
+		rec.LeaseDurationSeconds = max
+	}
 	out := newObject(sent, cur)
 	if err := record.SetElection(out, rec); err != nil {
 		return nil, poolcheck.Refuse(tunnel.BadRecord, "election record %s/%s: %v", sent.Namespace, sent.Name, err)
@@ -322,6 +339,7 @@ func (h *Handler) syncRecord(ctx context.Context, sender, pool string, sent, cur
 	if rec.RenewTime.After(now) {
 		rec.RenewTime = now
 	}
+	rec.LeaseDurationSeconds = min(rec.LeaseDurationSeconds, record.SyncLeaseSeconds)
 	out := newObject(sent, cur)
 	if out.Data == nil {
 		out.Data = map[string]string{}

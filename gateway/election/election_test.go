@@ -396,3 +396,40 @@ type failingNodes struct{}
 func (failingNodes) NodePool(context.Context, string) (string, bool, error) {
 	return "", false, errors.New("node informer not synced yet")
 }
+
+// TestLeaseDurationClampedOnWrite: a holder that sends a lease far longer
+// than the pool's gets it stored at most the pools' configured lease, its
+// sync record at most record.SyncLeaseSeconds; once it stops renewing, its
+// sync record is refused after the pool's lease, not after its own.
+func TestLeaseDurationClampedOnWrite(t *testing.T) {
+	c := newCluster(t)
+	huge := record.Election{HolderIdentity: "edge-1", LeaseDurationSeconds: 3000000000,
+		AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0)}
+	c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordElection, "shop", electionRecord("shop", "", huge)))
+	if got := c.electionRecord("shop").LeaseDurationSeconds; got != 15 {
+		t.Errorf("leaseDurationSeconds stored %d, want 15 (the pools' lease)", got)
+	}
+	c.stored(c.send("edge-1", tunnel.ElectionCreate, tunnel.RecordSync, "shop",
+		syncRecord("shop", "", record.Sync{HolderIdentity: "edge-1", RenewTime: t0, LeaseDurationSeconds: 3000000000})))
+	sr, err := record.DecodeSync(c.get("pool-shop-sync"))
+	if err != nil || sr.LeaseDurationSeconds != record.SyncLeaseSeconds {
+		t.Errorf("sync record %+v, %v; want leaseDurationSeconds %d", sr, err, record.SyncLeaseSeconds)
+	}
+
+	// The record as sent, written past the gateway (as with an older
+	// one): its holder stopped renewing 16 s ago.
+	cm := c.get("pool-shop")
+	if err := record.SetElection(cm, huge); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.admin.CoreV1().ConfigMaps(record.Namespace).Update(c.ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.clock.SetTime(t0.Add(16 * time.Second))
+	sync := c.get("pool-shop-sync")
+	rep := c.send("edge-1", tunnel.ElectionUpdate, tunnel.RecordSync, "shop",
+		syncRecord("shop", sync.ResourceVersion, record.Sync{HolderIdentity: "edge-1", RenewTime: t0.Add(16 * time.Second), LeaseDurationSeconds: 30}))
+	if rep.Code != tunnel.LeaderExpired {
+		t.Errorf("sync record 16 s after the last renewal of a 3e9 s lease: %v %s, want %v", rep.Code, rep.Message, tunnel.LeaderExpired)
+	}
+}

@@ -13,13 +13,15 @@
 //  3. the sender holds that pool's election record,
 //     tether-system/pool-<pool> as record.ReadLeader reads it
 //     (NotLeader), and it has not expired: renewTime +
-//     leaseDurationSeconds is after now (LeaderExpired). The record is a
+//     leaseDurationSeconds, at most Options.MaxLease (the pools'
+//     configured lease), is after now (LeaderExpired). The record is a
 //     ConfigMap, not a Lease: NodeRestriction lets a node identity write
 //     no Lease outside kube-node-lease (see poolstore).
 //
 // Then the delegated node's Lease is updated (created if missing):
-// spec.renewTime, and holderIdentity and leaseDurationSeconds when the
-// sent Lease has them, come from the sent Lease, and the annotation
+// spec.renewTime, and holderIdentity when the sent Lease has it, come
+// from the sent Lease (leaseDurationSeconds too, at most 40 s, for a
+// Lease that has none: a kubelet's stays as it wrote it), and the annotation
 // openyurt.io/delegate-heartbeat is "true". The rest of the object is the
 // cluster's: nothing else the edge sent is written. A renewal no newer
 // than the Lease's own is answered OK without a write, so that a request
@@ -123,6 +125,10 @@ type Options struct {
 	// Limit is how many refusals a sender may draw before it is answered
 	// tunnel.RateLimited; zero means poolcheck.DefaultLimit.
 	Limit poolcheck.Limit
+	// MaxLease bounds the lease of a pool's election record in the leader
+	// check (poolcheck.Checker.MaxLease): the gateway's
+	// --pool-lease-duration; zero means record.DefaultLeaseDuration.
+	MaxLease time.Duration
 	// Clock decides whether an election record has expired, is the
 	// latest renewTime written, and gives back the refused senders'
 	// tokens; nil means the real clock.
@@ -183,7 +189,7 @@ func New(o Options) (*Handler, error) {
 		records = o.Client.CoreV1().ConfigMaps(record.Namespace)
 	}
 	h := &Handler{client: o.Client, leases: o.Leases, requests: o.Requests, maxWait: o.MaxWait, clock: o.Clock, log: o.Logger,
-		check: poolcheck.Checker{Nodes: nodes, Records: records},
+		check: poolcheck.Checker{Nodes: nodes, Records: records, MaxLease: o.MaxLease},
 	}
 	if h.maxWait <= 0 {
 		h.maxWait = DefaultMaxWait
@@ -399,14 +405,21 @@ func (h *Handler) wait(ctx context.Context) error {
 	}
 }
 
+// maxNodeLeaseSeconds bounds the leaseDurationSeconds a delegated
+// heartbeat may give a Lease that has none: the kubelet's own (40 s).
+const maxNodeLeaseSeconds = 40
+
 // apply copies what a delegated heartbeat may change from sent into l.
+// The Lease's leaseDurationSeconds is the one stored, which the node's
+// kubelet wrote: the leader's is taken only for a Lease without one, and
+// at most maxNodeLeaseSeconds.
 func apply(l, sent *coordinationv1.Lease) {
 	l.Spec.RenewTime = sent.Spec.RenewTime.DeepCopy()
 	if sent.Spec.HolderIdentity != nil {
 		l.Spec.HolderIdentity = new(*sent.Spec.HolderIdentity)
 	}
-	if sent.Spec.LeaseDurationSeconds != nil {
-		l.Spec.LeaseDurationSeconds = new(*sent.Spec.LeaseDurationSeconds)
+	if l.Spec.LeaseDurationSeconds == nil && sent.Spec.LeaseDurationSeconds != nil && *sent.Spec.LeaseDurationSeconds > 0 {
+		l.Spec.LeaseDurationSeconds = new(min(*sent.Spec.LeaseDurationSeconds, maxNodeLeaseSeconds))
 	}
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}

@@ -311,3 +311,42 @@ type failingNodes struct{}
 func (failingNodes) NodePool(context.Context, string) (string, bool, error) {
 	return "", false, fmt.Errorf("node informer not synced yet")
 }
+
+// TestLeaseDurationNotTakenFromSender: the leader's delegated heartbeat
+// keeps the leaseDurationSeconds the member's kubelet wrote; a Lease
+// without one gets the sent one, at most the kubelet's 40 s.
+func TestLeaseDurationNotTakenFromSender(t *testing.T) {
+	c := newCluster(t)
+	renew := micro(c.clock.Now())
+	send := func(node string, secs int32) {
+		t.Helper()
+		var l coordinationv1.Lease
+		if err := json.Unmarshal(leaseJSON(t, corev1.NamespaceNodeLease, node, renew), &l); err != nil {
+			t.Fatal(err)
+		}
+		l.Spec.LeaseDurationSeconds = ptr.To(secs)
+		b, err := json.Marshal(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := c.h.Delegate(c.ctx, "leader", tunnel.DelegateRequest{Node: node, Lease: b}); rep.Code != tunnel.OK {
+			t.Fatalf("reply %+v, want OK", rep)
+		}
+	}
+	own := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "member-2", Namespace: corev1.NamespaceNodeLease},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("member-2"), LeaseDurationSeconds: ptr.To[int32](40),
+			RenewTime: ptr.To(metav1.NewMicroTime(renew.Add(-10 * time.Second)))},
+	}
+	if _, err := c.admin.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(c.ctx, own, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	send("member-2", 2000000000)
+	if l, err := c.lease("member-2"); err != nil || ptr.Deref(l.Spec.LeaseDurationSeconds, 0) != 40 {
+		t.Errorf("member-2's Lease after a delegated heartbeat of 2e9 s: %v %+v; want its own 40 s", err, l)
+	}
+	send("member", 2000000000) // no Lease yet
+	if l, err := c.lease("member"); err != nil || ptr.Deref(l.Spec.LeaseDurationSeconds, 0) != 40 {
+		t.Errorf("member's new Lease after a delegated heartbeat of 2e9 s: %v %+v; want 40 s", err, l)
+	}
+}

@@ -43,7 +43,7 @@ func TestRateLimited(t *testing.T) {
 	}
 	client := fake.NewSimpleClientset(node("leader"), node("member"), node("member-2"), electionCM("leader"))
 	logs := &testenv.LogBuffer{}
-	h, err := New(Options{Client: client, Clock: clk, Limit: poolcheck.Limit{Burst: 3, Per: time.Minute},
+	h, err := New(Options{Client: client, Clock: clk, Limit: poolcheck.Limit{Burst: 3, Per: time.Minute}, MaxLease: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,10 @@
 // the label). It leads its pool if it holds the pool's election record,
 // tether-system/pool-<pool> as record.ReadLeader reads it
 // (tunnel.NotLeader), and the record has not expired at the caller's now:
-// renewTime + leaseDurationSeconds is after it (tunnel.LeaderExpired).
+// renewTime + leaseDurationSeconds is after it (tunnel.LeaderExpired),
+// the duration counted at most MaxLease, the pool's configured lease (the
+// holder writes leaseDurationSeconds: a huge one would otherwise keep a
+// leader that stopped renewing for decades).
 // An apiserver error is tunnel.Unavailable: another replica may do better.
 //
 // The gateway reads the records from a RecordCache, an informer on the
@@ -99,6 +102,10 @@ type Checker struct {
 	// Records reads the ConfigMaps of record.Namespace, where the
 	// election records are.
 	Records record.ConfigMapGetter
+	// MaxLease bounds a record's lease duration (record.Election.Lease):
+	// the gateway's --pool-lease-duration, which equals the edges'; zero
+	// means record.DefaultLeaseDuration.
+	MaxLease time.Duration
 }
 
 // PoolOf returns node's pool, or a Refusal if it has none. role, if not
@@ -133,10 +140,16 @@ func (c Checker) Member(ctx context.Context, node, pool string) error {
 }
 
 // Leader refuses unless sender holds pool's election record, unexpired
-// at now, read from the caller's clock.
+// at now, read from the caller's clock, its lease counted at most
+// MaxLease.
 func (c Checker) Leader(ctx context.Context, sender, pool string, now time.Time) error {
 	ref := record.Namespace + "/" + record.ElectionName(pool)
 	el, err := record.ReadLeader(ctx, c.Records, pool)
+	maxLease := c.MaxLease
+	if maxLease <= 0 {
+		maxLease = record.DefaultLeaseDuration
+	}
+	expires := el.Expires(maxLease)
 	switch {
 	case apierrors.IsNotFound(err):
 		return Refuse(tunnel.NotLeader, "pool %s has no leader (election record %s)", pool, ref)
@@ -144,9 +157,9 @@ func (c Checker) Leader(ctx context.Context, sender, pool string, now time.Time)
 		return Refuse(tunnel.Unavailable, "read election record %s: %v", ref, err)
 	case el.Holder != sender:
 		return Refuse(tunnel.NotLeader, "pool %s is led by %s, not %s (election record %s)", pool, el.Holder, sender, ref)
-	case !now.Before(el.Expires):
+	case !now.Before(expires):
 		return Refuse(tunnel.LeaderExpired, "election record %s expired at %s (now %s)", ref,
-			el.Expires.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
+			expires.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }

@@ -173,3 +173,37 @@ func checkRefusal(t *testing.T, what string, err error, code tunnel.Code, msg st
 		t.Errorf("%s: %v, want %v: %s", what, err, code, msg)
 	}
 }
+
+// TestLeaderLeaseClamped: a holder that wrote a lease far longer than the
+// pool's leads for MaxLease (record.DefaultLeaseDuration when unset) after
+// its last renewal, and no longer.
+func TestLeaderLeaseClamped(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: record.ElectionName("shop"), Namespace: record.Namespace}}
+	if err := record.SetElection(cm, record.Election{HolderIdentity: "thief", LeaseDurationSeconds: 3000000000,
+		AcquireTime: metav1.NewTime(t0), RenewTime: metav1.NewTime(t0)}); err != nil {
+		t.Fatal(err)
+	}
+	records := memRecords{cms: map[string]*corev1.ConfigMap{cm.Name: cm}}
+	ref := record.Namespace + "/" + record.ElectionName("shop")
+	for _, tc := range []struct {
+		name     string
+		maxLease time.Duration
+		now      time.Time
+		code     tunnel.Code
+		msg      string
+	}{
+		{"default, in its term", 0, t0.Add(14 * time.Second), tunnel.OK, ""},
+		{"default, at the pool's lease", 0, t0.Add(15 * time.Second), tunnel.LeaderExpired,
+			"election record " + ref + " expired at 2025-03-01T12:00:15Z (now 2025-03-01T12:00:15Z)"},
+		{"default, a year on", 0, t0.Add(365 * 24 * time.Hour), tunnel.LeaderExpired,
+			"election record " + ref + " expired at 2025-03-01T12:00:15Z (now 2026-03-01T12:00:00Z)"},
+		{"configured, in its term", 30 * time.Second, t0.Add(29 * time.Second), tunnel.OK, ""},
+		{"configured, at the pool's lease", 30 * time.Second, t0.Add(30 * time.Second), tunnel.LeaderExpired,
+			"election record " + ref + " expired at 2025-03-01T12:00:30Z (now 2025-03-01T12:00:30Z)"},
+	} {
+		err := Checker{Records: records, MaxLease: tc.maxLease}.Leader(ctx, "thief", "shop", tc.now)
+		checkRefusal(t, tc.name, err, tc.code, tc.msg)
+	}
+}

@@ -12,7 +12,7 @@ var (
 	descEdges = prometheus.NewDesc("tether_gateway_edges_connected",
 		"Edges with a live tunnel to this gateway replica.", nil, nil)
 	descRegistrations = prometheus.NewDesc("tether_gateway_edge_registrations_total",
-		"Edge tunnel registrations; replaced counts those that closed an older connection of the same node.",
+		"Edge tunnel registrations; replaced closed an older one of the same node, refused came too often to replace it.",
 		[]string{"result"}, nil)
 	descStreams = prometheus.NewDesc("tether_gateway_tunnel_streams",
 		"Streams open over all tunnels.", nil, nil)
@@ -53,6 +53,7 @@ func (r *Registry) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descEdges, gauge, float64(len(edges)))
 	ch <- prometheus.MustNewConstMetric(descRegistrations, counter, float64(r.registered.Load()-r.replaced.Load()), "new")
 	ch <- prometheus.MustNewConstMetric(descRegistrations, counter, float64(r.replaced.Load()), "replaced")
+	ch <- prometheus.MustNewConstMetric(descRegistrations, counter, float64(r.refused.Load()), "refused")
 	ch <- prometheus.MustNewConstMetric(descStreams, gauge, float64(streams))
 	ch <- prometheus.MustNewConstMetric(descBytes, counter, float64(up), "up")
 	ch <- prometheus.MustNewConstMetric(descBytes, counter, float64(down), "down")

@@ -8,6 +8,17 @@
 // Only a certificate naming that same node can do so, since the name is the
 // key.
 //
+// A node's key that reconnects in a loop (a stolen key, or two machines
+// with one certificate) would replace the registration at every
+// handshake, kicking the other connection off and logging each time. So
+// replacements are bounded per node: a bucket of Options.ReplaceBurst
+// (DefaultReplaceBurst, 10) given back one per Options.ReplaceEvery
+// (DefaultReplaceEvery, 6 s); a registration that would replace another
+// with the bucket empty is refused (ErrReplacedTooOften) and the current
+// one kept. Replacements and refusals are logged at most one line per node
+// per ReplaceLogEvery (a minute), with the count of those left out, and
+// counted in tether_gateway_edge_registrations_total.
+//
 // Open gives a caller (the transparent proxy) a stream to a node's edge.
 // Each edge has a semaphore of Options.MaxStreams slots; a stream holds a
 // slot until it is released, and Open refuses with ErrOverloaded when no
@@ -36,15 +47,22 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"k8s.io/utils/clock"
 
 	"github.com/tether-edge/tether/tunnel"
 )
 
 // Defaults for Options.
 const (
-	DefaultMaxStreams = 1024
-	DefaultOpenWait   = time.Second
+	DefaultMaxStreams   = 1024
+	DefaultOpenWait     = time.Second
+	DefaultReplaceBurst = 10
+	DefaultReplaceEvery = 6 * time.Second
 )
+
+// ReplaceLogEvery is the least interval between two log lines about one
+// node's replaced or refused registrations.
+const ReplaceLogEvery = time.Minute
 
 // Refusal reasons the registry itself gives (see Reason). They share the
 // label space of tunnel.Code's names, so "overloaded" means the same thing
@@ -62,6 +80,10 @@ var (
 	// ErrOverloaded: every stream slot of the edge stayed busy for
 	// Options.OpenWait.
 	ErrOverloaded = errors.New("edge has no free stream slot")
+	// ErrReplacedTooOften: Register refused a registration that would have
+	// replaced the node's current one, which has been replaced too often
+	// lately (Options.ReplaceBurst, Options.ReplaceEvery).
+	ErrReplacedTooOften = errors.New("node re-registered too often")
 )
 
 // Reason returns the refusal reason label for an error from Open.
@@ -98,6 +120,14 @@ type Options struct {
 	OpenWait time.Duration
 	// Logger receives registration logs; nil discards them.
 	Logger *slog.Logger
+	// ReplaceBurst is how many registrations of one node may replace its
+	// current one in a row, one more per ReplaceEvery; 0 means
+	// DefaultReplaceBurst and DefaultReplaceEvery.
+	ReplaceBurst int
+	ReplaceEvery time.Duration
+	// Clock gives the replacement budget its time; nil means the real
+	// clock.
+	Clock clock.PassiveClock
 }
 
 // Registry maps node names to their edges' tunnels. It is safe for
@@ -117,7 +147,14 @@ type Registry struct {
 	// Edges that are gone but still have open streams. Guarded by mu.
 	draining map[*Edge]struct{}
 
-	registered, replaced atomic.Int64
+	registered, replaced, refused atomic.Int64
+
+	replaceBurst int
+	replaceEvery time.Duration
+	clock        clock.PassiveClock
+	// churn is, per node that replaced a registration lately, its
+	// replacement budget and log state. Guarded by mu.
+	churn map[string]*churn
 
 	// onWait, when set (by tests), is called when Open starts waiting
 	// for a free stream slot.
@@ -140,6 +177,14 @@ func New(opts Options) *Registry {
 	if r.openWait <= 0 {
 		r.openWait = DefaultOpenWait
 	}
+	r.replaceBurst, r.replaceEvery, r.clock = opts.ReplaceBurst, opts.ReplaceEvery, opts.Clock
+	if r.replaceBurst <= 0 || r.replaceEvery <= 0 {
+		r.replaceBurst, r.replaceEvery = DefaultReplaceBurst, DefaultReplaceEvery
+	}
+	if r.clock == nil {
+		r.clock = clock.RealClock{}
+	}
+	r.churn = make(map[string]*churn)
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
@@ -196,8 +241,24 @@ func (r *Registry) Register(conn Conn) (*Edge, error) {
 		sem:      make(chan struct{}, r.maxStreams),
 		refusals: make(map[string]int64),
 	}
+	now := r.clock.Now()
 	r.mu.Lock()
 	old := r.edges[node]
+	var c *churn
+	logIt, suppressed := false, 0
+	if old != nil {
+		c = r.churnLocked(node, now)
+		if !c.take(now, r.replaceBurst, r.replaceEvery) {
+			logIt, suppressed = c.logLine(now)
+			r.mu.Unlock()
+			r.refused.Add(1)
+			if logIt {
+				r.log.Warn("edge registration refused: node re-registered too often; is another machine using its certificate?", "node", node,
+					"remote", conn.RemoteAddr().String(), "current_remote", old.conn.RemoteAddr().String(), "suppressed", suppressed)
+			}
+			return nil, fmt.Errorf("register %v as node %s: %w (the current registration is kept)", conn.RemoteAddr(), node, ErrReplacedTooOften)
+		}
+	}
 	r.edges[node] = e
 	closeOld := false
 	var oldStreams int64
@@ -206,17 +267,78 @@ func (r *Registry) Register(conn Conn) (*Edge, error) {
 		oldStreams = old.streams.Load()
 		closeOld = oldStreams == 0
 		old.replaced = !closeOld
+		logIt, suppressed = c.logLine(now)
 	}
 	r.mu.Unlock()
 	r.registered.Add(1)
 	if old != nil {
 		r.replaced.Add(1)
-		r.log.Info("edge registration replaced", "node", node, "remote", conn.RemoteAddr().String(), "old_remote", old.conn.RemoteAddr().String(), "old_streams", oldStreams)
+		if logIt {
+			r.log.Info("edge registration replaced", "node", node, "remote", conn.RemoteAddr().String(), "old_remote", old.conn.RemoteAddr().String(),
+				"old_streams", oldStreams, "suppressed", suppressed)
+		}
 		if closeOld {
 			old.closeReplaced()
 		}
 	}
 	return e, nil
+}
+
+// churn is one node's replacement budget (a token bucket) and the state of
+// its log lines.
+type churn struct {
+	tokens     float64
+	at         time.Time // of the last refill
+	nextLog    time.Time // when a line may be logged again
+	suppressed int       // lines left out since the last one
+}
+
+// churnLocked returns node's churn, new with a full bucket if it has none.
+// The map keeps only nodes whose bucket is not full again by now or whose
+// log interval has not passed: it is swept when it outgrows the edges.
+// r.mu must be held.
+func (r *Registry) churnLocked(node string, now time.Time) *churn {
+	c := r.churn[node]
+	if c != nil {
+		return c
+	}
+	if len(r.churn) >= 2*len(r.edges)+64 {
+		full := time.Duration(r.replaceBurst) * r.replaceEvery
+		for n, c := range r.churn {
+			if now.Sub(c.at) >= full && !now.Before(c.nextLog) {
+				delete(r.churn, n)
+			}
+		}
+	}
+	c = &churn{tokens: float64(r.replaceBurst), at: now}
+	r.churn[node] = c
+	return c
+}
+
+// take refills c's bucket for the time since its last refill and takes a
+// token if there is one.
+func (c *churn) take(now time.Time, burst int, every time.Duration) bool {
+	if d := now.Sub(c.at); d > 0 {
+		c.tokens = min(float64(burst), c.tokens+float64(d)/float64(every))
+	}
+	c.at = now
+	if c.tokens < 1 {
+		return false
+	}
+	c.tokens--
+	return true
+}
+
+// logLine reports whether a line may be logged now and how many were left
+// out before it.
+func (c *churn) logLine(now time.Time) (bool, int) {
+	if now.Before(c.nextLog) {
+		c.suppressed++
+		return false, 0
+	}
+	n := c.suppressed
+	c.nextLog, c.suppressed = now.Add(ReplaceLogEvery), 0
+	return true, n
 }
 
 // Unregister removes e if it is still the node's registration; it does not

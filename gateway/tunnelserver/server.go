@@ -208,11 +208,12 @@ type Server struct {
 }
 
 // Connection results counted by tether_gateway_tunnel_connections_total.
-// All but registered are refusals: not_a_node after the handshake, the
-// others during it.
+// All but registered are refusals: not_a_node and too_often after the
+// handshake, the others during it.
 const (
 	resultRegistered     = "registered"
 	resultNotANode       = "not_a_node"      // verified certificate that names no node
+	resultTooOften       = "too_often"       // would replace the node's registration, replaced too often lately
 	resultNoCertificate  = "no_certificate"  // the peer sent none
 	resultUnknownCA      = "unknown_ca"      // not signed by a client CA
 	resultExpired        = "expired"         // outside its validity period
@@ -220,7 +221,7 @@ const (
 	resultRetired        = "retired"         // a node certificate the operator retired (also an eviction reason)
 )
 
-var results = []string{resultRegistered, resultNotANode, resultNoCertificate, resultUnknownCA, resultExpired, resultBadCertificate, resultRetired}
+var results = []string{resultRegistered, resultNotANode, resultTooOften, resultNoCertificate, resultUnknownCA, resultExpired, resultBadCertificate, resultRetired}
 
 // Results of the streams edges open, counted by
 // tether_gateway_tunnel_edge_streams_total.
@@ -375,6 +376,14 @@ func (s *Server) handle(conn *quic.Conn) {
 		return
 	}
 	e, err := s.reg.Register(conn)
+	if errors.Is(err, registry.ErrReplacedTooOften) {
+		// The registry logged it, at most once a minute for the node. The
+		// edge reads CloseReplaced as another machine using its
+		// certificate, and backs off.
+		s.conns.WithLabelValues(resultTooOften).Inc()
+		conn.CloseWithError(tunnel.CloseReplaced, "node re-registered too often; its current connection is kept")
+		return
+	}
 	if err != nil {
 		s.conns.WithLabelValues(resultNotANode).Inc()
 		s.refused("tunnel refused: client certificate names no node", "remote", remote, "reason", resultNotANode, "err", err)

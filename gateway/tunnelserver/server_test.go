@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -464,5 +465,44 @@ func TestReceiveBudgetMetrics(t *testing.T) {
 	}
 	for name := range want {
 		t.Errorf("%s not exported", name)
+	}
+}
+
+// TestReplacedTooOftenRefused: a node's key that reconnects in a loop
+// replaces its registration registry.DefaultReplaceBurst times; the next
+// connection is closed with CloseReplaced and counted too_often, and the
+// current one stays registered and open.
+func TestReplacedTooOftenRefused(t *testing.T) {
+	f := start(t, 0)
+	kp, err := f.ca.NodeCert("edge-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var current *edgetest.Edge
+	for i := range registry.DefaultReplaceBurst + 1 {
+		edge, err := f.dial(kp.TLS, f.ca)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, fmt.Sprintf("connection %d registered", i+1), func() bool {
+			return f.counter(resultRegistered) == float64(i+1)
+		})
+		current = edge
+	}
+	edge, err := f.dial(kp.TLS, f.ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, ok := edge.WaitClosed(5 * time.Second); !ok || code != tunnel.CloseReplaced {
+		t.Fatalf("close code %v (closed by gateway: %v), want CloseReplaced", code, ok)
+	}
+	if got := f.counter(resultTooOften); got != 1 {
+		t.Errorf("too_often counter %v, want 1", got)
+	}
+	if _, closed := current.CloseCode(); closed {
+		t.Error("the current registration was closed")
+	}
+	if _, ok := f.reg.Lookup("edge-1"); !ok || f.counter(resultRegistered) != float64(registry.DefaultReplaceBurst+1) {
+		t.Errorf("edge-1 registered %v (want its current registration kept), %v registrations", ok, f.counter(resultRegistered))
 	}
 }

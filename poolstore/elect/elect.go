@@ -126,7 +126,7 @@ func newElector(o Options, get record.ConfigMapGetter, w record.Writer, clk cloc
 		return nil, errors.New("pool election: Client, Pool and Node are required")
 	}
 	if o.LeaseDuration <= 0 {
-		o.LeaseDuration = 15 * time.Second
+		o.LeaseDuration = record.DefaultLeaseDuration
 	}
 	if o.RenewDeadline <= 0 {
 		o.RenewDeadline = 10 * time.Second
@@ -321,9 +321,12 @@ func (e *Elector) observe(rec record.Election) {
 func (e *Elector) isLeader() bool { return e.observed.HolderIdentity == e.o.Node }
 
 // leaseValid reports whether the observed record's lease, counted from
-// when it was seen to change, lasts past now.
+// when it was seen to change, lasts past now. The lease is the record's,
+// at most this node's own LeaseDuration: the holder writes
+// leaseDurationSeconds, and a holder that stops renewing must lose the
+// lead within the pool's configured lease whatever it wrote.
 func (e *Elector) leaseValid(now time.Time) bool {
-	return e.observedTime.Add(time.Duration(e.observed.LeaseDurationSeconds) * time.Second).After(now)
+	return e.observedTime.Add(e.observed.Lease(e.o.LeaseDuration)).After(now)
 }
 
 // reportLeader passes a change of the observed holder on to Leader (this

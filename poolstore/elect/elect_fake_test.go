@@ -3,6 +3,7 @@ package elect
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"strconv"
 	"sync"
 	"testing"
@@ -392,4 +393,44 @@ func TestElectorReleasesOnlyItsOwn(t *testing.T) {
 	cms.put(t, b)
 	e.release()
 	wantRecord(t, cms, b)
+}
+
+// TestRecordLeaseClampedToConfigured: a holder that wrote a lease far
+// longer than the pool's and stopped renewing loses the record once it
+// has not changed for this node's own LeaseDuration.
+func TestRecordLeaseClampedToConfigured(t *testing.T) {
+	cms := &memConfigMaps{}
+	cms.put(t, record.Election{HolderIdentity: "thief", LeaseDurationSeconds: 3000000000, AcquireTime: at(0), RenewTime: at(0), LeaderTransitions: 1})
+	f := startFake(t, cms, "a")
+	f.wantLeader("thief", false)
+	for range 3 { // to +13.2 s
+		f.step(maxRetry)
+		f.wantLeader("thief", false)
+	}
+	f.step(maxRetry) // +17.6 s: unchanged for more than 15 s
+	f.wantLeader("a", true)
+	took := at(17600 * time.Millisecond)
+	wantRecord(t, cms, record.Election{HolderIdentity: "a", LeaseDurationSeconds: 15, AcquireTime: took, RenewTime: took,
+		LeaderTransitions: 2})
+}
+
+// TestHugeLeaseNoOverflow: a lease so long that it overflows a
+// time.Duration once multiplied (here, to a negative one that would read
+// as expired at once, or the largest int) is the configured lease: held
+// for it, then taken.
+func TestHugeLeaseNoOverflow(t *testing.T) {
+	for _, secs := range []int{9300000000, math.MaxInt} {
+		t.Run(strconv.Itoa(secs), func(t *testing.T) {
+			cms := &memConfigMaps{}
+			cms.put(t, record.Election{HolderIdentity: "thief", LeaseDurationSeconds: secs, AcquireTime: at(0), RenewTime: at(0)})
+			f := startFake(t, cms, "a")
+			f.wantLeader("thief", false)
+			f.step(maxRetry) // +4.4 s: still held
+			f.wantLeader("thief", false)
+			for range 3 { // to +17.6 s
+				f.step(maxRetry)
+			}
+			f.wantLeader("a", true)
+		})
+	}
 }

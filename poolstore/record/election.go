@@ -31,6 +31,28 @@ type Election struct {
 	LeaderTransitions    int         `json:"leaderTransitions"`
 }
 
+// DefaultLeaseDuration is a pool's election lease unless configured
+// otherwise: tether-edge's and tether-gateway's --pool-lease-duration,
+// which must be equal (a record's own leaseDurationSeconds is never
+// trusted beyond it; see Election.Lease).
+const DefaultLeaseDuration = 15 * time.Second
+
+// Lease is how long r holds, bounded by max, the lease duration the
+// reader is configured with: leaseDurationSeconds is written by a node,
+// which could otherwise hold the lead for as long as it likes. The
+// seconds are clamped to [0, max] before they are multiplied, so that no
+// value overflows a time.Duration.
+func (r Election) Lease(max time.Duration) time.Duration {
+	secs := int64(r.LeaseDurationSeconds)
+	switch {
+	case secs <= 0 || max <= 0:
+		return 0
+	case secs >= int64(max/time.Second):
+		return max
+	}
+	return time.Duration(secs) * time.Second
+}
+
 // DecodeElection is cm's election record (its ElectionAnnotation); a
 // ConfigMap without the annotation holds an empty one.
 func DecodeElection(cm *corev1.ConfigMap) (Election, error) {
@@ -60,12 +82,21 @@ func SetElection(cm *corev1.ConfigMap, rec Election) error {
 type Leader struct {
 	Holder  string
 	Renewed time.Time
-	Expires time.Time
+	// LeaseSeconds is the record's leaseDurationSeconds as written, which
+	// its holder chose: read the expiry with Expires.
+	LeaseSeconds int
+}
+
+// Expires is when l's lease runs out for a reader configured with the
+// lease duration max: Renewed plus the record's lease, at most max.
+func (l Leader) Expires(max time.Duration) time.Time {
+	return l.Renewed.Add(Election{LeaseDurationSeconds: l.LeaseSeconds}.Lease(max))
 }
 
 // ReadLeader reads pool's election record from cms, the ConfigMaps of
 // Namespace (the gateway checks it before it writes a delegated
-// heartbeat). A pool without a record, or whose record names no holder,
+// heartbeat); its expiry is bounded by the reader's own lease duration
+// (Leader.Expires). A pool without a record, or whose record names no holder,
 // is an error that apierrors.IsNotFound recognises.
 func ReadLeader(ctx context.Context, cms ConfigMapGetter, pool string) (Leader, error) {
 	name := ElectionName(pool)
@@ -80,6 +111,5 @@ func ReadLeader(ctx context.Context, cms ConfigMapGetter, pool string) (Leader, 
 	if rec.HolderIdentity == "" {
 		return Leader{}, apierrors.NewNotFound(corev1.Resource("configmaps"), name)
 	}
-	return Leader{Holder: rec.HolderIdentity, Renewed: rec.RenewTime.Time,
-		Expires: rec.RenewTime.Add(time.Duration(rec.LeaseDurationSeconds) * time.Second)}, nil
+	return Leader{Holder: rec.HolderIdentity, Renewed: rec.RenewTime.Time, LeaseSeconds: rec.LeaseDurationSeconds}, nil
 }

@@ -2,6 +2,8 @@ package record_test
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -48,8 +50,9 @@ func TestReadLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := record.Leader{Holder: "b", Renewed: t0, Expires: t0.Add(15 * time.Second)}
-	if !got.Renewed.Equal(want.Renewed) || !got.Expires.Equal(want.Expires) || got.Holder != want.Holder {
+	want := record.Leader{Holder: "b", Renewed: t0, LeaseSeconds: 15}
+	if !got.Renewed.Equal(want.Renewed) || got.LeaseSeconds != want.LeaseSeconds || got.Holder != want.Holder ||
+		!got.Expires(record.DefaultLeaseDuration).Equal(t0.Add(15*time.Second)) {
 		t.Fatalf("ReadLeader = %+v; want %+v", got, want)
 	}
 
@@ -65,6 +68,43 @@ func TestReadLeader(t *testing.T) {
 	cms["pool-p1"].Annotations[record.ElectionAnnotation] = "{"
 	if _, err := record.ReadLeader(ctx, cms, "p1"); err == nil || apierrors.IsNotFound(err) {
 		t.Fatalf("damaged record: %v; want a decoding error", err)
+	}
+}
+
+// TestReadLeaderClamps: a record's leaseDurationSeconds, which its holder
+// writes, counts for at most the reader's own lease duration, and no value
+// overflows a time.Duration.
+func TestReadLeaderClamps(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		secs int
+		max  time.Duration
+		want time.Duration
+	}{
+		{15, 15 * time.Second, 15 * time.Second},
+		{10, 15 * time.Second, 10 * time.Second},
+		{1, 15 * time.Second, time.Second},
+		{0, 15 * time.Second, 0},
+		{-5, 15 * time.Second, 0},
+		{16, 15 * time.Second, 15 * time.Second},
+		{3000000000, 15 * time.Second, 15 * time.Second},
+		{math.MaxInt, 15 * time.Second, 15 * time.Second},
+		{math.MaxInt, 1500 * time.Millisecond, 1500 * time.Millisecond},
+		{15, 0, 0},
+	} {
+		if got := (record.Election{LeaseDurationSeconds: c.secs}).Lease(c.max); got != c.want {
+			t.Errorf("Election{LeaseDurationSeconds: %d}.Lease(%v) = %v; want %v", c.secs, c.max, got, c.want)
+		}
+		raw := fmt.Sprintf(`{"holderIdentity":"thief","leaseDurationSeconds":%d,"renewTime":"2025-06-01T12:00:00Z"}`, c.secs)
+		cms := configMaps{"pool-p1": &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "pool-p1", Namespace: "tether-system",
+			Annotations: map[string]string{record.ElectionAnnotation: raw}}}}
+		el, err := record.ReadLeader(ctx, cms, "p1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := el.Expires(c.max); !got.Equal(t0.Add(c.want)) {
+			t.Errorf("leaseDurationSeconds %d read with a %v lease expires at %v; want %v", c.secs, c.max, got, t0.Add(c.want))
+		}
 	}
 }
 

@@ -8,6 +8,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// SyncLeaseSeconds is the sync record's duration: a leader's sync older
+// than that is stale (DESIGN: followers serve from the replica while the
+// leader's sync is at most 30 s old). The gateway writes no longer one.
+const SyncLeaseSeconds = 30
+
 // Sync is the leader-informer-sync record, Namespace/SyncName(pool): a
 // ConfigMap whose data names the leader and when its watches were last
 // seen synced.
