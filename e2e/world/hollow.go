@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,12 +59,26 @@ func (w *World) StartHollowKubelet(t testenv.T, e *Edge, straight bool) *HollowK
 	if err != nil {
 		t.Fatalf("hollow kubelet of %s: %v", e.Name, err)
 	}
-	k.cmd = e.Host.Start(t, "env", "TMPDIR="+filepath.Join(k.dir, "tmp"), testenv.Binaries(t).Kubemark,
+	// kubemark makes its fake runtime's socket in /tmp whatever TMPDIR
+	// says (bound under a temporary name, then renamed) and never removes
+	// it: it runs in a mount namespace of its own whose /tmp is the
+	// world's tmp dir for it, removed with the world. The world's own
+	// directory, if it is in /tmp, is bound back in place.
+	tmp := filepath.Join(k.dir, "tmp")
+	world := ""
+	if rel, ok := strings.CutPrefix(w.Dir, "/tmp/"); ok {
+		world = rel
+	}
+	k.cmd = e.Host.Start(t, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`set -e; tmp=$1 world=$2; shift 2
+		if [ -n "$world" ]; then mkdir -p "$tmp/$world"; mount --bind "/tmp/$world" "$tmp/$world"; fi
+		mount --rbind "$tmp" /tmp
+		exec "$@"`, "sh", tmp, world,
+		"env", "TMPDIR=/tmp", testenv.Binaries(t).Kubemark,
 		"--morph=kubelet", "--name", e.Name, "--kubeconfig", kubeconfig,
 		"--use-host-image-service=false",
 		"--kubelet-port", fmt.Sprint(HollowKubeletPort), "--kubelet-read-only-port", "0",
 		"--v=2")
-	t.Cleanup(func() { k.removeSockets() })
 	return k
 }
 
@@ -95,7 +109,6 @@ func (k *HollowKubelet) Kill() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := k.Edge.Host.Wait(ctx, k.cmd)
-	k.removeSockets()
 	if ctx.Err() != nil {
 		return fmt.Errorf("hollow kubelet of %s did not exit after SIGKILL", k.Edge.Name)
 	}
@@ -118,18 +131,6 @@ func (k *HollowKubelet) Log() string { return k.Edge.Host.Log(k.cmd) }
 
 // Exited reports whether the hollow kubelet has exited.
 func (k *HollowKubelet) Exited() bool { return k.Edge.Host.Exited(k.cmd) }
-
-// fakeRuntimeSocket finds the fake runtime's socket in kubemark's log:
-// kubemark names it /tmp/kubelet_remote_<random>.sock whatever TMPDIR says.
-var fakeRuntimeSocket = regexp.MustCompile(`/tmp/kubelet_remote_[0-9]+\.sock`)
-
-// removeSockets removes the fake runtime's sockets, which kubemark never
-// removes.
-func (k *HollowKubelet) removeSockets() {
-	for _, m := range fakeRuntimeSocket.FindAllString(k.Log(), -1) {
-		os.Remove(m)
-	}
-}
 
 // RunningPods asks the hollow kubelet's own server which pods its runtime
 // runs (GET /runningpods/), by namespace/name: what the node does, whether
