@@ -52,11 +52,13 @@ func TestAddressClaims(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node registers itself with its own labels; the operator puts it
+	// in its pool (the node policy refuses the pool label on create).
 	register := func(t *testing.T, e *world.Edge, dryRun []string) (*corev1.Node, error) {
 		t.Helper()
 		c, _, _ := w.CP.NodeClient(t, e.Name)
 		n := &corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: e.Name, Labels: map[string]string{world.EdgeLabel: "true", world.PoolLabel: e.Site.Name, corev1.LabelHostname: e.Name},
+			ObjectMeta: metav1.ObjectMeta{Name: e.Name, Labels: map[string]string{world.EdgeLabel: "true", corev1.LabelHostname: e.Name},
 				// What a node sends here is replaced by its addresses.
 				Annotations: map[string]string{registeredAnnotation: "192.168.9.250"}},
 			Status: corev1.NodeStatus{
@@ -64,7 +66,12 @@ func TestAddressClaims(t *testing.T) {
 				DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: world.KubeletPort}},
 			},
 		}
-		return c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{DryRun: dryRun})
+		created, err := c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{DryRun: dryRun})
+		if err != nil || dryRun != nil {
+			return created, err
+		}
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, world.PoolLabel, e.Site.Name)
+		return w.CP.Client.CoreV1().Nodes().Patch(ctx, e.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	}
 	// The registration stamp applies once kube-apiserver's policy
 	// informer has the policy: wait for it with dry runs.
