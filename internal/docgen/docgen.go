@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -310,6 +311,9 @@ func ConfigFile(header string, sections []Section, rest string, flags []Flag, ex
 			}
 			b.WriteString("\n")
 			for _, line := range wrap(sentence(f.Usage)+" "+notes[k], 76) {
+				if keyLike.MatchString(line) {
+					errs = append(errs, fmt.Errorf("the help of %q wraps into a line that reads as a key once uncommented: %q; reword it", k, line))
+				}
 				b.WriteString("# " + line + "\n")
 			}
 			v, example := examples[k]
@@ -328,6 +332,11 @@ func ConfigFile(header string, sections []Section, rest string, flags []Flag, ex
 	}
 	return b.String(), errors.Join(errs...)
 }
+
+// keyLike is a comment line that, uncommented, reads as a YAML key: an
+// operator uncommenting a block, or a check that lists the file's keys,
+// would take it for one.
+var keyLike = regexp.MustCompile(`^[A-Za-z0-9_.-]+:(\s|$)`)
 
 // wrap breaks s into lines of at most width runes where it can.
 func wrap(s string, width int) []string {

@@ -110,6 +110,13 @@ func TestConfigFile(t *testing.T) {
 		t.Errorf("uncommented: %+v", got)
 	}
 
+	// A help that wraps into "word: ..." would read as a key.
+	long := strings.Repeat("a", 71) + " from: the VPC's." // "from:" starts the third line
+	if _, err := ConfigFile("", nil, "Other", flags, nil, map[string]string{"listen": long}); err == nil ||
+		!strings.Contains(err.Error(), `reads as a key`) {
+		t.Errorf("a help line that reads as a key: %v", err)
+	}
+
 	if _, err := ConfigFile("", []Section{{Heading: "Main", Keys: []string{"gone"}}}, "", flags, map[string]string{"old": "x"}, nil); err == nil ||
 		!strings.Contains(err.Error(), `"gone" is no config key`) || !strings.Contains(err.Error(), `for "old"`) {
 		t.Errorf("unknown keys: %v", err)
