@@ -115,16 +115,19 @@ func TestKubeletOfflineRestart(t *testing.T) {
 			t.Errorf("pod %s after the heal: uid %s (was %s), deletion %v", p.Name, p.UID, uids[p.Name], p.DeletionTimestamp)
 		}
 	}
+	waitLedgerDrained(t, ctx, e)
+}
+
+// waitLedgerDrained waits until e has replayed every status write queued
+// offline (there were some) and its ledger balances.
+func waitLedgerDrained(t *testing.T, ctx context.Context, e *world.Edge) {
+	t.Helper()
 	testenv.EventuallyNoError(t, "the offline status writes replayed and the ledger balanced", func() error {
-		st, err := e.Status(ctx)
+		l, err := e.QueueLedger(ctx)
 		if err != nil {
 			return err
 		}
-		if st.APIServer == nil {
-			return fmt.Errorf("no apiserver proxy in the status")
-		}
-		l := st.APIServer.QueueLedger
-		if l == nil || !l.Balanced || l.Queued != 0 || l.Enqueued == 0 {
+		if !l.Balanced || l.Queued != 0 || l.Enqueued == 0 {
 			return fmt.Errorf("ledger %+v", l)
 		}
 		return nil

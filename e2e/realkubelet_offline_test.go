@@ -179,20 +179,7 @@ func TestRealKubeletReboot(t *testing.T) {
 		}
 	}
 	waitRealKubeletRuns(t, ctx, k, onNode)
-	testenv.EventuallyNoError(t, "the offline status writes replayed and the ledger balanced", func() error {
-		st, err := e.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if st.APIServer == nil {
-			return fmt.Errorf("no apiserver proxy in the status")
-		}
-		l := st.APIServer.QueueLedger
-		if l == nil || !l.Balanced || l.Queued != 0 || l.Enqueued == 0 {
-			return fmt.Errorf("ledger %+v", l)
-		}
-		return nil
-	})
+	waitLedgerDrained(t, ctx, e)
 }
 
 // checkScript is what a checked pod's container runs: it checks its

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/tether-edge/tether/e2e/benchkit"
 	"github.com/tether-edge/tether/e2e/world"
-	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/testenv"
 )
 
@@ -155,7 +153,7 @@ func run(ctx context.Context, s *testenv.Session, o options) (*report, error) {
 	if err := waitDrained(ctx, e); err != nil {
 		return r, err
 	}
-	if r.ledger, err = queueLedger(ctx, e); err != nil {
+	if r.ledger, err = e.QueueLedger(ctx); err != nil {
 		return r, err
 	}
 	if r.lost, r.lostDetail, err = k.lostWrites(ctx, w.CP.Client); err != nil {
@@ -371,24 +369,6 @@ func waitDrained(ctx context.Context, e *world.Edge) error {
 		}
 	}
 	return fmt.Errorf("tether-edge's queue did not drain in 3 minutes (%s)", last)
-}
-
-// queueLedger reads the ledger of tether-edge's queue of status writes
-// from its /status: every write queued since its cache file was made,
-// across the kills, and what became of it.
-func queueLedger(ctx context.Context, e *world.Edge) (*statusapi.QueueLedger, error) {
-	body, err := world.Get(ctx, e.Host, world.EdgeAdmin("/status"))
-	if err != nil {
-		return nil, fmt.Errorf("tether-edge's /status: %w", err)
-	}
-	var st statusapi.Edge
-	if err := json.Unmarshal([]byte(body), &st); err != nil {
-		return nil, fmt.Errorf("tether-edge's /status: %w", err)
-	}
-	if st.APIServer == nil || st.APIServer.QueueLedger == nil {
-		return nil, fmt.Errorf("tether-edge's /status has no queue ledger (apiserver.queueLedger): %.300s", body)
-	}
-	return st.APIServer.QueueLedger, nil
 }
 
 // upstreamHealthy reports whether the exposition has an upstream

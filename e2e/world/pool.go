@@ -59,6 +59,20 @@ func (e *Edge) Status(ctx context.Context) (statusapi.Edge, error) {
 	return st, nil
 }
 
+// QueueLedger reads the ledger of e's queue of status writes from its
+// /status: every write queued since its cache file was made, across
+// kills, and what became of it.
+func (e *Edge) QueueLedger(ctx context.Context) (*statusapi.QueueLedger, error) {
+	st, err := e.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tether-edge's /status: %w", err)
+	}
+	if st.APIServer == nil || st.APIServer.QueueLedger == nil {
+		return nil, fmt.Errorf("tether-edge's /status of %s has no queue ledger (apiserver.queueLedger)", e.Name)
+	}
+	return st.APIServer.QueueLedger, nil
+}
+
 // ProxyClient is a clientset that reaches the cloud through e's apiserver
 // proxy, as the node component userAgent ("kubelet/v1.36.3", ...).
 func (e *Edge) ProxyClient(userAgent string) kubernetes.Interface {
