@@ -198,42 +198,22 @@ echo "ok $(sha256sum $tok | cut -d' ' -f1)" >> $out
 exec sleep 2147483647
 `
 
-// checkedPod is a pod with ConfigMap, Secret, downward API and the
-// default service-account token volumes whose busybox container checks
-// them (checkScript), writing to dir on the node.
+// checkedPod is a pod of the workload (ConfigMap, Secret, downward API and
+// the default service-account token volumes) whose busybox container
+// checks them (checkScript), writing to dir on the node.
 func checkedPod(name, node, dir string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", Labels: map[string]string{"app": "till"}},
-		Spec: corev1.PodSpec{
-			NodeName:                      node,
-			DNSPolicy:                     corev1.DNSDefault,
-			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			Containers: []corev1.Container{{
-				Name: "till", Image: testenv.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"sh", "-c", checkScript},
-				Env: []corev1.EnvVar{
-					{Name: "MODE", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
-						LocalObjectReference: corev1.LocalObjectReference{Name: "app-config"}, Key: "mode"}}},
-					{Name: "PASSWORD", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-						LocalObjectReference: corev1.LocalObjectReference{Name: "app-secret"}, Key: "password"}}},
-				},
-				VolumeMounts: []corev1.VolumeMount{
-					{Name: "config", MountPath: "/etc/till"},
-					{Name: "secret", MountPath: "/etc/till-secret"},
-					{Name: "podinfo", MountPath: "/etc/podinfo"},
-					{Name: "checks", MountPath: "/checks"},
-				},
-			}},
-			Volumes: []corev1.Volume{
-				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-					LocalObjectReference: corev1.LocalObjectReference{Name: "app-config"}}}},
-				{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "app-secret"}}},
-				{Name: "podinfo", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
-					Items: []corev1.DownwardAPIVolumeFile{{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}}}}}},
-				{Name: "checks", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}},
-			},
-		},
-	}
+	p := world.WorkloadPod(name, world.WorkloadOptions{Namespace: "shop", Node: node})
+	p.Spec.AutomountServiceAccountToken = nil // the default: mounted
+	p.Spec.Tolerations = nil
+	p.Spec.DNSPolicy = corev1.DNSDefault
+	p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](1)
+	c := &p.Spec.Containers[0]
+	c.Image, c.ImagePullPolicy = testenv.BusyboxImage, corev1.PullNever
+	c.Command = []string{"sh", "-c", checkScript}
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "checks", MountPath: "/checks"})
+	p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "checks",
+		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
+	return p
 }
 
 // writeStaticPod writes the manifest of a static pod whose busybox

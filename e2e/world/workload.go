@@ -74,7 +74,7 @@ func CreateWorkload(ctx context.Context, c kubernetes.Interface, caPEM []byte, o
 		if err := createLocalVolume(ctx, c, ns, o.Node); err != nil {
 			return nil, err
 		}
-		pod := workloadPod(LocalVolumePod, ns, o)
+		pod := WorkloadPod(LocalVolumePod, o)
 		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: "disk", VolumeSource: corev1.VolumeSource{
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "till-disk"}}})
 		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "disk", MountPath: "/var/till"})
@@ -85,7 +85,7 @@ func CreateWorkload(ctx context.Context, c kubernetes.Interface, caPEM []byte, o
 		uids[p.Name] = p.UID
 	}
 	for i := range o.Pods {
-		p, err := c.CoreV1().Pods(ns).Create(ctx, workloadPod(fmt.Sprintf("till-%02d", i), ns, o), metav1.CreateOptions{})
+		p, err := c.CoreV1().Pods(ns).Create(ctx, WorkloadPod(fmt.Sprintf("till-%02d", i), o), metav1.CreateOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("create pod %d in %s: %w", i, ns, err)
 		}
@@ -94,7 +94,11 @@ func CreateWorkload(ctx context.Context, c kubernetes.Interface, caPEM []byte, o
 	return uids, nil
 }
 
-func workloadPod(name, ns string, o WorkloadOptions) *corev1.Pod {
+// WorkloadPod is one pod of the workload: ConfigMap and Secret volumes,
+// env from both, a downward API volume and, unless o.NoToken, the default
+// service-account token; bound to o.Node, in o.Namespace.
+func WorkloadPod(name string, o WorkloadOptions) *corev1.Pod {
+	ns := o.Namespace
 	automount := !o.NoToken
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "till"}},
