@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -38,10 +37,7 @@ func TestAddressClaims(t *testing.T) {
 	}}, t.Logf)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
-	if err := testenv.ApplyManifests(ctx, w.CP.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "node-admission.yaml")); err != nil {
-		t.Fatalf("apply the shipped manifests: %v", err)
-	}
+	w.ApplyShipped(t, "edge-rbac.yaml", "node-admission.yaml")
 	thief, holder, newcomer := w.Edge("edge-0"), w.Edge("edge-x1"), w.Edge("edge-x2")
 	thiefIP, holderIP, newIP := thief.Host.Addr.String(), holder.Host.Addr.String(), newcomer.Host.Addr.String()
 

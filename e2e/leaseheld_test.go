@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -35,11 +34,7 @@ func TestLeaseHeldForever(t *testing.T) {
 	}}, t.Logf)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
-	if err := testenv.ApplyManifests(ctx, w.CP.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml"),
-		filepath.Join(dir, "node-admission.yaml")); err != nil {
-		t.Fatalf("apply the shipped manifests: %v", err)
-	}
+	w.ApplyShipped(t, "edge-rbac.yaml", "pool-rbac.yaml", "node-admission.yaml")
 	gw := w.Gateways[0]
 	w.StartGateway(t, gw, "--netrules", "nftables")
 	for _, e := range w.Edges {

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -40,11 +39,7 @@ func TestRetiredNode(t *testing.T) {
 	}}, t.Logf)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
-	if err := testenv.ApplyManifests(ctx, w.CP.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml"),
-		filepath.Join(dir, "node-admission.yaml")); err != nil {
-		t.Fatalf("apply the shipped manifests: %v", err)
-	}
+	w.ApplyShipped(t, "edge-rbac.yaml", "pool-rbac.yaml", "node-admission.yaml")
 	gw := w.Gateways[0]
 	w.StartGateway(t, gw, "--netrules", "nftables")
 	for _, e := range w.Edges {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,11 +48,7 @@ func stolenNodeKey(t *testing.T, backend string) {
 	}}, t.Logf)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	dir := filepath.Join(world.RepoRoot(), "packaging", "kubernetes")
-	if err := testenv.ApplyManifests(ctx, w.CP.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml"),
-		filepath.Join(dir, "edge-bootstrap-rbac.yaml"), filepath.Join(dir, "gateway-hosts-configmap-rbac.yaml"), filepath.Join(dir, "node-admission.yaml")); err != nil {
-		t.Fatalf("apply the shipped manifests: %v", err)
-	}
+	w.ApplyShipped(t, "edge-rbac.yaml", "pool-rbac.yaml", "edge-bootstrap-rbac.yaml", "gateway-hosts-configmap-rbac.yaml", "node-admission.yaml")
 
 	// A cloud node, not an edge: its stand-in kubelet runs on the apiserver
 	// host, in the VPC.

@@ -24,11 +24,22 @@ import (
 // authorizer: edge-rbac.yaml and the pool election's pool-rbac.yaml.
 func (w *World) ApplyEdgeRBAC(t testenv.T) {
 	t.Helper()
+	w.ApplyShipped(t, "edge-rbac.yaml", "pool-rbac.yaml")
+}
+
+// ApplyShipped applies the shipped manifests of packaging/kubernetes
+// named by files, as an operator does.
+func (w *World) ApplyShipped(t testenv.T, files ...string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dir := filepath.Join(RepoRoot(), "packaging", "kubernetes")
-	if err := testenv.ApplyManifests(ctx, w.CP.Admin, false, filepath.Join(dir, "edge-rbac.yaml"), filepath.Join(dir, "pool-rbac.yaml")); err != nil {
-		t.Fatalf("apply edge RBAC: %v", err)
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = filepath.Join(dir, f)
+	}
+	if err := testenv.ApplyManifests(ctx, w.CP.Admin, false, paths...); err != nil {
+		t.Fatalf("apply the shipped manifests %v: %v", files, err)
 	}
 }
 
