@@ -55,6 +55,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -775,3 +776,22 @@ func (f *Feed) watch(ctx context.Context, r *resource, rv string) (string, error
 		}
 	}
 }
+
+// ParseResources reads --pool-resources: "resource.group/version", or
+// "resource/version" for the core group (endpointslices.discovery.k8s.io/v1,
+// services/v1), as the edge's --pool-resources.
+func ParseResources(specs []string) ([]schema.GroupVersionResource, error) {
+	var out []schema.GroupVersionResource
+	for _, s := range specs {
+		i := strings.LastIndex(s, "/")
+		if i <= 0 || i == len(s)-1 {
+			return nil, fmt.Errorf("--pool-resources %q: want resource.group/version (services/v1, endpointslices.discovery.k8s.io/v1)", s)
+		}
+		out = append(out, schema.ParseGroupResource(s[:i]).WithVersion(s[i+1:]))
+	}
+	return out, nil
+}
+
+// DefaultResourceSpecs are DefaultResources as --pool-resources names
+// them.
+var DefaultResourceSpecs = []string{"endpointslices.discovery.k8s.io/v1", "endpoints/v1", "services/v1"}
