@@ -265,9 +265,25 @@ func (f *Feed) refreshCert() error {
 	}
 	first := f.key == nil
 	f.key, f.chain, f.certs = key, chain, line
-	if !first {
-		f.log.Info("pool feed: serving certificate changed; statements are signed with the new key", "key", feed.KeyID(chain[0]))
-		f.appendLocked(entry{lines: [][]byte{line}, size: len(line)})
+	if first {
+		return nil
+	}
+	f.log.Info("pool feed: serving certificate changed; statements are signed with the new key", "key", feed.KeyID(chain[0]))
+	f.appendLocked(entry{lines: [][]byte{line}, size: len(line)})
+	// A new subscriber gets only the new chain: the whole-resource units
+	// it starts with carry attestations of the state signed again with
+	// the new key, and it waits for the next mark.
+	f.mark = nil
+	for _, r := range f.res {
+		if !r.listed {
+			continue
+		}
+		s, err := feed.Sign(key, chain[0], feed.Header{Kind: feed.KindAttest, Feed: f.o.Name, T: time.Now(),
+			Resource: r.key, To: r.to, Root: r.tree.Root()})
+		if err != nil {
+			return err
+		}
+		r.attest, r.snap = s, nil
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,6 +39,8 @@ type env struct {
 	*pooltest.Cluster
 	feed *Feed
 	ca   *testenv.CA
+	// serving is the serving certificate the Feed signs with.
+	serving atomic.Pointer[testenv.KeyPair]
 }
 
 func startFeed(t *testing.T, o Options, before func(*pooltest.Cluster)) *env {
@@ -57,7 +60,10 @@ func startFeed(t *testing.T, o Options, before func(*pooltest.Cluster)) *env {
 	}
 	o.Client = kc
 	o.Name = "gateway-0"
+	e := &env{Cluster: pc, ca: ca}
+	e.serving.Store(kp)
 	o.Signer = func() (crypto.Signer, [][]byte, error) {
+		kp := e.serving.Load()
 		return kp.TLS.PrivateKey.(crypto.Signer), kp.TLS.Certificate, nil
 	}
 	o.MarkEvery = cmpOr(o.MarkEvery, 200*time.Millisecond)
@@ -70,7 +76,8 @@ func startFeed(t *testing.T, o Options, before func(*pooltest.Cluster)) *env {
 	done := make(chan struct{})
 	go func() { defer close(done); f.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return &env{Cluster: pc, feed: f, ca: ca}
+	e.feed = f
+	return e
 }
 
 func cmpOr(a, b time.Duration) time.Duration {
@@ -97,6 +104,8 @@ type subscriber struct {
 	marks   []feed.Header                   // verified
 	errs    []error
 	replace map[string]int // whole-resource units by resource
+	// lastMarkKey is the KeyID of the last mark's key.
+	lastMarkKey string
 }
 
 func (e *env) subscribe(t *testing.T) *subscriber {
@@ -150,6 +159,7 @@ func (s *subscriber) read(rd *feed.Reader, v *feed.Verifier) {
 				}
 			}
 			s.marks = append(s.marks, h)
+			s.lastMarkKey = fr.Mark.K
 		case feed.FrameUnit:
 			if unitRes == "" {
 				unitRes, replace = fr.Resource, fr.Replace
@@ -453,4 +463,34 @@ func TestParseResources(t *testing.T) {
 			t.Errorf("ParseResources(%q): no error", bad)
 		}
 	}
+}
+
+// TestFeedCertRotation: after the serving certificate changes, a
+// subscriber gets the new chain before any statement the new key signs,
+// and a new subscriber, given only the new chain, verifies all it gets.
+func TestFeedCertRotation(t *testing.T) {
+	e := startFeed(t, Options{}, func(pc *pooltest.Cluster) { makeObjects(t, pc.Ctx, pc.Client, "app", 3) })
+	s1 := e.subscribe(t)
+	testenv.Eventually(t, "the first subscriber has a mark", s1.markCovers)
+	kp, err := e.ca.ServerCert("gateway", gatewayName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.serving.Store(kp)
+	newKey := feed.KeyID(kp.TLS.Certificate[0])
+	signedByNew := func(s *subscriber) bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.lastMarkKey == newKey
+	}
+	testenv.Eventually(t, "a mark signed with the new key reaches the first subscriber", func() bool { return signedByNew(s1) })
+	s2 := e.subscribe(t)
+	testenv.Eventually(t, "the second subscriber has whole resources and a mark of the new key", func() bool {
+		s2.mu.Lock()
+		n := len(s2.replace)
+		s2.mu.Unlock()
+		return n == 3 && signedByNew(s2) && s2.markCovers()
+	})
+	s1.check()
+	s2.check()
 }
