@@ -20,6 +20,7 @@ import (
 
 	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/gateway/poolfeed"
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/selfca"
@@ -102,6 +103,10 @@ type Config struct {
 	// PoolLeaseDuration bounds the lease of the pools' election records
 	// (gateway/poolcheck, gateway/election); it must equal the edges'.
 	PoolLeaseDuration metav1.Duration `json:"pool-lease-duration"`
+	// PoolFeed serves the pools' signed feed of PoolResources to their
+	// leaders (gateway/poolfeed).
+	PoolFeed      bool     `json:"pool-feed"`
+	PoolResources []string `json:"pool-resources,omitempty"`
 
 	MaxStreamsPerEdge int `json:"max-streams-per-edge"`
 	// MaxHandshakes bounds the tunnel handshakes in progress at once
@@ -202,6 +207,8 @@ func DefaultConfig() Config {
 		DelegatedHeartbeatTaintRenewals: pooltaint.DefaultThreshold,
 		NodeAutonomy:                    true,
 		PoolLeaseDuration:               metav1.Duration{Duration: record.DefaultLeaseDuration},
+		PoolFeed:                        true,
+		PoolResources:                   slices.Clone(poolfeed.DefaultResourceSpecs),
 	}
 }
 
@@ -504,6 +511,8 @@ func (c *Config) poolFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DelegatedHeartbeatTaintRenewals, "delegated-heartbeat-taint-renewals", c.DelegatedHeartbeatTaintRenewals, "taint a node after this many `n` delegated Lease renewals in a row (with --delegated-heartbeat-taint)")
 	fs.BoolVar(&c.NodeAutonomy, "node-autonomy", c.NodeAutonomy, "keep the pods of the edge nodes annotated node.beta.openyurt.io/autonomy=true (forever) or node.openyurt.io/autonomy-duration (a Go duration; 0: forever) bound through a loss of the cloud: their tolerations of node.kubernetes.io/unreachable and not-ready (NoExecute) are set to that bound, and put back when the annotation goes (needs list/watch and patch of Pods; docs/operate.md)")
 	fs.DurationVar(&c.PoolLeaseDuration.Duration, "pool-lease-duration", c.PoolLeaseDuration.Duration, "the edges' --pool-lease-duration, which must be the same: a pool leader is taken as such (for its delegated heartbeats and sync records) for at most this `duration` after its last renewal of its pool's election record, and the records are written with at most this lease, whatever the leader sent (a stolen node key cannot hold its pool's lead once it stops renewing). Shorter than the edges': a leader is refused before its pool elects another; longer: a leader that stopped is taken as such for longer")
+	fs.BoolVar(&c.PoolFeed, "pool-feed", c.PoolFeed, "list/watch --pool-resources once for every pool and serve them, each change signed with the serving certificate's key, to the pools' leaders through their tunnels, which relay them to their pools' members; the members verify them against this gateway's certificate, so a stolen node key cannot forge its pool's data (needs list/watch of those resources)")
+	fs.Var(config.NewStringList(&c.PoolResources), "pool-resources", "the pool-scope `resource`s fed with --pool-feed (comma-separated or repeated), as resource.group/version or resource/version for the core group; the edges' --pool-resources, which must be among them")
 	fs.BoolVar(&c.EnableUpdateTrigger, "enable-update-trigger", c.EnableUpdateTrigger, "stamp openyurt.io/update-trigger on the EndpointSlices and Endpoints a Service's openyurt.io/topologyKeys change or a node's pool change affects, so that YurtHub edges filter them again (needs list/watch of Services and EndpointSlices/Endpoints, patch of them)")
 }
 
@@ -513,6 +522,11 @@ func (c *Config) validatePools(p *problems) {
 	}
 	if c.PoolLeaseDuration.Duration < time.Second {
 		p.add("--pool-lease-duration %v: want at least 1s", c.PoolLeaseDuration.Duration)
+	}
+	if _, err := poolfeed.ParseResources(c.PoolResources); err != nil {
+		p.add("%w", err)
+	} else if c.PoolFeed && len(c.PoolResources) == 0 {
+		p.add("--pool-feed with no --pool-resources")
 	}
 }
 

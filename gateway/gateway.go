@@ -32,6 +32,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -45,6 +46,7 @@ import (
 	"github.com/tether-edge/tether/gateway/heartbeat"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/poolcheck"
+	"github.com/tether-edge/tether/gateway/poolfeed"
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/proxy"
 	"github.com/tether-edge/tether/gateway/registry"
@@ -53,6 +55,7 @@ import (
 	"github.com/tether-edge/tether/gateway/tunnelserver"
 	"github.com/tether-edge/tether/internal/admin"
 	"github.com/tether-edge/tether/internal/component"
+	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/promreg"
 	"github.com/tether-edge/tether/internal/retired"
 	"github.com/tether-edge/tether/internal/version"
@@ -88,6 +91,8 @@ type Gateway struct {
 	heartbeats *heartbeat.Handler
 	elections  *election.Handler
 	records    *poolcheck.RecordCache    // election records, for both handlers
+	poolFeed   *poolfeed.Feed            // nil with --pool-feed=false
+	poolFeeds  *poolfeed.Handler         // nil with --pool-feed=false
 	nodeLeases cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
 	poolTaint  *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
 	autonomy   *autonomy.Controller      // nil with --node-autonomy=false
@@ -177,6 +182,9 @@ func New(cfg Config) (_ *Gateway, err error) {
 		return nil, err
 	}
 	if err := add(g.newPoolHandlers(client)); err != nil {
+		return nil, err
+	}
+	if err := add(g.newPoolFeed()); err != nil {
 		return nil, err
 	}
 	if err := add(g.newAutonomy(client)); err != nil {
@@ -331,6 +339,47 @@ func (g *Gateway) newPoolHandlers(client kubernetes.Interface) (_ []component.Co
 	return ps, nil
 }
 
+// newPoolFeed makes the pools' signed feed, with --pool-feed: it reads
+// --pool-resources in protobuf (a dynamic client for the others) and
+// signs with the certificate the tunnel listener serves.
+func (g *Gateway) newPoolFeed() ([]component.Component, error) {
+	if !g.cfg.PoolFeed {
+		return nil, nil
+	}
+	resources, err := poolfeed.ParseResources(g.cfg.PoolResources) // checked by Validate
+	if err != nil {
+		return nil, err
+	}
+	rc, err := restConfig(g.cfg)
+	if err != nil {
+		return nil, err
+	}
+	kc, err := kube.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes dynamic client: %w", err)
+	}
+	if g.poolFeed, err = poolfeed.New(poolfeed.Options{
+		Client:     kc,
+		Dynamic:    dyn,
+		Resources:  resources,
+		Name:       g.replica,
+		Signer:     g.certs.feedSigner,
+		Logger:     g.log.With("part", "pool-feed"),
+		Registerer: g.metrics,
+	}); err != nil {
+		return nil, err
+	}
+	g.poolFeeds = poolfeed.NewHandler(g.poolFeed, poolfeed.HandlerOptions{
+		Check:  poolcheck.Checker{Nodes: watcherPools{g.watcher}, Records: g.records, MaxLease: g.cfg.PoolLeaseDuration.Duration},
+		Logger: g.log.With("part", "pool-feed"),
+	})
+	return []component.Component{part{N: "pool-feed", RunF: g.poolFeed.Run}}, nil
+}
+
 // newAutonomy makes the autonomy controller, with --node-autonomy: the
 // pods of autonomous edge nodes tolerate the node's loss of the cloud.
 func (g *Gateway) newAutonomy(client kubernetes.Interface) ([]component.Component, error) {
@@ -362,6 +411,10 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 	if err := promreg.Register(g.metrics, g.registry, g.edgesWithoutTunnelGauge()); err != nil {
 		return nil, fmt.Errorf("register edge metrics: %w", err)
 	}
+	var feeds tunnelserver.PoolFeeds // no typed nil
+	if g.poolFeeds != nil {
+		feeds = g.poolFeeds
+	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
 		GetCertificate:    g.certs.getCertificate,
 		StatelessResetKey: resetKey,
@@ -374,6 +427,7 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 		Registerer:        g.metrics,
 		Heartbeats:        g.heartbeats,
 		Elections:         g.elections,
+		PoolFeeds:         feeds,
 		Retired:           g.retired,
 	})
 	if err != nil {
@@ -571,9 +625,9 @@ func hostAddrs() ([]netip.Addr, error) {
 // --kube-api-qps and --kube-api-burst.
 func kubeClient(c Config) (kubernetes.Interface, error) { return kubeClientWithLimiter(c, nil) }
 
-// kubeClientWithLimiter is kubeClient with limiter instead of
-// --kube-api-qps and --kube-api-burst, unless it is nil.
-func kubeClientWithLimiter(c Config, limiter flowcontrol.RateLimiter) (kubernetes.Interface, error) {
+// restConfig is the configuration of the gateway's Kubernetes clients:
+// --kubeconfig or the in-cluster one, --kube-api-qps and --kube-api-burst.
+func restConfig(c Config) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if path := c.Kubeconfig; path == "" {
@@ -585,6 +639,16 @@ func kubeClientWithLimiter(c Config, limiter flowcontrol.RateLimiter) (kubernete
 	}
 	cfg.UserAgent = "tether-gateway/" + version.Version
 	cfg.QPS, cfg.Burst = float32(c.KubeAPIQPS), c.KubeAPIBurst
+	return cfg, nil
+}
+
+// kubeClientWithLimiter is kubeClient with limiter instead of
+// --kube-api-qps and --kube-api-burst, unless it is nil.
+func kubeClientWithLimiter(c Config, limiter flowcontrol.RateLimiter) (kubernetes.Interface, error) {
+	cfg, err := restConfig(c)
+	if err != nil {
+		return nil, err
+	}
 	cfg.RateLimiter = limiter
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

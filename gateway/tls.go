@@ -2,14 +2,17 @@ package gateway
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/caddyserver/certmagic"
 	"github.com/quic-go/quic-go"
@@ -41,6 +44,8 @@ type tlsSource struct {
 	ca        *selfca.Authority // nil unless self-managed
 	acme      *acme.Manager     // nil unless ACME mode
 	acmeDesc  string            // ACME mode: the CA, for /ca.crt's answer
+	// acmeDomains are the --acme-domain names in ACME mode.
+	acmeDomains []string
 }
 
 // loadTLS reads the serving certificate and --client-ca, setting up the
@@ -60,7 +65,7 @@ func loadTLS(cfg Config, log *slog.Logger, client kubernetes.Interface, acmeLn n
 		if s.acme, err = newACME(cfg, log, client, acmeLn); err != nil {
 			return nil, err
 		}
-		s.acmeDesc = cfg.ACMECA
+		s.acmeDesc, s.acmeDomains = cfg.ACMECA, cfg.ACMEDomains
 		return s, nil
 	}
 	certFile, keyFile, what := cfg.TLSCert, cfg.TLSKey, "--tls-cert/--tls-key"
@@ -150,6 +155,35 @@ func (s *tlsSource) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate
 	}
 	return s.serving.GetCertificate(hello)
 }
+
+// feedSigner returns the key and chain (DER, leaf first) the pool feed
+// signs with: the certificate the tunnel listener serves, in ACME mode
+// that of the first --acme-domain.
+func (s *tlsSource) feedSigner() (crypto.Signer, [][]byte, error) {
+	hello := &tls.ClientHelloInfo{Conn: selfConn{}}
+	if len(s.acmeDomains) > 0 {
+		hello.ServerName = strings.Replace(s.acmeDomains[0], "*", "pool-feed", 1)
+	}
+	c, err := s.getCertificate(hello)
+	if err != nil {
+		return nil, nil, fmt.Errorf("serving certificate: %w", err)
+	}
+	if c == nil || len(c.Certificate) == 0 {
+		return nil, nil, errors.New("no serving certificate yet")
+	}
+	key, ok := c.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, nil, fmt.Errorf("serving key of type %T cannot sign", c.PrivateKey)
+	}
+	return key, c.Certificate, nil
+}
+
+// selfConn is the connection of the ClientHello feedSigner asks with:
+// certmagic logs its addresses.
+type selfConn struct{ net.Conn }
+
+func (selfConn) LocalAddr() net.Addr  { return &net.UDPAddr{IP: net.IPv6loopback} }
+func (selfConn) RemoteAddr() net.Addr { return &net.UDPAddr{IP: net.IPv6loopback} }
 
 // resetKey is the QUIC stateless reset key: derived from the self-managed
 // CA's key, which outlives every serving certificate; in ACME mode from a

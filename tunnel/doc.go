@@ -40,13 +40,15 @@
 //
 // # Streams the edge opens
 //
-// The edge opens streams of its own for three things only, each a request
+// The edge opens streams of its own for four things only, each a request
 // of its own kind: the gateway checks it, does it (with its own
 // credentials), and answers; the edge closes its side after the request,
-// the gateway closes the stream after the reply. The sender is always
+// the gateway closes the stream after the reply (a pool feed's after the
+// feed). The sender is always
 // the node of the connection's client certificate, never a name in the
 // request. An edge may have at most MaxStreamsToGateway such streams open
-// toward one gateway at once. The gateway reads either kind
+// toward one gateway at once; a pool feed holds one of them for as long
+// as it lasts, the rest are short. The gateway reads any kind
 // (ReadEdgeRequest); each side reads only the kinds it expects on the
 // streams it accepts: a connect request on a stream the edge opened, or
 // an edge's request on one the gateway opened, is a bad header.
@@ -128,6 +130,28 @@
 //	+---------+------+------------+--------------------------------------+
 //
 // A probe's body is ProbePadding bytes when sent, at most 255 when read.
+//
+// Pool feeds. As its pool's leader, the edge asks a gateway replica for
+// its pool's data (PoolFeedRequest): the pool-scope resources the replica
+// list/watches, with statements signed by its serving key (package
+// poolstore/feed), which the leader relays to its pool's members and they
+// verify. The gateway checks that the sender leads the pool and answers
+// with a Reply (OK, or NotLeader, LeaderExpired, NotInPool, OtherPool,
+// UnknownNode, Unavailable, BadRequest); after OK the stream carries the
+// feed (feed.Writer's frames, deflated) until the edge ends it or the
+// sender no longer leads (checked again every few seconds), when the
+// gateway ends it.
+//
+// Pool feed request, version 1: the same fixed part, kind 0x05:
+//
+//	+---------+------+------------+--------------------------------------+
+//	| version | kind | length (2) | body: length bytes                   |
+//	| 0x01    | 0x05 |            |                                      |
+//	+---------+------+------------+--------------------------------------+
+//	body := pool-length(1) pool(pool-length) reserved(the rest, skipped)
+//	pool: the sender's pool, a label value of 1 to 63 bytes
+//
+// A pool feed request is at most MaxPoolFeedRequestLen bytes.
 //
 // # Receive windows
 //

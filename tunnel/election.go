@@ -24,9 +24,9 @@ const MaxConfigMapLen = 0xffff - 3 - maxPoolLen
 // message, then the stored ConfigMap.
 const MaxElectionReplyLen = replyFixed + maxFieldLength + 2 + MaxConfigMapLen
 
-// MaxEdgeRequestLen bounds any request an edge sends (a DelegateRequest
-// or an ElectionRequest).
-const MaxEdgeRequestLen = max(MaxDelegateRequestLen, MaxElectionRequestLen)
+// MaxEdgeRequestLen bounds any request an edge sends (a DelegateRequest,
+// an ElectionRequest, a probe or a PoolFeedRequest).
+const MaxEdgeRequestLen = max(MaxDelegateRequestLen, MaxElectionRequestLen, MaxProbeRequestLen, MaxPoolFeedRequestLen)
 
 // ElectionOp is what an ElectionRequest asks of the gateway.
 type ElectionOp uint8
@@ -194,12 +194,13 @@ func ReadElectionReply(rd io.Reader) (ElectionReply, error) {
 type EdgeRequest struct {
 	Delegate *DelegateRequest
 	Election *ElectionRequest
+	PoolFeed *PoolFeedRequest
 	// Probe: a liveness probe (probe.go), answered with an OK Reply.
 	Probe bool
 }
 
 // ReadEdgeRequest reads one request of a kind an edge may send: a
-// DelegateRequest, an ElectionRequest or a probe. It reads exactly the
+// DelegateRequest, an ElectionRequest, a PoolFeedRequest or a probe. It reads exactly the
 // request's bytes and never more than MaxEdgeRequestLen; a request of
 // another kind (a connect Request) is an ErrBadHeader.
 func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
@@ -215,6 +216,8 @@ func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
 		limit = MaxElectionRequestLen
 	case kindProbe:
 		limit = MaxProbeRequestLen
+	case kindPoolFeed:
+		limit = MaxPoolFeedRequestLen
 	default:
 		return EdgeRequest{}, fmt.Errorf("%w: kind %d is no request of an edge", ErrBadHeader, kind)
 	}
@@ -231,7 +234,14 @@ func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
 	if _, err := io.ReadFull(rd, body); err != nil {
 		return EdgeRequest{}, fmt.Errorf("read request body: %w", err)
 	}
-	if kind == kindDelegate {
+	switch kind {
+	case kindPoolFeed:
+		r, err := parsePoolFeedBody(body)
+		if err != nil {
+			return EdgeRequest{}, err
+		}
+		return EdgeRequest{PoolFeed: &r}, nil
+	case kindDelegate:
 		r, err := parseDelegateBody(body)
 		if err != nil {
 			return EdgeRequest{}, err

@@ -20,6 +20,7 @@ const (
 	kindDelegate = 2 // the edge asks the gateway to write a Lease (DelegateRequest)
 	kindElection = 3 // the edge asks the gateway to write its pool's record (ElectionRequest)
 	kindProbe    = 4 // the edge asks whether the gateway still knows the connection (probe.go)
+	kindPoolFeed = 5 // the edge, its pool's leader, asks for the pool's signed feed (PoolFeedRequest)
 )
 
 const (

@@ -43,7 +43,7 @@ func program() (docgen.Program, []docgen.Flag, error) {
 			{Heading: "Tunnels and routing", Keys: []string{"tunnel-listen", "proxy-port", "allowed-sources", "edge-ports", "edge-selector", "mode", "vip-cidr", "edge-cidrs", "max-addresses-per-node",
 				"netrules", "resync-period", "cleanup-on-exit"}},
 			{Heading: "DNS", Keys: []string{"dns-listen", "dns-zone", "dns-ttl", "dns-cloud-nodes", "hosts-configmap"}},
-			{Heading: "Node pools and service topology", Keys: []string{"delegated-heartbeat-taint", "delegated-heartbeat-taint-renewals", "node-autonomy", "pool-lease-duration", "enable-update-trigger"}},
+			{Heading: "Node pools and service topology", Keys: []string{"delegated-heartbeat-taint", "delegated-heartbeat-taint-renewals", "node-autonomy", "pool-lease-duration", "pool-feed", "pool-resources", "enable-update-trigger"}},
 			{Heading: "Limits", Keys: []string{"max-streams-per-edge", "max-handshakes", "max-receive-memory", "udp-buffer", "memory-limit", "idle-timeout", "stream-idle-timeout", "shutdown-grace"}},
 			{Heading: "Process", Keys: []string{"admin-listen", "profiling", "replica", "log-level", "log-format"}},
 		},

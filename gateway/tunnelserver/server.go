@@ -48,15 +48,20 @@
 // retired certificate in the moment before its tunnel closes.
 //
 // The gateway opens one stream per proxied TCP connection. An edge may
-// open streams of three kinds only, liveness probes (always answered OK:
+// open streams of four kinds only, liveness probes (always answered OK:
 // see the tunnel package doc), delegated heartbeats (when
-// Options.Heartbeats is set) and election record writes (when
-// Options.Elections is): at most tunnel.MaxStreamsToGateway at once
-// (QUIC's MaxIncomingStreams). Each must bring its request
-// (tunnel.ReadEdgeRequest) within edgeRequestTimeout; a malformed one, or
-// one of a kind no handler serves, is answered with tunnel.BadRequest.
-// The handler is told the sender from the connection's verified
-// certificate, never from the request, and its reply is sent back.
+// Options.Heartbeats is set), election record writes (when
+// Options.Elections is) and pool feeds (when Options.PoolFeeds is): at
+// most tunnel.MaxStreamsToGateway at once (QUIC's MaxIncomingStreams).
+// Each must bring its request (tunnel.ReadEdgeRequest) within
+// edgeRequestTimeout; a malformed one, or one of a kind no handler
+// serves, is answered with tunnel.BadRequest. The handler is told the
+// sender from the connection's verified certificate, never from the
+// request, and its reply is sent back. A pool feed is not bounded by
+// edgeHandleTimeout: after its reply the feed flows for as long as the
+// handler serves it (while the sender leads its pool), and holds one of
+// the edge's streams all that time; each write must go through within
+// poolFeedWriteTimeout, and the edge ends it by cancelling the stream.
 //
 // Shutdown, when Serve's context ends: stop accepting, let the open streams
 // finish for up to Options.ShutdownGrace, then close every connection with
@@ -140,6 +145,8 @@ type Options struct {
 	// edges may open no stream.
 	Heartbeats Heartbeats
 	Elections  Elections
+	// PoolFeeds, if set, serves the pools' signed feeds to their leaders.
+	PoolFeeds PoolFeeds
 	// Retired, if set, says which node certificates are retired (see the
 	// package doc).
 	Retired Retired
@@ -170,6 +177,22 @@ type Elections interface {
 	Elect(ctx context.Context, sender string, req tunnel.ElectionRequest) tunnel.ElectionReply
 }
 
+// PoolFeeds serves the pools' signed feeds to their leaders (package
+// gateway/poolfeed).
+type PoolFeeds interface {
+	// ServePoolFeed answers req from sender, the node named by the edge's
+	// verified client certificate: it calls reply once, with a refusal
+	// (and then returns) or with OK, after which it writes the feed to w
+	// until ctx ends, the sender no longer leads its pool or a write
+	// fails. ctx ends when the edge cancels the stream or the tunnel
+	// closes.
+	ServePoolFeed(ctx context.Context, sender string, req tunnel.PoolFeedRequest, w io.Writer, reply func(tunnel.Reply) error) error
+}
+
+// poolFeedWriteTimeout bounds one write of a pool feed: a leader that
+// reads nothing for that long is ended.
+const poolFeedWriteTimeout = 30 * time.Second
+
 // Bounds of a stream an edge opens: its request must arrive within
 // edgeRequestTimeout, and the handler's answer within edgeHandleTimeout.
 const (
@@ -199,6 +222,7 @@ type Server struct {
 
 	heartbeats Heartbeats
 	elections  Elections
+	poolFeeds  PoolFeeds
 	retired    Retired
 
 	wg     sync.WaitGroup // connection handlers
@@ -256,7 +280,8 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	tr := &quic.Transport{Conn: uc, StatelessResetKey: opts.StatelessResetKey}
 	cfg := tunnel.ListenerQUICConfig(opts.Limits)
 	// The gateway opens every stream but the edges' requests: liveness
-	// probes, delegated heartbeats and election record writes.
+	// probes, delegated heartbeats, election record writes and pool
+	// feeds.
 	cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway
 	s := &Server{
 		reg:   reg,
@@ -275,6 +300,7 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		recheck:    opts.RecheckInterval,
 		heartbeats: opts.Heartbeats,
 		elections:  opts.Elections,
+		poolFeeds:  opts.PoolFeeds,
 		retired:    opts.Retired,
 	}
 	if s.grace <= 0 {
@@ -465,7 +491,8 @@ func (s *Server) serveEdgeStreams(conn *quic.Conn, node, remote string, log *slo
 func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, remote string, log *slog.Logger) {
 	qs.SetReadDeadline(time.Now().Add(edgeRequestTimeout))
 	req, err := tunnel.ReadEdgeRequest(qs)
-	if err == nil && ((req.Delegate != nil && s.heartbeats == nil) || (req.Election != nil && s.elections == nil)) {
+	if err == nil && ((req.Delegate != nil && s.heartbeats == nil) || (req.Election != nil && s.elections == nil) ||
+		(req.PoolFeed != nil && s.poolFeeds == nil)) {
 		err = fmt.Errorf("%w: this gateway serves no such request", tunnel.ErrBadHeader)
 	}
 	if err != nil {
@@ -488,6 +515,10 @@ func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, rem
 		return
 	}
 	s.edgeStreams.WithLabelValues(streamServed).Inc()
+	if req.PoolFeed != nil {
+		s.servePoolFeed(ctx, qs, node, *req.PoolFeed, log)
+		return
+	}
 	hctx, cancel := context.WithTimeout(ctx, edgeHandleTimeout)
 	defer cancel()
 	if req.Delegate != nil {
@@ -497,6 +528,55 @@ func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, rem
 	}
 	rep := s.elections.Elect(hctx, node, *req.Election)
 	s.reply(qs, func(w io.Writer) error { return tunnel.WriteElectionReply(w, rep) }, log)
+}
+
+// servePoolFeed hands a pool feed request to the handler, which replies
+// and then writes the feed, each write within poolFeedWriteTimeout. The
+// edge sends nothing after its request: anything but the end of its side
+// (a reset) ends the feed, as the tunnel's end does.
+func (s *Server) servePoolFeed(ctx context.Context, qs *quic.Stream, node string, req tunnel.PoolFeedRequest, log *slog.Logger) {
+	qs.SetReadDeadline(time.Time{})
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		_, err := io.Copy(io.Discard, qs)
+		if err == nil {
+			return // the edge's FIN after its request
+		}
+		cancel(fmt.Errorf("edge ended its pool feed stream: %w", err))
+	}()
+	// The stream's context ends when the edge stops reading (STOP_SENDING).
+	stopped := context.AfterFunc(qs.Context(), func() { cancel(errors.New("edge stopped reading its pool feed")) })
+	defer stopped()
+	stop := context.AfterFunc(ctx, func() { qs.CancelWrite(0) })
+	defer stop()
+	replied := false
+	err := s.poolFeeds.ServePoolFeed(ctx, node, req, deadlineWriter{qs}, func(r tunnel.Reply) error {
+		replied = true
+		qs.SetWriteDeadline(time.Now().Add(edgeRequestTimeout))
+		return tunnel.WriteReply(qs, r)
+	})
+	switch {
+	case !replied:
+		rep := tunnel.Reply{Code: tunnel.Unavailable, Message: fmt.Sprintf("pool feed not served: %v", err)}
+		s.reply(qs, func(w io.Writer) error { return tunnel.WriteReply(w, rep) }, log)
+		return
+	case err != nil && ctx.Err() == nil:
+		log.Debug("pool feed ended", "pool", req.Pool, "err", err)
+		qs.CancelWrite(0)
+	default:
+		qs.Close()
+	}
+	qs.CancelRead(0)
+}
+
+// deadlineWriter writes to a stream, each write within
+// poolFeedWriteTimeout.
+type deadlineWriter struct{ qs *quic.Stream }
+
+func (w deadlineWriter) Write(b []byte) (int, error) {
+	w.qs.SetWriteDeadline(time.Now().Add(poolFeedWriteTimeout))
+	return w.qs.Write(b)
 }
 
 // reply writes a reply with write and ends the stream: FIN after the
