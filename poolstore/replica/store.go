@@ -24,6 +24,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/boltfile"
 	"github.com/tether-edge/tether/internal/localapi"
+	"github.com/tether-edge/tether/poolstore/feed"
 )
 
 // FileName is the replica's file in the data directory.
@@ -36,6 +37,10 @@ const (
 	Modified = localapi.Modified
 	Deleted  = localapi.Deleted
 	Bookmark = localapi.Bookmark
+	// Attest carries a gateway's signed attestation of the resource's
+	// state after the changes before it (Object: the feed.Signed JSON; RV:
+	// the resourceVersion attested). It changes no object.
+	Attest = "ATTEST"
 )
 
 // Errors callers branch on.
@@ -77,6 +82,12 @@ type Snapshot struct {
 	Resources map[string]uint64 `json:"resources"`
 	// Objects are Added changes, one per object (their Rev is Rev).
 	Objects []Change `json:"objects"`
+	// Attests are the resources' last signed attestations (feed.Signed
+	// JSON), Mark the last signed mark and Chains the gateway
+	// certificate chains that verify them (see trust.go).
+	Attests map[string]json.RawMessage `json:"attests,omitempty"`
+	Mark    json.RawMessage            `json:"mark,omitempty"`
+	Chains  [][][]byte                 `json:"chains,omitempty"`
 }
 
 // ResourceKey names a resource in the store and on the wire:
@@ -128,13 +139,27 @@ type Store struct {
 	dirtyObjs map[string]bool
 	dirtyRes  map[string]bool
 	rewrite   bool
-	flush     chan struct{}
-	done      chan struct{}
+	// Trust (trust.go): the last signed mark, the gateway chains, and
+	// whether they or an attestation are to be written.
+	mark       json.RawMessage
+	chains     [][][]byte
+	dirtyTrust bool
+	flush      chan struct{}
+	done       chan struct{}
 }
 
 type resource struct {
 	rv   uint64
 	objs map[string]*localapi.Object // by namespace/name
+	// tree hashes objs (feed.Tree); attest is the last attestation
+	// applied (feed.Signed JSON) and at the point it attests.
+	tree   *feed.Tree
+	attest json.RawMessage
+	at     feed.Point
+}
+
+func newResource(rv uint64) *resource {
+	return &resource{rv: rv, objs: map[string]*localapi.Object{}, tree: feed.NewTree()}
 }
 
 func objKey(namespace, name string) string { return namespace + "/" + name }
@@ -330,6 +355,7 @@ func (s *Store) Load(snap Snapshot) error {
 		return ErrClosed
 	}
 	s.epoch, s.rev, s.resources = snap.Epoch, snap.Rev, resources
+	s.mark, s.chains, s.dirtyTrust = snap.Mark, snap.Chains, true
 	s.size = sizeOf(resources)
 	s.resetLog()
 	s.rewrite = true
@@ -387,7 +413,7 @@ func decodeChanges(cs []Change) ([]*localapi.Object, error) {
 				return nil, fmt.Errorf("change %d: object %s/%s at resourceVersion %d, the change says %d", c.Rev, o.Namespace, o.Name, o.RV, c.RV)
 			}
 			objs[i] = o
-		case Deleted, Bookmark:
+		case Deleted, Bookmark, Attest:
 		default:
 			return nil, fmt.Errorf("change %d: unknown type %q", c.Rev, c.Type)
 		}
@@ -402,7 +428,7 @@ func decodeChanges(cs []Change) ([]*localapi.Object, error) {
 func decodeSnapshot(snap Snapshot) (map[string]*resource, error) {
 	resources := make(map[string]*resource, len(snap.Resources))
 	for r, rv := range snap.Resources {
-		resources[r] = &resource{rv: rv, objs: map[string]*localapi.Object{}}
+		resources[r] = newResource(rv)
 	}
 	for _, c := range snap.Objects {
 		res := resources[c.Resource]
@@ -417,6 +443,18 @@ func decodeSnapshot(snap Snapshot) (map[string]*resource, error) {
 			return nil, fmt.Errorf("snapshot: object %s/%s newer than its resource", o.Namespace, o.Name)
 		}
 		res.objs[objKey(o.Namespace, o.Name)] = o
+		res.tree.Set(objKey(o.Namespace, o.Name), o.Raw)
+	}
+	for r, raw := range snap.Attests {
+		res := resources[r]
+		if res == nil {
+			return nil, fmt.Errorf("snapshot: attestation of resource %s it does not list", r)
+		}
+		h, err := readHeader(raw)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: attestation of %s: %w", r, err)
+		}
+		res.attest, res.at = raw, feed.Point{To: h.To, Root: h.Root}
 	}
 	return resources, nil
 }
@@ -425,10 +463,14 @@ func decodeSnapshot(snap Snapshot) (map[string]*resource, error) {
 func (s *Store) Snapshot() Snapshot {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	snap := Snapshot{Epoch: s.epoch, Rev: s.rev, Resources: make(map[string]uint64, len(s.resources))}
+	snap := Snapshot{Epoch: s.epoch, Rev: s.rev, Resources: make(map[string]uint64, len(s.resources)),
+		Attests: map[string]json.RawMessage{}, Mark: s.mark, Chains: s.chains}
 	for _, r := range sortedKeys(s.resources) {
 		res := s.resources[r]
 		snap.Resources[r] = res.rv
+		if res.attest != nil {
+			snap.Attests[r] = res.attest
+		}
 		for _, k := range sortedKeys(res.objs) {
 			o := res.objs[k]
 			snap.Objects = append(snap.Objects, Change{Rev: s.rev, Resource: r, Type: Added,
@@ -468,7 +510,7 @@ func (s *Store) History(resource string, afterRV uint64) ([]Change, uint64, erro
 	}
 	var out []Change
 	for _, c := range s.changes {
-		if c.Resource == resource && c.RV > afterRV {
+		if c.Resource == resource && c.RV > afterRV && c.Type != Attest {
 			out = append(out, c)
 		}
 	}
@@ -593,7 +635,7 @@ func (s *Store) Digest() string {
 func (s *Store) resource(name string) *resource {
 	res := s.resources[name]
 	if res == nil {
-		res = &resource{objs: map[string]*localapi.Object{}}
+		res = newResource(0)
 		s.resources[name] = res
 		s.dirtyRes[name] = true
 	}
@@ -617,11 +659,20 @@ func (s *Store) record(name string, res *resource, c Change, o *localapi.Object)
 		}
 		if c.Type == Deleted {
 			delete(res.objs, k)
+			res.tree.Delete(k)
 		} else {
 			res.objs[k] = o
+			res.tree.Set(k, o.Raw)
 			s.size += int64(len(o.Raw))
 		}
 		s.dirtyObjs[name+"\x00"+k] = true
+	case Attest:
+		// A follower commits an older attestation only of the same
+		// content: the point never goes back.
+		if res.attest == nil || c.RV >= res.at.To {
+			res.attest, res.at = c.Object, feed.Point{To: c.RV, Root: res.tree.Root()}
+			s.dirtyTrust = true
+		}
 	}
 	if c.RV > res.rv {
 		res.rv = c.RV

@@ -43,7 +43,7 @@ func open(t *testing.T, path string) *Store {
 	return s
 }
 
-func mustNil(t *testing.T, err error) {
+func mustNil(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
