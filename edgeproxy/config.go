@@ -15,10 +15,10 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
-	"github.com/tether-edge/tether/edgeproxy/poolrunner"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
+	"github.com/tether-edge/tether/poolstore/feed"
 )
 
 // Config is tether-edge's configuration. The JSON names are the flag
@@ -270,7 +270,7 @@ func (c Config) validatePool() []error {
 	if _, _, err := net.SplitHostPort(c.PoolListen); err != nil {
 		errs = append(errs, fmt.Errorf("--pool-listen: %w", err))
 	}
-	if _, err := poolrunner.ParseResources(c.PoolResources); err != nil {
+	if _, err := feed.ParseResources(c.PoolResources); err != nil {
 		errs = append(errs, err)
 	}
 	if l, d, r := c.PoolLeaseDuration.Duration, c.PoolRenewDeadline.Duration, c.PoolRetryPeriod.Duration; r <= 0 || d <= r || l <= d {

@@ -34,6 +34,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/poolstore/feed"
 )
 
 // Run runs tether-edge until ctx ends: the tunnel when --gateway is
@@ -299,6 +300,17 @@ func newPoolRunner(cfg Config, node string, acc *identity.APIServerAccess, tun *
 		log.Warn("node name unknown (give --node-name): no node pool")
 		return nil, nil
 	}
+	// The pool's data is signed by the gateways, verified as the tunnel
+	// verifies them (--gateway-ca, --gateway-server-name or the
+	// --gateway hosts).
+	var verifier *feed.Verifier
+	if tun != nil {
+		v, err := feed.NewVerifier(feed.VerifierOptions{Roots: tun.RootCAs(), Names: tun.GatewayNames()})
+		if err != nil {
+			return nil, fmt.Errorf("node pool: %w", err)
+		}
+		verifier = v
+	}
 	ln, err := listen(listenerPool, cfg.PoolListen, reg, log)
 	if err != nil {
 		return nil, fmt.Errorf("pool listener: %w", err)
@@ -306,7 +318,7 @@ func newPoolRunner(cfg Config, node string, acc *identity.APIServerAccess, tun *
 	return poolrunner.New(poolrunner.Options{
 		Node: node, Pool: cfg.Pool, DataDir: cfg.DataDir, Resources: cfg.PoolResources, CA: cfg.PoolCA,
 		LeaseDuration: cfg.PoolLeaseDuration.Duration, RenewDeadline: cfg.PoolRenewDeadline.Duration, RetryPeriod: cfg.PoolRetryPeriod.Duration,
-		Access: acc, Tunnel: tun, CloudHealthy: healthy, Listener: ln, Registerer: reg, Logger: log,
+		Access: acc, Tunnel: tun, Verifier: verifier, CloudHealthy: healthy, Listener: ln, Registerer: reg, Logger: log,
 	}), nil
 }
 

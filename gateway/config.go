@@ -20,7 +20,6 @@ import (
 
 	"github.com/tether-edge/tether/gateway/dns"
 	"github.com/tether-edge/tether/gateway/nodewatch"
-	"github.com/tether-edge/tether/gateway/poolfeed"
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/registry"
 	"github.com/tether-edge/tether/gateway/selfca"
@@ -28,6 +27,7 @@ import (
 	"github.com/tether-edge/tether/internal/cli"
 	"github.com/tether-edge/tether/internal/config"
 	"github.com/tether-edge/tether/netrules"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/tunnel"
 )
@@ -208,7 +208,7 @@ func DefaultConfig() Config {
 		NodeAutonomy:                    true,
 		PoolLeaseDuration:               metav1.Duration{Duration: record.DefaultLeaseDuration},
 		PoolFeed:                        true,
-		PoolResources:                   slices.Clone(poolfeed.DefaultResourceSpecs),
+		PoolResources:                   slices.Clone(feed.DefaultResourceSpecs),
 	}
 }
 
@@ -523,7 +523,7 @@ func (c *Config) validatePools(p *problems) {
 	if c.PoolLeaseDuration.Duration < time.Second {
 		p.add("--pool-lease-duration %v: want at least 1s", c.PoolLeaseDuration.Duration)
 	}
-	if _, err := poolfeed.ParseResources(c.PoolResources); err != nil {
+	if _, err := feed.ParseResources(c.PoolResources); err != nil {
 		p.add("%w", err)
 	} else if c.PoolFeed && len(c.PoolResources) == 0 {
 		p.add("--pool-feed with no --pool-resources")

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
 	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
 	"github.com/tether-edge/tether/tunnel"
@@ -208,8 +210,8 @@ func startTunnel(t *testing.T, ctx context.Context, g *Gateway, ca *testenv.CA, 
 }
 
 // tunnelCandidate is a node of pool-a campaigning as tether-edge does:
-// poolstore's elector and, while it leads, its Source, reading with the
-// node's identity and writing the records through its tunnel.
+// poolstore's elector and, while it leads, its FeedSource, taking the
+// gateway's signed feed and writing the records through its tunnel.
 type tunnelCandidate struct {
 	node    string
 	elector *elect.Elector
@@ -234,6 +236,10 @@ func startTunnelCandidate(t *testing.T, ctx context.Context, cp *testenv.Control
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
+	verifier, err := feed.NewVerifier(feed.VerifierOptions{Roots: tun.RootCAs(), Names: tun.GatewayNames()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -243,7 +249,8 @@ func startTunnelCandidate(t *testing.T, ctx context.Context, cp *testenv.Control
 				t.Errorf("start epoch: %v", err)
 				return
 			}
-			poolstore.NewSource(poolstore.SourceOptions{Client: client, Records: records, Store: store, Pool: "pool-a", Node: node}).Run(ctx)
+			poolstore.NewFeedSource(poolstore.FeedSourceOptions{Store: store, Verifier: verifier, Client: client, Records: records,
+				Pool: "pool-a", Node: node, Open: func(ctx context.Context) (io.ReadCloser, error) { return tun.PoolFeed(ctx, "pool-a") }}).Run(ctx)
 		})
 	}()
 	var once sync.Once

@@ -61,6 +61,7 @@ import (
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/netrules/vip"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -346,7 +347,7 @@ func (g *Gateway) newPoolFeed() ([]component.Component, error) {
 	if !g.cfg.PoolFeed {
 		return nil, nil
 	}
-	resources, err := poolfeed.ParseResources(g.cfg.PoolResources) // checked by Validate
+	resources, err := feed.ParseResources(g.cfg.PoolResources) // checked by Validate
 	if err != nil {
 		return nil, err
 	}

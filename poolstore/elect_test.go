@@ -2,7 +2,9 @@ package poolstore
 
 import (
 	"context"
+	"crypto"
 	"fmt"
+	"io"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -14,9 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tether-edge/tether/gateway/poolfeed"
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
@@ -37,7 +41,7 @@ type candidate struct {
 
 // campaign runs node's election with its node identity, which reads the
 // records; records writes them, as the gateway does for tether-edge.
-func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records record.Writer) *candidate {
+func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node string, records record.Writer, gw *testGateway, fd *poolfeed.Feed) *candidate {
 	t.Helper()
 	_, cfg, _ := cp.NodeClient(t, node)
 	client, err := kube.NewForConfig(cfg)
@@ -56,7 +60,8 @@ func campaign(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, node 
 		defer close(c.done)
 		el.Run(cctx, func(ctx context.Context) {
 			c.store.StartEpoch(fmt.Sprintf("%s/%d", node, time.Now().UnixNano()))
-			NewSource(SourceOptions{Client: client, Records: records, Store: c.store, Pool: "p1", Node: node}).Run(ctx)
+			NewFeedSource(FeedSourceOptions{Store: c.store, Verifier: newVerifier(t, gw), Client: client, Records: records,
+				Pool: "p1", Node: node, Open: servePipe(fd)}).Run(ctx)
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-c.done })
@@ -105,9 +110,19 @@ func TestElectionAndSource(t *testing.T) {
 		t.Fatal(err)
 	}
 	records := record.ClientWriter{ConfigMaps: admin.ConfigMaps(record.Namespace)}
+	// The gateway's feed, in process: the leader's data comes from it.
+	gw := newTestGateway(t, "gateway-ca")
+	fd, err := poolfeed.New(poolfeed.Options{Client: admin, Name: "gw-test", MarkEvery: time.Second,
+		Signer: func() (crypto.Signer, [][]byte, error) {
+			return gw.kp.TLS.PrivateKey.(crypto.Signer), gw.kp.TLS.Certificate, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go fd.Run(ctx)
 	var cs []*candidate
 	for i := range 3 {
-		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i), records))
+		cs = append(cs, campaign(t, ctx, cp, fmt.Sprint("edge-", i), records, gw, fd))
 	}
 	testenv.EventuallyWithin(t, 10*time.Second, "a leader", func() bool { return len(leaders(cs)) == 1 })
 	first := leaders(cs)[0]
@@ -171,4 +186,22 @@ func createSlices(t *testing.T, ctx context.Context, c kubernetes.Interface, fro
 func countSlices(s *replica.Store) int {
 	objs, _, _, _ := s.List(replica.ResourceKey(DefaultResources[0]))
 	return len(objs)
+}
+
+// newVerifier trusts gw's CA for its name.
+func newVerifier(t *testing.T, gw *testGateway) *feed.Verifier {
+	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: gw.ca.Pool, Names: []string{gatewayName}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// servePipe opens fd's feed in process, as a tunnel stream would carry it.
+func servePipe(fd *poolfeed.Feed) func(ctx context.Context) (io.ReadCloser, error) {
+	return func(ctx context.Context) (io.ReadCloser, error) {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(fd.Serve(ctx, pw)) }()
+		return pr, nil
+	}
 }

@@ -225,12 +225,15 @@ type LeaderInfo struct {
 	Epoch    string    `json:"epoch,omitempty"`
 	Rev      uint64    `json:"rev"`
 	SyncedAt time.Time `json:"syncedAt,omitzero"`
+	// Mark is its replica's last signed mark (feed.Signed JSON): what a
+	// node asking who leads ranks answers by, SyncedAt being only a claim.
+	Mark json.RawMessage `json:"mark,omitempty"`
 }
 
 func (s *Server) serveLeader(w http.ResponseWriter, r *http.Request) {
 	st := s.o.Store
 	writeJSON(w, http.StatusOK, LeaderInfo{Node: s.o.Self, Leader: s.o.Leader(),
-		Epoch: st.Epoch(), Rev: st.Rev(), SyncedAt: st.SyncedAt()})
+		Epoch: st.Epoch(), Rev: st.Rev(), SyncedAt: st.SyncedAt(), Mark: st.Mark()})
 }
 
 // serveHeartbeat takes a member's own node Lease and has Delegate pass

@@ -2,8 +2,10 @@ package poolstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,12 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/elect"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
 	"github.com/tether-edge/tether/poolstore/serve"
@@ -36,15 +38,18 @@ type Options struct {
 	// Pool is the pool's name (the nodes' openyurt.PoolLabel value).
 	Pool string
 	// Client reaches the cloud apiserver with the node's identity: it
-	// reads the election and sync records, and runs the leader's watches.
-	// Dynamic reads configured resources beyond DefaultResources.
-	Client  *kube.Client
-	Dynamic dynamic.Interface
+	// reads the election and sync records.
+	Client *kube.Client
 	// Records writes the election and sync records on this node's behalf
-	// (tether-edge: the gateway, through the tunnel). nil: this node never
-	// campaigns and follows the leader the others elect; a node identity
-	// may only read the records (pool-rbac.yaml).
+	// (tether-edge: the gateway, through the tunnel), and Feed opens the
+	// gateway's signed pool feed, which the leader relays (FeedSource).
+	// Without both this node never campaigns and follows the leader the
+	// others elect; a node identity may only read the records
+	// (pool-rbac.yaml).
 	Records record.Writer
+	Feed    func(ctx context.Context) (io.ReadCloser, error)
+	// Verifier checks what the gateway signed, as leader and as follower.
+	Verifier *feed.Verifier
 	// Resources are the pool-scope resources (default DefaultResources).
 	Resources []schema.GroupVersionResource
 	Store     *replica.Store
@@ -89,8 +94,8 @@ type Pool struct {
 
 // New checks o and builds the Pool; Run runs it.
 func New(o Options) (*Pool, error) {
-	if o.Pool == "" || o.Client == nil || o.Store == nil || o.Listener == nil || o.CloudHealthy == nil {
-		return nil, errors.New("pool: Pool, Client, Store, Listener and CloudHealthy are required")
+	if o.Pool == "" || o.Client == nil || o.Store == nil || o.Listener == nil || o.CloudHealthy == nil || o.Verifier == nil {
+		return nil, errors.New("pool: Pool, Client, Store, Listener, CloudHealthy and Verifier are required")
 	}
 	cfg, err := o.PeerConfig.withDefaults()
 	if err != nil {
@@ -108,7 +113,7 @@ func New(o Options) (*Pool, error) {
 		o.Peers = func() []string { return nil }
 	}
 	p := &Pool{o: o, log: o.Logger}
-	if p.elector, err = elect.New(elect.Options{Client: o.Client, Records: o.Records, FollowOnly: o.Records == nil, Pool: o.Pool, Node: o.Self,
+	if p.elector, err = elect.New(elect.Options{Client: o.Client, Records: o.Records, FollowOnly: !p.campaigns(), Pool: o.Pool, Node: o.Self,
 		LeaseDuration: o.LeaseDuration, RenewDeadline: o.RenewDeadline, RetryPeriod: o.RetryPeriod, Logger: p.log}); err != nil {
 		return nil, err
 	}
@@ -117,7 +122,7 @@ func New(o Options) (*Pool, error) {
 		return nil, err
 	}
 	if p.follower, err = NewFollower(FollowerOptions{PeerConfig: o.PeerConfig, Store: o.Store, Leader: p.Leader,
-		Registerer: o.Registerer}); err != nil {
+		Verifier: o.Verifier, Registerer: o.Registerer}); err != nil {
 		return nil, err
 	}
 	p.handler = serve.New(o.Store, serve.Options{Logger: p.log})
@@ -132,7 +137,7 @@ func New(o Options) (*Pool, error) {
 // search for the leader until ctx ends.
 func (p *Pool) Run(ctx context.Context) error {
 	p.log.Info("node pool", "listen", p.o.Listener.Addr().String(), "resources", len(p.o.Resources),
-		"replica", p.o.Store.Path(), "objects", p.o.Store.Len(), "campaigns", p.o.Records != nil)
+		"replica", p.o.Store.Path(), "objects", p.o.Store.Len(), "campaigns", p.campaigns())
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.elector.Run(ctx, p.lead) })
 	g.Go(func() error { return p.server.Serve(ctx, p.o.Listener) })
@@ -141,8 +146,12 @@ func (p *Pool) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// lead is this node's term: a new epoch, then the cloud's resources into
-// the store until the lease is lost.
+// campaigns reports whether this node may lead: it needs the gateway to
+// write its records and to feed it.
+func (p *Pool) campaigns() bool { return p.o.Records != nil && p.o.Feed != nil }
+
+// lead is this node's term: a new epoch, then the gateway's signed feed
+// into the store until the lease is lost.
 func (p *Pool) lead(ctx context.Context) {
 	epoch := fmt.Sprintf("%s/%d", p.o.Self, time.Now().UnixNano())
 	if err := p.o.Store.StartEpoch(epoch); err != nil {
@@ -152,8 +161,8 @@ func (p *Pool) lead(ctx context.Context) {
 	p.setTermOpen(true)
 	defer p.setTermOpen(false)
 	p.log.Info("pool term started", "epoch", epoch)
-	NewSource(SourceOptions{Client: p.o.Client, Records: p.o.Records, Dynamic: p.o.Dynamic, Resources: p.o.Resources,
-		Store: p.o.Store, Pool: p.o.Pool, Node: p.o.Self, Logger: p.log}).Run(ctx)
+	NewFeedSource(FeedSourceOptions{Open: p.o.Feed, Verifier: p.o.Verifier, Store: p.o.Store,
+		Client: p.o.Client, Records: p.o.Records, Pool: p.o.Pool, Node: p.o.Self, Logger: p.log}).Run(ctx)
 }
 
 func (p *Pool) setTermOpen(open bool) {
@@ -206,21 +215,41 @@ func (p *Pool) askPeersForLeader(ctx context.Context) {
 		return
 	}
 	var best LeaderInfo
+	var bestAt time.Time
 	for _, node := range p.o.Peers() {
 		if node == p.o.Self {
 			continue
 		}
 		info, err := p.follower.Client().AskLeader(ctx, node)
-		if err != nil {
+		if err != nil || info.Leader != info.Node {
 			continue
 		}
-		if info.Leader == info.Node && info.SyncedAt.After(best.SyncedAt) {
-			best = info
+		// Ranked by its signed mark, not the time it states: a peer
+		// cannot claim the newest replica (an unsigned, unverifiable or
+		// future mark ranks last).
+		at := p.verifiedMark(info)
+		if best.Node == "" || at.After(bestAt) {
+			best, bestAt = info, at
 		}
 	}
 	if best.Node != "" {
 		p.setHint(best.Node)
 	}
+}
+
+// verifiedMark is the time of the signed mark a peer's answer carries,
+// zero unless it verifies and is not ahead of this node's clock by more
+// than MaxSyncAhead.
+func (p *Pool) verifiedMark(info LeaderInfo) time.Time {
+	var s feed.Signed
+	if len(info.Mark) == 0 || json.Unmarshal(info.Mark, &s) != nil {
+		return time.Time{}
+	}
+	h, err := p.o.Verifier.Open(s)
+	if err != nil || h.Kind != feed.KindMark || h.T.After(time.Now().Add(p.follower.o.MaxSyncAhead)) {
+		return time.Time{}
+	}
+	return h.T
 }
 
 func (p *Pool) setHint(node string) {

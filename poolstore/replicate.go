@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"time"
 
 	"github.com/tether-edge/tether/poolstore/replica"
 )
@@ -24,9 +23,12 @@ const (
 	// frameSync carries the leader's SyncedAt; it is also the stream's
 	// keepalive.
 	frameSync = "sync"
+	// frameTrust carries the gateway certificate chains that verify the
+	// leader's statements: first in every stream, again when they change.
+	frameTrust = "trust"
 )
 
-var frameTypes = []string{frameSnapshot, frameObjects, frameChanges, frameSync}
+var frameTypes = []string{frameSnapshot, frameObjects, frameChanges, frameSync, frameTrust}
 
 // Limits of the stream.
 const (
@@ -56,11 +58,12 @@ type frame struct {
 	Count     int               `json:"count,omitempty"`
 	// objects (Added changes at the snapshot's revision) and changes
 	Items []replica.Change `json:"items,omitempty"`
-	// sync: the leader's SyncedAt, and its age on the leader's clock when
-	// the frame was written, which the follower subtracts from its own
-	// clock so that clock skew between nodes does not count.
-	SyncedAt  time.Time `json:"syncedAt,omitzero"`
-	AgeMillis int64     `json:"ageMillis,omitempty"`
+	// snapshot: each resource's attestation (feed.Signed JSON).
+	Attests map[string]json.RawMessage `json:"attests,omitempty"`
+	// sync, snapshot: the leader's last signed mark (feed.Signed JSON).
+	Mark json.RawMessage `json:"mark,omitempty"`
+	// trust, snapshot: gateway certificate chains (DER, leaf first).
+	Chains [][][]byte `json:"chains,omitempty"`
 }
 
 // batches splits items into runs of at most frameMaxItems items and about

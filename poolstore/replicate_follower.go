@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/ticker"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
@@ -23,6 +24,10 @@ type FollowerOptions struct {
 	PeerConfig
 	// Store is this node's replica.
 	Store *replica.Store
+	// Verifier checks what the leader relays against the gateways'
+	// certificates (replicate_verify.go); its chains are seeded from the
+	// store's at NewFollower.
+	Verifier *feed.Verifier
 	// Leader is the pool's leader as this node sees it ("" if unknown):
 	// from the election, or from peers (Client.AskLeader) when the cloud
 	// is out of reach. It is polled every CheckInterval and must not
@@ -48,10 +53,10 @@ type FollowerOptions struct {
 	// managedFields included).
 	MaxObjects int
 	MaxBytes   int64
-	// MaxSyncAhead: a sync frame whose syncedAt is later than this node's
-	// clock plus this, or that gives a negative age, ends the stream, so
-	// that a leader cannot make the replica look fresh for ever. Node
-	// clocks must agree within it. Default 1 min.
+	// MaxSyncAhead: a signed mark whose time is later than this node's
+	// clock plus this ends the stream (a gateway's clock far ahead would
+	// keep the replica fresh for long). Gateway and node clocks must
+	// agree within it. Default 1 min.
 	MaxSyncAhead time.Duration
 	// Registerer, if set, gets the follower's metrics.
 	Registerer prometheus.Registerer
@@ -73,6 +78,9 @@ type Follower struct {
 	// membership (logged and counted once); "" once a stream opened. Only
 	// Run's goroutine uses it.
 	refusedLeader string
+	// loggedRefusal is when a refusal of a stream was last logged, by
+	// leader and reason. Only Run's goroutine uses it.
+	loggedRefusal map[string]time.Time
 
 	mu sync.Mutex
 	st statusapi.Replication // what it is doing, /status's replication
@@ -102,12 +110,13 @@ const (
 )
 
 var leaderRefusalReasons = []string{refusedUnknownNode, refusedOtherPool, refusedNoPool,
-	refusedTooManyObjects, refusedTooLarge, refusedSyncInFuture}
+	refusedTooManyObjects, refusedTooLarge, refusedSyncInFuture, refusedUnsigned, refusedUnknownKey,
+	refusedBadSignature, refusedBadChain, refusedRootMismatch, refusedRollback}
 
 // NewFollower checks o and registers the metrics; Run does the work.
 func NewFollower(o FollowerOptions) (*Follower, error) {
-	if o.Store == nil || o.Leader == nil {
-		return nil, errors.New("pool follower: Store and Leader are required")
+	if o.Store == nil || o.Leader == nil || o.Verifier == nil {
+		return nil, errors.New("pool follower: Store, Leader and Verifier are required")
 	}
 	client, err := NewClient(o.PeerConfig)
 	if err != nil {
@@ -126,10 +135,13 @@ func NewFollower(o FollowerOptions) (*Follower, error) {
 		o.MaxBytes = DefaultMaxBytes
 	}
 	o.MaxSyncAhead = cmpOr(o.MaxSyncAhead, time.Minute)
-	f := &Follower{o: o, client: client, log: o.Logger}
+	f := &Follower{o: o, client: client, log: o.Logger, loggedRefusal: map[string]time.Time{}}
 	if f.m, err = newFollowerMetrics(o.Registerer); err != nil {
 		return nil, fmt.Errorf("pool follower metrics: %w", err)
 	}
+	// The chains the replica was verified with, so that what it holds
+	// verifies again after a restart with no gateway in reach.
+	(&verifier{f: f}).trust(o.Store.Chains())
 	return f, nil
 }
 
@@ -286,10 +298,10 @@ func (f *Follower) watch(ctx context.Context, cancel context.CancelCauseFunc, le
 // or a frame cannot be applied or is refused (a *refusal).
 func (f *Follower) apply(r *frameReader) error {
 	store := f.o.Store
+	v := &verifier{f: f}
 	var snap *replica.Snapshot // being received
 	var want int               // its number of objects
 	var size int64             // and of bytes so far
-	var synced time.Time       // the leader's SyncedAt last marked
 	for {
 		fr, n, err := r.next()
 		if errors.Is(err, io.EOF) {
@@ -308,7 +320,8 @@ func (f *Follower) apply(r *frameReader) error {
 				return &refusal{refusedTooManyObjects, fmt.Errorf("a snapshot of %d objects, more than %d", fr.Count, f.o.MaxObjects)}
 			}
 			snap = &replica.Snapshot{Epoch: fr.Epoch, Rev: fr.Rev, Resources: fr.Resources,
-				Objects: make([]replica.Change, 0, min(fr.Count, 1<<16))}
+				Objects: make([]replica.Change, 0, min(fr.Count, 1<<16)), Attests: fr.Attests, Mark: fr.Mark, Chains: fr.Chains}
+			v.pending = v.pending[:0]
 			want, size = fr.Count, 0
 		case frameObjects:
 			if snap == nil || len(snap.Objects)+len(fr.Items) > want {
@@ -322,34 +335,30 @@ func (f *Follower) apply(r *frameReader) error {
 			if snap != nil {
 				return errors.New("protocol error: changes inside a snapshot")
 			}
-			if err := f.checkGrowth(fr.Items); err != nil {
+			if err := v.changes(fr.Epoch, fr.Items); err != nil {
 				return err
 			}
-			if err := store.ApplyChanges(fr.Epoch, fr.Items); err != nil {
-				if errors.Is(err, replica.ErrGap) {
-					f.wantSnapshot = true
-				}
-				return fmt.Errorf("apply replicated changes: %w", err)
-			}
 		case frameSync:
-			now := f.o.Clock.Now()
-			if fr.AgeMillis < 0 || fr.SyncedAt.After(now.Add(f.o.MaxSyncAhead)) {
-				return &refusal{refusedSyncInFuture, fmt.Errorf("sync mark %s (age %d ms) ahead of this node's clock %s by more than %s",
-					fr.SyncedAt.UTC().Format(time.RFC3339Nano), fr.AgeMillis, now.UTC().Format(time.RFC3339Nano), f.o.MaxSyncAhead)}
+			if err := v.syncMark(fr.Mark); err != nil {
+				return err
 			}
-			if !fr.SyncedAt.IsZero() && !fr.SyncedAt.Equal(synced) {
-				// The leader's sync as old on this clock as on its own.
-				store.MarkSynced(now.Add(-time.Duration(fr.AgeMillis) * time.Millisecond))
-				synced = fr.SyncedAt
-			}
+		case frameTrust:
+			v.trust(fr.Chains)
 		default:
 			f.log.Debug("pool replication: frame of unknown type skipped", "type", fr.Type)
 		}
 		if snap != nil && len(snap.Objects) == want {
+			if err := v.snapshot(snap); err != nil {
+				f.wantSnapshot = false // the same snapshot again would be refused again
+				return err
+			}
 			if err := store.Load(*snap); err != nil {
 				return fmt.Errorf("load snapshot: %w", err)
 			}
 			f.loaded(snap)
+			if err := v.syncMark(snap.Mark); err != nil {
+				return err
+			}
 			snap = nil
 		}
 		f.m.lag.Set(float64(f.lag(fr.Rev)))
@@ -401,6 +410,16 @@ func (f *Follower) refused(leader string, err error) {
 		}
 	default:
 		f.m.refused.WithLabelValues(r.reason).Inc()
+		// A leader that keeps sending what is refused is refused at each
+		// reconnection: logged once a minute per leader and reason.
+		key, now := leader+"\x00"+r.reason, f.o.Clock.Now()
+		if last, ok := f.loggedRefusal[key]; ok && now.Sub(last) < time.Minute {
+			return
+		}
+		if len(f.loggedRefusal) > 64 {
+			clear(f.loggedRefusal)
+		}
+		f.loggedRefusal[key] = now
 		f.log.Warn("pool replication stream refused; the replica keeps what it had", "leader", leader, "reason", r.reason, "err", r.err)
 	}
 }

@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 	testclock "k8s.io/utils/clock/testing"
 )
@@ -24,10 +26,31 @@ import (
 // size what its objects weigh, and its own snapshot one a follower would
 // take.
 func FuzzReplicationStream(f *testing.F) {
-	a, b := slice("ns", "a", 5, "app", "x"), slice("ns", "b", 6)
-	objects := []replica.Change{{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns", Name: "a", RV: 5, Object: a},
-		{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns", Name: "b", RV: 6, Object: b}}
-	now := time.Unix(1e9, 0)
+	now := time.Now()
+	gw := newTestGateway(f, "gateway-ca")
+	// A genuine stream: a leader's store as a gateway attests it, its
+	// snapshot, then changes closed by an attestation, and marks.
+	leader, err := replica.Open(filepath.Join(f.TempDir(), "leader.db"), nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { leader.Close() })
+	mustNil(f, leader.StartEpoch("l/1"))
+	mustNil(f, leader.Replace(slices_, []json.RawMessage{slice("ns", "a", 5, "app", "x"), slice("ns", "b", 6)}, 10))
+	attestStore(f, gw, leader)
+	markStore(f, gw, leader, now.Add(-time.Second))
+	snap := leader.Snapshot()
+	rev := leader.Rev()
+	mustNil(f, leader.Apply(slices_, replica.Modified, slice("ns", "a", 11)))
+	mustNil(f, leader.Apply(slices_, replica.Deleted, slice("ns", "b", 12)))
+	attestStore(f, gw, leader)
+	changes, err := leader.Since(rev)
+	mustNil(f, err)
+	markStore(f, gw, leader, now)
+	later := leader.Mark()
+	markStore(f, gw, leader, now.Add(time.Hour))
+	future := leader.Mark()
+
 	seed := func(frames ...frame) {
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
@@ -36,15 +59,18 @@ func FuzzReplicationStream(f *testing.F) {
 		}
 		f.Add(buf.Bytes())
 	}
-	snapshot := frame{Type: frameSnapshot, Epoch: "l/1", Rev: 3, Resources: map[string]uint64{slices_: 10}, Count: 2}
-	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: objects},
-		frame{Type: frameSync, Epoch: "l/1", Rev: 3, SyncedAt: now.Add(-time.Second), AgeMillis: 5},
-		frame{Type: frameChanges, Epoch: "l/1", Rev: 6, Items: []replica.Change{
-			{Rev: 4, Resource: slices_, Type: replica.Modified, Namespace: "ns", Name: "a", RV: 11, Object: slice("ns", "a", 11)},
-			{Rev: 5, Resource: slices_, Type: replica.Deleted, Namespace: "ns", Name: "b", RV: 12, Object: b},
-			{Rev: 6, Resource: slices_, Type: replica.Bookmark, RV: 13}}})
-	seed(frame{Type: frameSync, SyncedAt: now.Add(time.Hour)})
-	seed(frame{Type: frameSync, SyncedAt: now, AgeMillis: -60_000})
+	snapshot := frame{Type: frameSnapshot, Epoch: "l/1", Rev: snap.Rev, Resources: snap.Resources, Count: len(snap.Objects),
+		Attests: snap.Attests, Mark: snap.Mark, Chains: snap.Chains}
+	seed(frame{Type: frameTrust, Chains: snap.Chains}, snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: snap.Rev, Items: snap.Objects},
+		frame{Type: frameSync, Epoch: "l/1", Rev: snap.Rev, Mark: snap.Mark},
+		frame{Type: frameChanges, Epoch: "l/1", Rev: leader.Rev(), Items: changes},
+		frame{Type: frameSync, Epoch: "l/1", Rev: leader.Rev(), Mark: later})
+	seed(frame{Type: frameSync, Mark: future})
+	// Forged: the changes without their attestation, or altered.
+	altered := slices.Clone(changes)
+	altered[0].Object = slice("ns", "a", 11, "forged", "yes")
+	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: snap.Rev, Items: snap.Objects},
+		frame{Type: frameChanges, Epoch: "l/1", Rev: leader.Rev(), Items: altered})
 	seed(frame{Type: frameSnapshot, Epoch: "l/1", Resources: map[string]uint64{slices_: 10}, Count: 9})
 	seed(snapshot, frame{Type: frameObjects, Epoch: "l/1", Rev: 3, Items: []replica.Change{
 		{Rev: 3, Resource: slices_, Type: replica.Added, Namespace: "ns", Name: "a", RV: 5, Object: slice("ns", "a", 5, "pad", strings.Repeat("x", 5000))}}})
@@ -57,17 +83,21 @@ func FuzzReplicationStream(f *testing.F) {
 	}
 	f.Cleanup(func() { store.Close() })
 	// check takes the replica's snapshots, as a follower would.
-	check, err := replica.Open(filepath.Join(f.TempDir(), replica.FileName), nil)
+	check, err := replica.Open(filepath.Join(f.TempDir(), "check.db"), nil)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { check.Close() })
 	clk := testclock.NewFakeClock(now)
+	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: gw.ca.Pool, Names: []string{gatewayName}})
+	if err != nil {
+		f.Fatal(err)
+	}
 	fol, err := NewFollower(FollowerOptions{
 		PeerConfig: PeerConfig{Self: "f", Members: &members{pools: map[string]string{}, addrs: map[string]string{}}, Clock: clk,
 			Certificate: func() (*tls.Certificate, error) { return nil, errors.New("no dialling here") },
 			CAs:         x509.NewCertPool},
-		Store: store, Leader: func() string { return "" }, MaxObjects: maxObjects, MaxBytes: maxBytes})
+		Store: store, Leader: func() string { return "" }, Verifier: v, MaxObjects: maxObjects, MaxBytes: maxBytes})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -84,8 +114,17 @@ func FuzzReplicationStream(f *testing.F) {
 		if store.Len() > maxObjects || store.Bytes() > maxBytes {
 			t.Fatalf("the replica holds %d objects, %d bytes; bounds %d, %d", store.Len(), store.Bytes(), maxObjects, maxBytes)
 		}
-		if at := store.SyncedAt(); at.After(clk.Now()) {
-			t.Fatalf("replica synced at %v, after the follower's clock %v", at, clk.Now())
+		if at := store.SyncedAt(); at.After(clk.Now().Add(fol.o.MaxSyncAhead)) {
+			t.Fatalf("replica synced at %v, past the follower's clock %v and the allowance", at, clk.Now())
+		}
+		// Nothing the gateway did not attest: every resource's objects
+		// hash to its attested root.
+		for r := range store.Resources() {
+			p, ok := store.Point(r)
+			objs, _, _, _ := store.List(r)
+			if root := store.Root(r); (ok && root != p.Root) || (!ok && len(objs) > 0) {
+				t.Fatalf("%s: objects hash to %s, attested %+v (%v)", r, root, p, ok)
+			}
 		}
 		snap := store.Snapshot()
 		var size int64

@@ -2,8 +2,10 @@ package poolstore
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"net"
 	"path/filepath"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
@@ -56,6 +59,7 @@ func (m *members) set(node, pool, addr string) {
 type cluster struct {
 	t       testing.TB
 	ca      *testenv.CA
+	gw      *testGateway
 	members *members
 
 	mu     sync.Mutex
@@ -63,7 +67,7 @@ type cluster struct {
 }
 
 func newCluster(t testing.TB) *cluster {
-	return &cluster{t: t, ca: testenv.MustCA(t, "cluster-ca"),
+	return &cluster{t: t, ca: testenv.MustCA(t, "cluster-ca"), gw: newTestGateway(t, "gateway-ca"),
 		members: &members{pools: map[string]string{}, addrs: map[string]string{}}}
 }
 
@@ -160,7 +164,7 @@ func (n *node) start() {
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	n.follower, err = NewFollower(FollowerOptions{PeerConfig: cfg, Store: n.store, Leader: n.c.leaderName,
+	n.follower, err = NewFollower(FollowerOptions{PeerConfig: cfg, Store: n.store, Leader: n.c.leaderName, Verifier: n.c.verifier(),
 		CheckInterval: 10 * time.Millisecond, StaleAfter: 2 * time.Second,
 		BackoffInitial: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Registerer: n.reg})
 	if err != nil {
@@ -222,9 +226,11 @@ func value(m prometheus.Metric) float64 {
 	return d.Gauge.GetValue()
 }
 
-// converged waits until every follower's digest is the leader's.
+// converged has the gateway attest the leader's store as it is, then
+// waits until every follower's digest is the leader's.
 func converged(t testing.TB, leader *node, followers ...*node) {
 	t.Helper()
+	leader.c.attest(leader)
 	for _, f := range followers {
 		testenv.Eventually(t, f.name+" has "+leader.name+"'s content", func() bool {
 			return f.store.Rev() == leader.store.Rev() && f.store.Digest() == leader.store.Digest()
@@ -268,6 +274,9 @@ func (c *cluster) follower(name, pool string, store *replica.Store, o FollowerOp
 		cfg.Members = o.Members
 	}
 	o.PeerConfig, o.Store, o.Leader = cfg, store, c.leaderName
+	if o.Verifier == nil {
+		o.Verifier = c.verifier()
+	}
 	o.CheckInterval = cmpOr(o.CheckInterval, 10*time.Millisecond)
 	o.StaleAfter = cmpOr(o.StaleAfter, 2*time.Second)
 	o.BackoffInitial = cmpOr(o.BackoffInitial, 10*time.Millisecond)
@@ -284,4 +293,90 @@ func (c *cluster) follower(name, pool string, store *replica.Store, o FollowerOp
 		done.Wait()
 	})
 	return f
+}
+
+// gatewayName is the name the cluster's gateway certificate is for.
+const gatewayName = "tether-gateway"
+
+// testGateway signs what tests put in a leader's store, as a gateway
+// replica signs its feed (package feed).
+type testGateway struct {
+	ca *testenv.CA
+	kp *testenv.KeyPair
+}
+
+func newTestGateway(t testing.TB, caName string) *testGateway {
+	t.Helper()
+	ca := testenv.MustCA(t, caName)
+	kp, err := ca.ServerCert("gateway", gatewayName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testGateway{ca: ca, kp: kp}
+}
+
+// verifier trusts the cluster's gateway CA.
+func (c *cluster) verifier() *feed.Verifier {
+	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: c.gw.ca.Pool, Names: []string{gatewayName}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return v
+}
+
+// sign signs h with the gateway's key.
+func (g *testGateway) sign(t testing.TB, h feed.Header) json.RawMessage {
+	t.Helper()
+	h.Feed = "gw-test"
+	if h.T.IsZero() {
+		h.T = time.Now()
+	}
+	s, err := feed.Sign(g.kp.TLS.PrivateKey.(crypto.Signer), g.kp.TLS.Certificate[0], h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// attest has the gateway attest every resource of n's store as it is
+// (what a FeedSource records after a unit), and hands on its chain.
+func (c *cluster) attest(n *node) {
+	c.t.Helper()
+	attestStore(c.t, c.gw, n.store)
+}
+
+func attestStore(t testing.TB, g *testGateway, s *replica.Store) {
+	t.Helper()
+	s.SetChains([][][]byte{g.kp.TLS.Certificate})
+	for r, rv := range s.Resources() {
+		h := feed.Header{Kind: feed.KindAttest, Resource: r, To: rv, Root: s.Root(r)}
+		raw := g.sign(t, h)
+		if err := s.Attest(r, raw, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// mark has the gateway mark n's store synced at at (every resource at
+// its attested point).
+func (c *cluster) mark(n *node, at time.Time) {
+	c.t.Helper()
+	markStore(c.t, c.gw, n.store, at)
+}
+
+func markStore(t testing.TB, g *testGateway, s *replica.Store, at time.Time) {
+	t.Helper()
+	points := map[string]feed.Point{}
+	for r := range s.Resources() {
+		p, ok := s.Point(r)
+		if !ok {
+			t.Fatalf("mark: %s not attested", r)
+		}
+		points[r] = p
+	}
+	s.SetMark(g.sign(t, feed.Header{Kind: feed.KindMark, T: at, Resources: points}), at)
 }

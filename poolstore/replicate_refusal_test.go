@@ -1,7 +1,6 @@
 package poolstore
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -37,6 +36,7 @@ func TestFollowerVerifiesLeaderMembership(t *testing.T) {
 			l := c.addNode("l", "a") // the leader and its server see f as a member of a
 			l.lead("l/1")
 			mustNil(t, l.store.Replace(slices_, []json.RawMessage{slice("ns", "a", 5)}, 10))
+			c.attest(l)
 
 			v := &view{Members: c.members, pools: map[string]string{"l": tc.leader, "f": tc.self}}
 			clk := testclock.NewFakeClock(time.Now())
@@ -148,6 +148,7 @@ func TestReplicaBounds(t *testing.T) {
 				items = append(items, big(fmt.Sprint("s", i), uint64(i+1)))
 			}
 			mustNil(t, l.store.Replace(slices_, items, uint64(tc.objects)))
+			c.attest(l)
 			store := preload(t, 3)
 			digest := store.Digest()
 			f := c.follower("f", "a", store, tc.o)
@@ -169,23 +170,37 @@ func TestReplicaBounds(t *testing.T) {
 		l := c.addNode("l", "a")
 		l.lead("l/1")
 		mustNil(t, l.store.Replace(slices_, []json.RawMessage{big("a", 1)}, 1))
+		c.attest(l)
 		store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 		f := c.follower("f", "a", store, FollowerOptions{MaxObjects: 5, MaxBytes: 9000})
 		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
 
 		mustNil(t, l.store.Apply(slices_, replica.Added, big("b", 2))) // two objects, ~4 KB: taken
+		c.attest(l)
 		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
 		mustNil(t, l.store.Apply(slices_, replica.Added, big("c", 3))) // ~6 KB
 		mustNil(t, l.store.Apply(slices_, replica.Added, big("d", 4))) // ~8 KB
 		mustNil(t, l.store.Apply(slices_, replica.Added, big("e", 5))) // ~10 KB: past 9000
+		c.attest(l)
 		testenv.Eventually(t, "the refusal is counted", func() bool { return value(f.m.refused.WithLabelValues(refusedTooLarge)) >= 1 })
 		if store.Bytes() > 9000 || store.Len() > 4 {
 			t.Fatalf("the replica holds %d objects, %d bytes", store.Len(), store.Bytes())
 		}
+	})
+
+	t.Run("changes past the count", func(t *testing.T) {
+		c := newCluster(t)
+		l := c.addNode("l", "a")
+		l.lead("l/1")
+		mustNil(t, l.store.Replace(slices_, []json.RawMessage{slice("ns", "a", 1)}, 1))
+		c.attest(l)
+		store := open(t, filepath.Join(t.TempDir(), replica.FileName))
+		f := c.follower("f", "a", store, FollowerOptions{MaxObjects: 5, MaxBytes: 9000})
+		testenv.Eventually(t, "the follower has the leader's", func() bool { return store.Rev() == l.store.Rev() })
 		for i := range 10 {
-			mustNil(t, l.store.Apply(slices_, replica.Deleted, big("e", uint64(6+i))))
-			mustNil(t, l.store.Apply(slices_, replica.Added, slice("ns", fmt.Sprint("small", i), uint64(6+i))))
+			mustNil(t, l.store.Apply(slices_, replica.Added, slice("ns", fmt.Sprint("small", i), uint64(2+i))))
 		}
+		c.attest(l)
 		testenv.Eventually(t, "the count refusal", func() bool { return value(f.m.refused.WithLabelValues(refusedTooManyObjects)) >= 1 })
 		if store.Len() > 5 {
 			t.Fatalf("the replica holds %d objects, more than 5", store.Len())
@@ -193,49 +208,28 @@ func TestReplicaBounds(t *testing.T) {
 	})
 }
 
-// A sync mark ahead of the follower's clock by more than MaxSyncAhead ends
-// the stream: a leader cannot make a replica look fresh for ever.
+// A signed mark ahead of the follower's clock by more than MaxSyncAhead
+// ends the stream: a gateway's clock far ahead cannot make a replica look
+// fresh for long.
 func TestSyncFromTheFutureRefused(t *testing.T) {
 	c := newCluster(t)
 	l := c.addNode("l", "a")
 	l.lead("l/1")
 	mustNil(t, l.store.Replace(slices_, []json.RawMessage{slice("ns", "a", 5)}, 10))
+	c.attest(l)
 	store := open(t, filepath.Join(t.TempDir(), replica.FileName))
 	f := c.follower("f", "a", store, FollowerOptions{})
 	refused := f.m.refused.WithLabelValues(refusedSyncInFuture)
 
-	// Within the allowance (a leader's clock a little ahead): taken, and
-	// the replica's mark is on the follower's clock, never ahead of it.
-	l.store.MarkSynced(time.Now().Add(30 * time.Second))
-	testenv.Eventually(t, "the sync is taken", func() bool { return !store.SyncedAt().IsZero() })
-	if at := store.SyncedAt(); at.After(time.Now()) {
-		t.Fatalf("replica synced at %v, in the future", at)
-	}
+	// Within the allowance (a gateway's clock a little ahead): taken.
+	ahead := time.Now().Add(30 * time.Second)
+	c.mark(l, ahead)
+	testenv.Eventually(t, "the mark is taken", func() bool { return store.SyncedAt().Equal(ahead) })
 
-	marked := store.SyncedAt()
-	l.store.MarkSynced(time.Now().Add(24 * time.Hour))
+	c.mark(l, time.Now().Add(24*time.Hour))
 	testenv.Eventually(t, "the refusal is counted", func() bool { return value(refused) >= 1 })
-	if at := store.SyncedAt(); !at.Equal(marked) {
-		t.Fatalf("replica synced at %v after a mark from the future, was %v", at, marked)
-	}
-}
-
-// The real Follower.apply on a stream: a negative age (a mark ahead
-// whatever the leader's syncedAt says) is refused too.
-func TestApplyRefusesNegativeAge(t *testing.T) {
-	c := newCluster(t)
-	store := open(t, filepath.Join(t.TempDir(), replica.FileName))
-	clk := testclock.NewFakeClock(time.Now())
-	f := newFollowerOf(t, c, store, clk)
-	var stream bytes.Buffer
-	enc := json.NewEncoder(&stream)
-	enc.Encode(frame{Type: frameSync, Epoch: "l/1", SyncedAt: clk.Now().Add(-time.Second), AgeMillis: -int64(time.Hour / time.Millisecond)})
-	err := f.apply(newFrameReader(&stream))
-	if r, ok := err.(*refusal); !ok || r.reason != refusedSyncInFuture {
-		t.Fatalf("apply: %v, want refused as sync_in_future", err)
-	}
-	if !store.SyncedAt().IsZero() {
-		t.Fatalf("replica marked synced at %v", store.SyncedAt())
+	if at := store.SyncedAt(); !at.Equal(ahead) {
+		t.Fatalf("replica synced at %v after a mark from the future, was %v", at, ahead)
 	}
 }
 
@@ -244,7 +238,7 @@ func newFollowerOf(t *testing.T, c *cluster, store *replica.Store, clk *testcloc
 	t.Helper()
 	cfg := c.peer("f", c.nodeCert("f"), c.ca.Pool())
 	cfg.Clock = clk
-	f, err := NewFollower(FollowerOptions{PeerConfig: cfg, Store: store, Leader: func() string { return "" }})
+	f, err := NewFollower(FollowerOptions{PeerConfig: cfg, Store: store, Leader: func() string { return "" }, Verifier: c.verifier()})
 	mustNil(t, err)
 	return f
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
@@ -98,6 +99,10 @@ type stream struct {
 // keep up with the log ends up behind it, and resyncs.
 func (st *stream) run(ctx context.Context, epoch string, rev uint64) error {
 	store := st.s.o.Store
+	chains := store.Chains()
+	if err := st.write(frame{Type: frameTrust, Epoch: store.Epoch(), Rev: store.Rev(), Chains: chains}); err != nil {
+		return err
+	}
 	pos, epoch, err := st.start(epoch, rev)
 	if err != nil {
 		return err
@@ -122,6 +127,13 @@ func (st *stream) run(ctx context.Context, epoch string, rev uint64) error {
 		}
 		if err != nil {
 			return err
+		}
+		if now := store.Chains(); !sameChains(now, chains) {
+			// Before the changes: they may be signed by the new key.
+			if err := st.write(frame{Type: frameTrust, Epoch: epoch, Rev: pos, Chains: now}); err != nil {
+				return err
+			}
+			chains = now
 		}
 		if pos, err = st.changes(epoch, pos, cs); err != nil {
 			return err
@@ -155,7 +167,7 @@ func (st *stream) start(epoch string, rev uint64) (uint64, string, error) {
 	}
 	snap := store.Snapshot()
 	err := st.write(frame{Type: frameSnapshot, Epoch: snap.Epoch, Rev: snap.Rev,
-		Resources: snap.Resources, Count: len(snap.Objects)})
+		Resources: snap.Resources, Count: len(snap.Objects), Attests: snap.Attests, Mark: snap.Mark, Chains: snap.Chains})
 	for _, b := range batches(snap.Objects) {
 		if err != nil {
 			break
@@ -254,14 +266,24 @@ func (e *encodedChanges) changesFrame(epoch string, rev uint64, items []replica.
 	return append(line, "]}\n"...), nil
 }
 
-// sync sends the leader's SyncedAt (at) with its age on this clock.
-func (st *stream) sync(epoch string, at time.Time) error {
-	f := frame{Type: frameSync, Epoch: epoch, Rev: st.s.o.Store.Rev()}
-	if !at.IsZero() {
-		f.SyncedAt = at
-		f.AgeMillis = max(0, st.s.o.Clock.Since(at).Milliseconds())
+// sync sends the leader's last signed mark; it is also the stream's
+// keepalive (at is unused: the mark carries its own time).
+func (st *stream) sync(epoch string, _ time.Time) error {
+	return st.write(frame{Type: frameSync, Epoch: epoch, Rev: st.s.o.Store.Rev(), Mark: st.s.o.Store.Mark()})
+}
+
+// sameChains reports whether a and b hold the same chains (the store
+// replaces its slice when they change).
+func sameChains(a, b [][][]byte) bool {
+	if len(a) != len(b) {
+		return false
 	}
-	return st.write(f)
+	for i := range a {
+		if len(a[i]) != len(b[i]) || (len(a[i]) > 0 && feed.KeyID(a[i][0]) != feed.KeyID(b[i][0])) {
+			return false
+		}
+	}
+	return true
 }
 
 // write sends one frame and flushes it.

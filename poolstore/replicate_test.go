@@ -21,7 +21,8 @@ func TestFollowersConverge(t *testing.T) {
 	l.lead("l/1")
 	mustNil(t, l.store.Replace(slices_, []json.RawMessage{slice("ns", "a", 5), slice("ns", "b", 6)}, 10))
 	syncedAt := time.Now().Add(-5 * time.Second)
-	l.store.MarkSynced(syncedAt)
+	c.attest(l)
+	c.mark(l, syncedAt)
 	converged(t, l, f1, f2)
 
 	mustNil(t, l.store.Apply(slices_, replica.Modified, slice("ns", "a", 11)))
@@ -36,9 +37,8 @@ func TestFollowersConverge(t *testing.T) {
 		if !st.Connected || st.Leader != "l" || st.Resyncs != 1 || st.Lag != 0 || f.store.Epoch() != "l/1" {
 			t.Errorf("%s: status %+v, epoch %q; want connected to l, one resync, no lag", f.name, st, f.store.Epoch())
 		}
-		// The leader's sync is as old on the follower's clock as on the
-		// leader's.
-		if d := f.store.SyncedAt().Sub(syncedAt); d < -time.Second || d > time.Second {
+		// Synced when the gateway's mark says.
+		if !f.store.SyncedAt().Equal(syncedAt) {
 			t.Errorf("%s: synced at %v, leader's %v", f.name, f.store.SyncedAt(), syncedAt)
 		}
 		if n := value(f.follower.m.frames.WithLabelValues(frameChanges)); n == 0 {
@@ -121,6 +121,9 @@ func TestSlowFollowerStreamEnds(t *testing.T) {
 	mustNil(t, err)
 	defer resp.Body.Close()
 	r := newFrameReader(resp.Body)
+	if fr, _, err := r.next(); err != nil || fr.Type != frameTrust {
+		t.Fatalf("first frame %+v, %v; want the gateway chains", fr, err)
+	}
 	if fr, _, err := r.next(); err != nil || fr.Type != frameSnapshot {
 		t.Fatalf("first frame %+v, %v; want a snapshot", fr, err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tether-edge/tether/e2e/world"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/feed"
 )
 
 // membersResult is the members phase of one run: a pool of --members
@@ -232,7 +233,7 @@ func (b *bench) membersPhase(ctx context.Context, run, alone, round int) (member
 	start = time.Now()
 	sims := make([]*simFollower, 0, nf)
 	for k := range nf {
-		sf, err := newSimFollower(simName(k+1), dir, certs[k].TLS, b.w.ClusterCA, src.Host, leader.Name, leaderAddr, b.o.changes, log)
+		sf, err := newSimFollower(simName(k+1), dir, certs[k].TLS, b.w.ClusterCA, b.gatewayVerifier, src.Host, leader.Name, leaderAddr, b.o.changes, log)
 		if err != nil {
 			return res, err
 		}
@@ -460,4 +461,15 @@ func selfProfile(path string) (stop func(), _ error) {
 // --profiling) over secs seconds to path.
 func cpuProfile(ctx context.Context, e *world.Edge, secs int, path string) error {
 	return benchkit.SaveURL(ctx, e.Host.DialContext, world.EdgeAdmin(fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs)), path, time.Duration(secs+30)*time.Second)
+}
+
+// gatewayVerifier is a simulated follower's check of what the gateways
+// sign, as tether-edge builds it from --gateway-ca and the --gateway
+// hosts.
+func (b *bench) gatewayVerifier() (*feed.Verifier, error) {
+	var names []string
+	for _, gw := range b.w.Gateways {
+		names = append(names, gw.Addr.String())
+	}
+	return feed.NewVerifier(feed.VerifierOptions{Roots: b.w.GatewayCA.Pool, Names: names})
 }

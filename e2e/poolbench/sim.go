@@ -21,6 +21,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
@@ -72,7 +73,7 @@ func simName(k int) string { return fmt.Sprintf("sim-%03d", k) }
 
 // newSimFollower opens name's store in dir and builds its follower of
 // leader, whose pool listener is at leaderAddr as seen from src.
-func newSimFollower(name, dir string, cert tls.Certificate, ca *testenv.CA, src *testenv.Host,
+func newSimFollower(name, dir string, cert tls.Certificate, ca *testenv.CA, verifier func() (*feed.Verifier, error), src *testenv.Host,
 	leader, leaderAddr string, n int, log *slog.Logger) (*simFollower, error) {
 	store, err := replica.Open(filepath.Join(dir, name, replica.FileName), log)
 	if err != nil {
@@ -80,6 +81,12 @@ func newSimFollower(name, dir string, cert tls.Certificate, ca *testenv.CA, src 
 	}
 	fwd, err := newForwarder(src, leaderAddr)
 	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	v, err := verifier()
+	if err != nil {
+		fwd.close()
 		store.Close()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -91,6 +98,7 @@ func newSimFollower(name, dir string, cert tls.Certificate, ca *testenv.CA, src 
 			Certificate: func() (*tls.Certificate, error) { return &cert, nil },
 			CAs:         func() *x509.CertPool { return pools }},
 		Store:      store,
+		Verifier:   v,
 		Leader:     func() string { return leader },
 		Registerer: sf.reg,
 	})

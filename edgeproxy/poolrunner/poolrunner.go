@@ -9,12 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -35,6 +34,7 @@ import (
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
 	"github.com/tether-edge/tether/poolstore"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
@@ -61,9 +61,15 @@ type Options struct {
 	// Access is the apiserver proxy's: its client certificate is the one
 	// the peers see.
 	Access *identity.APIServerAccess
-	// Tunnel writes the election records and delegates heartbeats; nil
-	// without --gateway (the node then never leads).
+	// Tunnel writes the election records, delegates heartbeats and opens
+	// the gateway's signed pool feed; nil without --gateway (the node then
+	// never leads).
 	Tunnel *edgetunnel.Client
+	// Verifier checks what the gateways signed of the pool's data against
+	// --gateway-ca for the gateways' names; nil without --gateway: the
+	// node can verify nothing, so the pool is off (components read from
+	// the cloud or the cache).
+	Verifier *feed.Verifier
 	// CloudHealthy reports whether an apiserver is reachable.
 	CloudHealthy func() bool
 	// Listener is the pool listener (--pool-listen); the Runner closes it.
@@ -129,6 +135,12 @@ func (r *Runner) Run(ctx context.Context, proxyAddr net.Addr) error {
 		<-ctx.Done()
 		return nil
 	}
+	if r.opts.Verifier == nil {
+		r.log.Warn("no --gateway: the node cannot verify its pool's data (the gateways sign it), so it takes none; "+
+			"components read from the cloud or the cache", "pool", pool)
+		<-ctx.Done()
+		return nil
+	}
 	p, err := r.build(pool, members)
 	if err != nil {
 		return err
@@ -150,11 +162,7 @@ func (r *Runner) build(pool string, members *nodeMembers) (*poolstore.Pool, erro
 	if err != nil {
 		return nil, fmt.Errorf("node pool: %w", err)
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("node pool: %w", err)
-	}
-	resources, err := ParseResources(r.opts.Resources)
+	resources, err := feed.ParseResources(r.opts.Resources)
 	if err != nil {
 		return nil, err
 	}
@@ -165,16 +173,15 @@ func (r *Runner) build(pool string, members *nodeMembers) (*poolstore.Pool, erro
 	r.store = store
 	var delegate func(ctx context.Context, node string, lease []byte) error
 	var records record.Writer
+	var feedOpen func(ctx context.Context) (io.ReadCloser, error)
 	if tun := r.opts.Tunnel; tun != nil {
 		delegate = tun.DelegateHeartbeat
 		records = edgetunnel.PoolRecords{Client: tun}
-	} else {
-		r.log.Warn("no --gateway: this node never leads its pool, it follows the leader the others elect (a node may only read the "+
-			"pool's election record, "+record.Namespace+"/"+record.ElectionName(pool)+"; the gateway writes it for the edges)", "pool", pool)
+		feedOpen = func(ctx context.Context) (io.ReadCloser, error) { return tun.PoolFeed(ctx, pool) }
 	}
 	return poolstore.New(poolstore.Options{
 		PeerConfig: poolstore.PeerConfig{Self: r.opts.Node, Certificate: cert, CAs: cas, Members: members, Logger: r.log},
-		Pool:       pool, Client: client, Records: records, Dynamic: dyn, Resources: resources, Store: store, Listener: r.opts.Listener,
+		Pool:       pool, Client: client, Records: records, Feed: feedOpen, Verifier: r.opts.Verifier, Resources: resources, Store: store, Listener: r.opts.Listener,
 		CloudHealthy: r.opts.CloudHealthy, Peers: func() []string { return members.Nodes(pool) }, Delegate: delegate,
 		LeaseDuration: r.opts.LeaseDuration, RenewDeadline: r.opts.RenewDeadline,
 		RetryPeriod: r.opts.RetryPeriod, Registerer: r.opts.Registerer,
@@ -278,19 +285,4 @@ func (m *nodeMembers) Nodes(pool string) []string {
 	}
 	sort.Strings(names)
 	return names
-}
-
-// ParseResources reads --pool-resources: "resource.group/version" or
-// "resource/version" for the core group (endpointslices.discovery.k8s.io/v1,
-// services/v1).
-func ParseResources(specs []string) ([]schema.GroupVersionResource, error) {
-	var out []schema.GroupVersionResource
-	for _, s := range specs {
-		i := strings.LastIndex(s, "/")
-		if i <= 0 || i == len(s)-1 {
-			return nil, fmt.Errorf("--pool-resources %q: want resource.group/version (services/v1, endpointslices.discovery.k8s.io/v1)", s)
-		}
-		out = append(out, schema.ParseGroupResource(s[:i]).WithVersion(s[i+1:]))
-	}
-	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/feed"
 )
 
 // BenchmarkUnit is the gateway's cost of one unit of one changed
@@ -59,7 +60,7 @@ func benchFeed(b *testing.B) (*Feed, *resource, listWatcher) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	f, err := New(Options{Client: kc, Name: "gateway-0", Resources: DefaultResources[:1],
+	f, err := New(Options{Client: kc, Name: "gateway-0", Resources: feed.DefaultResources[:1],
 		Signer: func() (crypto.Signer, [][]byte, error) {
 			return kp.TLS.PrivateKey.(crypto.Signer), kp.TLS.Certificate, nil
 		}})

@@ -7,7 +7,7 @@
 //
 // # Data flow
 //
-// Per resource (Options.Resources; default DefaultResources) a list, then
+// Per resource (Options.Resources; default feed.DefaultResources) a list, then
 // a watch from its resourceVersion, relisting on 410 Gone and retrying
 // with backoff while the apiserver fails. Each object is encoded once to
 // JSON with kind and apiVersion set; those exact bytes are hashed into
@@ -55,7 +55,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -76,21 +75,6 @@ import (
 
 //lint:file-ignore SA1019 core/v1 Endpoints is deprecated but still served and read by older clients; the pool shares it.
 
-// DefaultResources are the pool-scope resources fed by default: those the
-// edge's pool shares by default (poolstore.DefaultResources, which the
-// gateway may not import).
-var DefaultResources = []schema.GroupVersionResource{
-	discoveryv1.SchemeGroupVersion.WithResource("endpointslices"),
-	corev1.SchemeGroupVersion.WithResource("endpoints"),
-	corev1.SchemeGroupVersion.WithResource("services"),
-}
-
-// ResourceKey names a resource in the feed: "<group>/<version>/<resource>",
-// with "core" for the legacy group (as poolstore/replica.ResourceKey).
-func ResourceKey(gvr schema.GroupVersionResource) string {
-	return cmp.Or(gvr.Group, "core") + "/" + gvr.Version + "/" + gvr.Resource
-}
-
 // Bounds of the log subscribers tail.
 const (
 	MaxLogUnits = 16384
@@ -99,11 +83,11 @@ const (
 
 // Options configure a Feed.
 type Options struct {
-	// Client reads the DefaultResources (in protobuf); Dynamic, if set,
+	// Client reads the feed.DefaultResources (in protobuf); Dynamic, if set,
 	// any other resource.
 	Client  *kube.Client
 	Dynamic dynamic.Interface
-	// Resources are fed; nil means DefaultResources.
+	// Resources are fed; nil means feed.DefaultResources.
 	Resources []schema.GroupVersionResource
 	// Name is the replica's feed name (its host or pod name), in every
 	// statement.
@@ -166,7 +150,7 @@ func New(o Options) (*Feed, error) {
 		return nil, errors.New("pool feed: a Kubernetes client, a signer and a name are required")
 	}
 	if len(o.Resources) == 0 {
-		o.Resources = DefaultResources
+		o.Resources = feed.DefaultResources
 	}
 	o.MarkEvery = cmp.Or(o.MarkEvery, feed.MarkEvery)
 	o.Coalesce = cmp.Or(o.Coalesce, 20*time.Millisecond)
@@ -180,9 +164,9 @@ func New(o Options) (*Feed, error) {
 	for _, gvr := range o.Resources {
 		lw, err := newListWatcher(o.Client, o.Dynamic, gvr)
 		if err != nil {
-			return nil, fmt.Errorf("pool feed of %s: %w", ResourceKey(gvr), err)
+			return nil, fmt.Errorf("pool feed of %s: %w", feed.ResourceKey(gvr), err)
 		}
-		k := ResourceKey(gvr)
+		k := feed.ResourceKey(gvr)
 		if slices.Contains(keys, k) {
 			return nil, fmt.Errorf("pool feed: resource %s given twice", k)
 		}
@@ -595,15 +579,15 @@ type listWatcher struct {
 
 func newListWatcher(c *kube.Client, dyn dynamic.Interface, gvr schema.GroupVersionResource) (listWatcher, error) {
 	switch gvr {
-	case DefaultResources[0]:
+	case feed.DefaultResources[0]:
 		i := c.EndpointSlices("")
 		return listWatcher{discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return i.List(ctx, o) }, i.Watch}, nil
-	case DefaultResources[1]:
+	case feed.DefaultResources[1]:
 		i := c.Endpoints("")
 		return listWatcher{corev1.SchemeGroupVersion.WithKind("Endpoints"),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return i.List(ctx, o) }, i.Watch}, nil
-	case DefaultResources[2]:
+	case feed.DefaultResources[2]:
 		i := c.Services("")
 		return listWatcher{corev1.SchemeGroupVersion.WithKind("Service"),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return i.List(ctx, o) }, i.Watch}, nil
@@ -792,22 +776,3 @@ func (f *Feed) watch(ctx context.Context, r *resource, rv string) (string, error
 		}
 	}
 }
-
-// ParseResources reads --pool-resources: "resource.group/version", or
-// "resource/version" for the core group (endpointslices.discovery.k8s.io/v1,
-// services/v1), as the edge's --pool-resources.
-func ParseResources(specs []string) ([]schema.GroupVersionResource, error) {
-	var out []schema.GroupVersionResource
-	for _, s := range specs {
-		i := strings.LastIndex(s, "/")
-		if i <= 0 || i == len(s)-1 {
-			return nil, fmt.Errorf("--pool-resources %q: want resource.group/version (services/v1, endpointslices.discovery.k8s.io/v1)", s)
-		}
-		out = append(out, schema.ParseGroupResource(s[:i]).WithVersion(s[i+1:]))
-	}
-	return out, nil
-}
-
-// DefaultResourceSpecs are DefaultResources as --pool-resources names
-// them.
-var DefaultResourceSpecs = []string{"endpointslices.discovery.k8s.io/v1", "endpoints/v1", "services/v1"}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -450,18 +449,6 @@ func TestFeedBehind(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the subscriber that fell behind was not ended")
-	}
-}
-
-func TestParseResources(t *testing.T) {
-	got, err := ParseResources(DefaultResourceSpecs)
-	if err != nil || !reflect.DeepEqual(got, DefaultResources) {
-		t.Errorf("ParseResources(%q) = %v, %v; want DefaultResources", DefaultResourceSpecs, got, err)
-	}
-	for _, bad := range []string{"services", "/v1", "services/"} {
-		if _, err := ParseResources([]string{bad}); err == nil {
-			t.Errorf("ParseResources(%q): no error", bad)
-		}
 	}
 }
 

@@ -92,13 +92,7 @@ type Snapshot struct {
 
 // ResourceKey names a resource in the store and on the wire:
 // "<group>/<version>/<resource>", with "core" for the legacy group.
-func ResourceKey(gvr schema.GroupVersionResource) string {
-	g := gvr.Group
-	if g == "" {
-		g = "core"
-	}
-	return g + "/" + gvr.Version + "/" + gvr.Resource
-}
+func ResourceKey(gvr schema.GroupVersionResource) string { return feed.ResourceKey(gvr) }
 
 // MaxLog bounds the in-memory change log; when it is full the older half
 // is dropped (followers further behind resync from a snapshot, watchers

@@ -16,7 +16,7 @@ func open(t *testing.T, path string) *replica.Store {
 	return s
 }
 
-func mustNil(t *testing.T, err error) {
+func mustNil(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
