@@ -353,24 +353,35 @@ func stolenNodeKey(t *testing.T, backend string) {
 // electionRequest sends r on a new stream of conn and reads the reply.
 func electionRequest(t *testing.T, ctx context.Context, conn *quic.Conn, r tunnel.ElectionRequest) tunnel.ElectionReply {
 	t.Helper()
-	s, err := conn.OpenStreamSync(ctx)
-	if err != nil {
-		t.Fatal(err)
+	rep, err := electionRoundTrip(ctx, conn, r)
+	if rep.Code == tunnel.OK && err != nil {
+		t.Fatalf("election request: %v", err)
 	}
-	defer s.Close()
+	return rep
+}
+
+// electionRoundTrip sends r on a new stream of conn and reads the reply:
+// a refusal is its code with the error; any other error comes with the
+// zero reply (whose code is OK).
+func electionRoundTrip(ctx context.Context, conn *quic.Conn, r tunnel.ElectionRequest) (tunnel.ElectionReply, error) {
 	b, err := tunnel.AppendElectionRequest(nil, r)
 	if err != nil {
-		t.Fatal(err)
+		return tunnel.ElectionReply{}, err
 	}
+	s, err := conn.OpenStreamSync(ctx)
+	if err != nil {
+		return tunnel.ElectionReply{}, err
+	}
+	defer s.Close()
 	if _, err := s.Write(b); err != nil {
-		t.Fatal(err)
+		return tunnel.ElectionReply{}, err
 	}
 	s.SetReadDeadline(time.Now().Add(10 * time.Second))
 	rep, err := tunnel.ReadElectionReply(s)
 	if rep.Code == tunnel.OK && err != nil {
-		t.Fatalf("election reply: %v", err)
+		return tunnel.ElectionReply{}, fmt.Errorf("election reply: %w", err)
 	}
-	return rep
+	return rep, err
 }
 
 // delegateRequest sends r on a new stream of conn and reads the reply.
