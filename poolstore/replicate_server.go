@@ -139,7 +139,12 @@ func (st *stream) run(ctx context.Context, epoch string, rev uint64) error {
 			return err
 		}
 		if at := store.SyncedAt(); syncDue || !at.Equal(sentSync) {
-			if err := st.sync(epoch, at); err != nil {
+			// The mark (about 700 bytes) once; then keepalives.
+			var mark json.RawMessage
+			if !at.Equal(sentSync) || sentSync.IsZero() {
+				mark = store.Mark()
+			}
+			if err := st.sync(epoch, mark); err != nil {
 				return err
 			}
 			sentSync, syncDue = at, false
@@ -266,10 +271,10 @@ func (e *encodedChanges) changesFrame(epoch string, rev uint64, items []replica.
 	return append(line, "]}\n"...), nil
 }
 
-// sync sends the leader's last signed mark; it is also the stream's
-// keepalive (at is unused: the mark carries its own time).
-func (st *stream) sync(epoch string, _ time.Time) error {
-	return st.write(frame{Type: frameSync, Epoch: epoch, Rev: st.s.o.Store.Rev(), Mark: st.s.o.Store.Mark()})
+// sync sends a sync frame with mark, the leader's last signed mark when
+// it is new to the follower (nil: a keepalive).
+func (st *stream) sync(epoch string, mark json.RawMessage) error {
+	return st.write(frame{Type: frameSync, Epoch: epoch, Rev: st.s.o.Store.Rev(), Mark: mark})
 }
 
 // sameChains reports whether a and b hold the same chains (the store

@@ -122,3 +122,45 @@ func TestTreeRootDependsOnEveryObject(t *testing.T) {
 		t.Fatalf("Len %d", a.Len())
 	}
 }
+
+// BenchmarkOpen is what a member pays per statement: one signature check
+// (the test PKI's ECDSA P-256, as the gateway's self-managed CA issues).
+func BenchmarkOpen(b *testing.B) {
+	ca := testenv.MustCA(b, "gateway-ca")
+	kp, err := ca.ServerCert("gateway", "tether-gateway")
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: ca.Pool, Names: []string{"tether-gateway"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := v.AddChain(kp.TLS.Certificate); err != nil {
+		b.Fatal(err)
+	}
+	s, err := feed.Sign(kp.TLS.PrivateKey.(crypto.Signer), kp.TLS.Certificate[0], feed.Header{Kind: feed.KindAttest,
+		Feed: "gw-1", T: time.Now(), Resource: "core/v1/services", To: 42, Root: feed.NewTree().Root()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := v.Open(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRootWith is a member's check of one changed object among
+// 1,000 (the bench's EndpointSlices): one bucket and the root rehashed.
+func BenchmarkRootWith(b *testing.B) {
+	t := feed.NewTree()
+	raw := bytes.Repeat([]byte("x"), 1350)
+	for i := range 1000 {
+		t.Set(feed.Key("bench", fmt.Sprint("svc-", i)), raw)
+	}
+	t.Root()
+	edit := []feed.Edit{{Key: feed.Key("bench", "svc-7"), Raw: append(raw, 'y')}}
+	for b.Loop() {
+		t.RootWith(edit)
+	}
+}
