@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/internal/testenv"
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
@@ -195,5 +196,37 @@ func TestTrustSurvivesRestart(t *testing.T) {
 	snap := f.store.Snapshot()
 	if err := v.snapshot(&snap); err != nil {
 		t.Fatalf("the replica's own snapshot after a restart: %v", err)
+	}
+}
+
+// Asked who leads while the cloud is away, peers are ranked by the mark
+// they hold, verified: a claimed time, a mark another key signed, or one
+// from the future ranks last.
+func TestPeersRankedByVerifiedMark(t *testing.T) {
+	c := newCluster(t)
+	v := c.verifier()
+	mustNil(t, v.AddChain(c.gw.kp.TLS.Certificate)) // as the node's replica taught it
+	p := &Pool{o: Options{Verifier: v}, follower: &Follower{o: FollowerOptions{MaxSyncAhead: time.Minute}}}
+	s := open(t, filepath.Join(t.TempDir(), replica.FileName))
+	mustNil(t, s.StartEpoch("x/1"))
+	mustNil(t, s.Replace(slices_, []json.RawMessage{slice("ns", "a", 5)}, 10))
+	attestStore(t, c.gw, s)
+	at := time.Now().Add(-time.Second).Truncate(time.Millisecond)
+	markStore(t, c.gw, s, at)
+	genuine := s.Mark()
+	if got := p.verifiedMark(LeaderInfo{Node: "x", Leader: "x", SyncedAt: time.Now().Add(time.Hour), Mark: genuine}); !got.Equal(at) {
+		t.Fatalf("a genuine mark ranks at %v, want its own time %v (not the claimed syncedAt)", got, at)
+	}
+	forger := newTestGateway(t, "forger-ca")
+	markStore(t, forger, s, time.Now())
+	if got := p.verifiedMark(LeaderInfo{Node: "y", Leader: "y", Mark: s.Mark()}); !got.IsZero() {
+		t.Fatalf("a mark of an untrusted key ranks at %v", got)
+	}
+	if got := p.verifiedMark(LeaderInfo{Node: "z", Leader: "z", SyncedAt: time.Now()}); !got.IsZero() {
+		t.Fatalf("a claimed time without a mark ranks at %v", got)
+	}
+	future := c.gw.sign(t, feed.Header{Kind: feed.KindMark, T: time.Now().Add(time.Hour), Resources: map[string]feed.Point{}})
+	if got := p.verifiedMark(LeaderInfo{Node: "f", Leader: "f", Mark: future}); !got.IsZero() {
+		t.Fatalf("a mark an hour ahead ranks at %v", got)
 	}
 }
