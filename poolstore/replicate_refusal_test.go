@@ -233,16 +233,6 @@ func TestSyncFromTheFutureRefused(t *testing.T) {
 	}
 }
 
-// newFollowerOf is a Follower of c that is not run (for apply).
-func newFollowerOf(t *testing.T, c *cluster, store *replica.Store, clk *testclock.FakeClock) *Follower {
-	t.Helper()
-	cfg := c.peer("f", c.nodeCert("f"), c.ca.Pool())
-	cfg.Clock = clk
-	f, err := NewFollower(FollowerOptions{PeerConfig: cfg, Store: store, Leader: func() string { return "" }, Verifier: c.verifier()})
-	mustNil(t, err)
-	return f
-}
-
 // A follower whose file was damaged starts empty and gets the leader's
 // snapshot, as any new follower.
 func TestDamagedReplicaRebuiltFromLeader(t *testing.T) {
