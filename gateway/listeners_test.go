@@ -303,6 +303,14 @@ func outOfFilesGateway(t *testing.T, kubeconfig string) {
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
 	testenv.Eventually(t, "edge-1 is answered over UDP", func() bool { return askEdge1("udp", g.DNSAddr().String()) == nil })
+	// Every part started and synced (its informers' and the pool feed's
+	// first lists done, their connections open) before the descriptors
+	// are taken: a part still starting could close one it had while the
+	// listeners are meant to have none, and the admin listener would
+	// take it.
+	testenv.Eventually(t, "the gateway's parts synced", func() bool {
+		return g.Ready() == nil && (g.poolFeed == nil || g.poolFeed.Synced())
+	})
 	say("ready dns=%s admin=%s", g.DNSAddr(), g.AdminAddr())
 
 	var fds fillers
