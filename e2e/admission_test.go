@@ -298,6 +298,37 @@ func TestNodeAdmission(t *testing.T) {
 		wantForbidden(t, err, `not allowed to modify node "edge-6"`)
 	})
 
+	t.Run("PodCIDRs", func(t *testing.T) {
+		// A Node's pod ranges route its pods' traffic (issue 31): the
+		// control plane (node IPAM) or the operator sets them, never the
+		// node. Kubernetes lets a node set them when it registers and
+		// while they are empty (NodeRestriction checks neither).
+		edge7, _, _ := cp.NodeClient(t, "edge-7")
+		_, err := edge7.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-7"},
+			Spec: corev1.NodeSpec{PodCIDR: "10.244.7.0/24", PodCIDRs: []string{"10.244.7.0/24"}}}, metav1.CreateOptions{})
+		wantRefusal(t, err, "podCIDRs")
+		if _, err := edge7.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-7"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("registration without pod ranges: %v", err)
+		}
+		// Empty, then set by the node: refused, by merge and by apply.
+		_, err = edge7.CoreV1().Nodes().Patch(ctx, "edge-7", types.MergePatchType,
+			[]byte(`{"spec":{"podCIDR":"10.244.8.0/24","podCIDRs":["10.244.8.0/24"]}}`), metav1.PatchOptions{})
+		wantRefusal(t, err, "podCIDRs")
+		// The operator (or node IPAM) sets them; the node keeps
+		// reporting its status.
+		if _, err := cp.Client.CoreV1().Nodes().Patch(ctx, "edge-7", types.MergePatchType,
+			[]byte(`{"spec":{"podCIDR":"10.244.9.0/24","podCIDRs":["10.244.9.0/24"]}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("the operator setting edge-7's pod ranges: %v", err)
+		}
+		if _, err := edge7.CoreV1().Nodes().PatchStatus(ctx, "edge-7", []byte(`{"status":{"addresses":[{"type":"InternalIP","address":"192.168.1.17"}]}}`)); err != nil {
+			t.Errorf("status of a Node with pod ranges: %v", err)
+		}
+		if _, err := edge7.CoreV1().Nodes().Patch(ctx, "edge-7", types.MergePatchType,
+			[]byte(`{"metadata":{"labels":{"example.com/own":"yes"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Errorf("an unprotected label of a Node with pod ranges: %v", err)
+		}
+	})
+
 	t.Run("Deletion", func(t *testing.T) {
 		// Kubernetes' RBAC lets no node delete a Node (since 1.13)...
 		err := edge1.CoreV1().Nodes().Delete(ctx, "edge-1", metav1.DeleteOptions{})
