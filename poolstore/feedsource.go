@@ -142,12 +142,12 @@ func (s *FeedSource) take(ctx context.Context) error {
 // apply verifies a unit's attestation, applies its items and records the
 // attestation, which the objects must then hash to.
 func (s *FeedSource) apply(u *unit, attest feed.Signed) error {
-	h, err := s.o.Verifier.Open(attest)
+	h, err := s.o.Verifier.OpenKind(attest, feed.KindAttest)
 	if err != nil {
 		return fmt.Errorf("pool feed unit of %s: %w", u.resource, err)
 	}
-	if h.Kind != feed.KindAttest || h.Resource != u.resource {
-		return fmt.Errorf("pool feed: a %s of %s closing a unit of %s", h.Kind, h.Resource, u.resource)
+	if h.Resource != u.resource {
+		return fmt.Errorf("pool feed: an attestation of %s closing a unit of %s", h.Resource, u.resource)
 	}
 	raw, err := json.Marshal(attest)
 	if err != nil {
@@ -181,12 +181,9 @@ func (s *FeedSource) apply(u *unit, attest feed.Signed) error {
 // mark takes a signed mark: the replica is synced at its time if it
 // covers it.
 func (s *FeedSource) mark(m feed.Signed) error {
-	h, err := s.o.Verifier.Open(m)
+	h, err := s.o.Verifier.OpenKind(m, feed.KindMark)
 	if err != nil {
 		return fmt.Errorf("pool feed mark: %w", err)
-	}
-	if h.Kind != feed.KindMark {
-		return fmt.Errorf("pool feed: a %s where a mark was due", h.Kind)
 	}
 	if !s.o.Store.Covers(h.Resources) {
 		return nil // a unit still on its way; the next mark will do

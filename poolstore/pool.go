@@ -2,7 +2,6 @@ package poolstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -241,12 +240,8 @@ func (p *Pool) askPeersForLeader(ctx context.Context) {
 // zero unless it verifies and is not ahead of this node's clock by more
 // than MaxSyncAhead.
 func (p *Pool) verifiedMark(info LeaderInfo) time.Time {
-	var s feed.Signed
-	if len(info.Mark) == 0 || json.Unmarshal(info.Mark, &s) != nil {
-		return time.Time{}
-	}
-	h, err := p.o.Verifier.Open(s)
-	if err != nil || h.Kind != feed.KindMark || h.T.After(time.Now().Add(p.follower.o.MaxSyncAhead)) {
+	h, err := openSigned(p.o.Verifier, info.Mark, feed.KindMark)
+	if err != nil || h.T.After(time.Now().Add(p.follower.o.MaxSyncAhead)) {
 		return time.Time{}
 	}
 	return h.T

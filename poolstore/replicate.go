@@ -2,11 +2,11 @@ package poolstore
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 
+	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
 
@@ -90,20 +90,8 @@ type frameReader struct {
 func newFrameReader(r io.Reader) *frameReader {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxFrameBytes)
-	sc.Split(scanFrames)
+	sc.Split(feed.ScanLines)
 	return &frameReader{sc: sc}
-}
-
-// scanFrames splits lines, each ending in a newline: a line cut short by
-// the end of the stream is an error, not a frame.
-func scanFrames(data []byte, atEOF bool) (int, []byte, error) {
-	if i := bytes.IndexByte(data, '\n'); i >= 0 {
-		return i + 1, data[:i], nil
-	}
-	if atEOF && len(data) > 0 {
-		return 0, nil, io.ErrUnexpectedEOF
-	}
-	return 0, nil, nil
 }
 
 // next returns the next frame and its size in bytes; io.EOF at the end of

@@ -61,16 +61,19 @@ func trustRefusal(err error, what string) error {
 
 // open verifies a signed statement (its feed.Signed JSON) of kind.
 func (v *verifier) open(raw json.RawMessage, kind string) (feed.Header, error) {
+	return openSigned(v.f.o.Verifier, raw, kind)
+}
+
+// openSigned verifies with fv a signed statement (its feed.Signed JSON)
+// of kind; what does not verify is a *refusal.
+func openSigned(fv *feed.Verifier, raw json.RawMessage, kind string) (feed.Header, error) {
 	var s feed.Signed
 	if err := json.Unmarshal(raw, &s); err != nil || s.IsZero() {
 		return feed.Header{}, &refusal{refusedUnsigned, fmt.Errorf("a %s that is no signed statement", kind)}
 	}
-	h, err := v.f.o.Verifier.Open(s)
+	h, err := fv.OpenKind(s, kind)
 	if err != nil {
 		return feed.Header{}, trustRefusal(err, "a "+kind)
-	}
-	if h.Kind != kind {
-		return feed.Header{}, &refusal{refusedBadSignature, fmt.Errorf("a %s statement where a %s was due", h.Kind, kind)}
 	}
 	return h, nil
 }

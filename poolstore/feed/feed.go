@@ -282,6 +282,16 @@ func (v *Verifier) Open(s Signed) (Header, error) {
 	return h, nil
 }
 
+// OpenKind is Open for a statement that must be of kind: another kind is
+// an ErrBadStatement.
+func (v *Verifier) OpenKind(s Signed, kind string) (Header, error) {
+	h, err := v.Open(s)
+	if err == nil && h.Kind != kind {
+		return Header{}, fmt.Errorf("%w: a %s statement where a %s was due", ErrBadStatement, h.Kind, kind)
+	}
+	return h, err
+}
+
 func verify(pub crypto.PublicKey, msg, sig []byte) bool {
 	switch pub := pub.(type) {
 	case ed25519.PublicKey:

@@ -46,6 +46,12 @@ func TestSignedStatementVerifies(t *testing.T) {
 	if got.To != 42 || got.Resource != h.Resource || got.Root != h.Root {
 		t.Fatalf("opened %+v, signed %+v", got, h)
 	}
+	if _, err := v.OpenKind(s, feed.KindMark); !errors.Is(err, feed.ErrBadStatement) {
+		t.Fatalf("an attestation opened as a mark: %v, want ErrBadStatement", err)
+	}
+	if _, err := v.OpenKind(s, feed.KindAttest); err != nil {
+		t.Fatalf("OpenKind of its own kind: %v", err)
+	}
 	// One byte of the header changed: the signature no longer holds.
 	bad := s
 	bad.H = bytes.Replace(s.H, []byte(`"to":42`), []byte(`"to":43`), 1)

@@ -116,16 +116,21 @@ func NewReader(r io.Reader) *Reader {
 	fr := flate.NewReader(r)
 	sc := bufio.NewScanner(fr)
 	sc.Buffer(make([]byte, 0, 64<<10), MaxFrameBytes)
-	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			return i + 1, data[:i], nil
-		}
-		if atEOF && len(data) > 0 {
-			return 0, nil, io.ErrUnexpectedEOF
-		}
-		return 0, nil, nil
-	})
+	sc.Split(ScanLines)
 	return &Reader{sc: sc, fr: fr}
+}
+
+// ScanLines is a bufio.SplitFunc for NDJSON streams (this feed and the
+// pool's replication stream): lines each ending in a newline, a line cut
+// short by the end of the stream an error, not a frame.
+func ScanLines(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return 0, nil, io.ErrUnexpectedEOF
+	}
+	return 0, nil, nil
 }
 
 // Next returns the next frame and its size (inflated); io.EOF at the end.
