@@ -20,7 +20,6 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/poolstore/elect"
-	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
 )
@@ -186,15 +185,6 @@ func createSlices(t *testing.T, ctx context.Context, c kubernetes.Interface, fro
 func countSlices(s *replica.Store) int {
 	objs, _, _, _ := s.List(replica.ResourceKey(DefaultResources[0]))
 	return len(objs)
-}
-
-// newVerifier trusts gw's CA for its name.
-func newVerifier(t *testing.T, gw *testGateway) *feed.Verifier {
-	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: gw.ca.Pool, Names: []string{gatewayName}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }
 
 // servePipe opens fd's feed in process, as a tunnel stream would carry it.

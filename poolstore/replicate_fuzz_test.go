@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/replica"
 	testclock "k8s.io/utils/clock/testing"
 )
@@ -89,10 +88,7 @@ func FuzzReplicationStream(f *testing.F) {
 	}
 	f.Cleanup(func() { check.Close() })
 	clk := testclock.NewFakeClock(now)
-	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: gw.ca.Pool, Names: []string{gatewayName}})
-	if err != nil {
-		f.Fatal(err)
-	}
+	v := newVerifier(f, gw)
 	fol, err := NewFollower(FollowerOptions{
 		PeerConfig: PeerConfig{Self: "f", Members: &members{pools: map[string]string{}, addrs: map[string]string{}}, Clock: clk,
 			Certificate: func() (*tls.Certificate, error) { return nil, errors.New("no dialling here") },

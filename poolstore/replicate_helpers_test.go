@@ -316,10 +316,15 @@ func newTestGateway(t testing.TB, caName string) *testGateway {
 }
 
 // verifier trusts the cluster's gateway CA.
-func (c *cluster) verifier() *feed.Verifier {
-	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: c.gw.ca.Pool, Names: []string{gatewayName}})
+func (c *cluster) verifier() *feed.Verifier { return newVerifier(c.t, c.gw) }
+
+// newVerifier trusts gw's CA for its name, as an edge trusts its
+// --gateway-ca.
+func newVerifier(t testing.TB, gw *testGateway) *feed.Verifier {
+	t.Helper()
+	v, err := feed.NewVerifier(feed.VerifierOptions{Roots: gw.ca.Pool, Names: []string{gatewayName}})
 	if err != nil {
-		c.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return v
 }
