@@ -138,64 +138,54 @@ func TestForgedPool(t *testing.T) {
 	t.Logf("edge-h1 and edge-h2 follow the rogue leader; kube-proxy on edge-h1 programs default/kubernetes → %v", cloudAPI)
 
 	t.Run("ForgedEndpoints", func(t *testing.T) {
-		before := refusedTotal(t, h1)
-		rev, heal := r.tamper(t, slicesKey, func() { r.forgeKubernetes(t, thiefIP) })
-		served := func(e *world.Edge) string {
-			c := e.ProxyClient(kubeProxyUA)
-			var hits []string
-			if l, err := c.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{}); err == nil {
-				for _, s := range l.Items {
-					if holds(s, thiefIP) {
-						hits = append(hits, "EndpointSlice "+s.Name+" → "+sliceAddresses(s))
+		r.attack(t, ctx, admin, honest, tampering{
+			what:     "a follower served the rogue leader's forged endpoints for default/kubernetes",
+			resource: slicesKey, ns: "shop",
+			change: func() { r.forgeKubernetes(t, thiefIP) },
+			bad: func(e *world.Edge) string {
+				c := e.ProxyClient(kubeProxyUA)
+				var hits []string
+				if l, err := c.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{}); err == nil {
+					for _, s := range l.Items {
+						if holds(s, thiefIP) {
+							hits = append(hits, "EndpointSlice "+s.Name+" → "+sliceAddresses(s))
+						}
 					}
 				}
-			}
-			if l, err := c.CoreV1().Endpoints("default").List(ctx, metav1.ListOptions{}); err == nil {
-				for _, ep := range l.Items {
-					if holds(ep, thiefIP) {
-						hits = append(hits, "Endpoints "+ep.Name)
+				if l, err := c.CoreV1().Endpoints("default").List(ctx, metav1.ListOptions{}); err == nil {
+					for _, ep := range l.Items {
+						if holds(ep, thiefIP) {
+							hits = append(hits, "Endpoints "+ep.Name)
+						}
 					}
 				}
-			}
-			if l, err := c.CoreV1().Services("default").List(ctx, metav1.ListOptions{}); err == nil {
-				for _, s := range l.Items {
-					if holds(s, thiefIP) {
-						hits = append(hits, "Service "+s.Name)
+				if l, err := c.CoreV1().Services("default").List(ctx, metav1.ListOptions{}); err == nil {
+					for _, s := range l.Items {
+						if holds(s, thiefIP) {
+							hits = append(hits, "Service "+s.Name)
+						}
 					}
 				}
-			}
-			return strings.Join(hits, ", ")
-		}
-		testenv.Never(t, "a follower served the rogue leader's forged endpoints for default/kubernetes", func() bool {
-			for _, e := range honest {
-				if got := served(e); got != "" {
-					progs, _ := kp.Endpoints(ctx, "default", "kubernetes")
-					t.Logf("%s serves, with kube-proxy's User-Agent, the thief's address %s: %s (kube-proxy on edge-h1 programs default/kubernetes → %v)",
-						e.Name, thiefIP, got, progs)
-					return true
+				if e == h1 {
+					if progs, err := kp.Endpoints(ctx, "default", "kubernetes"); err == nil && slices.Contains(progs, thiefIP) {
+						hits = append(hits, fmt.Sprintf("kube-proxy programs default/kubernetes → %v", progs))
+					}
 				}
-			}
-			if progs, err := kp.Endpoints(ctx, "default", "kubernetes"); err == nil && slices.Contains(progs, thiefIP) {
-				t.Logf("kube-proxy on edge-h1 programs default/kubernetes → %v", progs)
-				return true
-			}
-			return false
-		}, r.tookOrRefused(ctx, honest, rev, before))
-		if after := refusedTotal(t, h1); after <= before {
-			t.Errorf("edge-h1's refusals of leaders (unsigned, unknown_key, bad_chain, bad_signature, root_mismatch, rollback): %v → %v, want it to grow", before, after)
-		}
-		for _, e := range honest {
-			testenv.EventuallyNoError(t, e.Name+" to serve the cloud's data", func() error { return servesAsCloud(ctx, admin, e, "shop") })
-		}
-		testenv.EventuallyNoError(t, "kube-proxy on edge-h1 to program the cloud's default/kubernetes", func() error {
-			got, err := kp.Endpoints(ctx, "default", "kubernetes")
-			if err == nil && slices.Equal(got, cloudAPI) {
-				return nil
-			}
-			return fmt.Errorf("programs %v (%v), want %v", got, err, cloudAPI)
+				if len(hits) == 0 {
+					return ""
+				}
+				return "serves, with kube-proxy's User-Agent, the thief's address " + thiefIP + ": " + strings.Join(hits, ", ")
+			},
+			after: func() {
+				testenv.EventuallyNoError(t, "kube-proxy on edge-h1 to program the cloud's default/kubernetes", func() error {
+					got, err := kp.Endpoints(ctx, "default", "kubernetes")
+					if err == nil && slices.Equal(got, cloudAPI) {
+						return nil
+					}
+					return fmt.Errorf("programs %v (%v), want %v", got, err, cloudAPI)
+				})
+			},
 		})
-		heal()
-		r.followed(t, ctx, honest)
 	})
 
 	t.Run("AlteredService", func(t *testing.T) {
@@ -203,58 +193,39 @@ func TestForgedPool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := refusedTotal(t, h1)
-		rev, heal := r.tamper(t, servicesKey, func() { r.alterService(t, "shop-a", "web") })
-		testenv.Never(t, "a follower served the rogue leader's altered Service shop-a/web", func() bool {
-			for _, e := range honest {
+		r.attack(t, ctx, admin, honest, tampering{
+			what:     "a follower served the rogue leader's altered Service shop-a/web",
+			resource: servicesKey, ns: "shop-a",
+			change: func() { r.alterService(t, "shop-a", "web") },
+			bad: func(e *world.Edge) string {
 				l, err := e.ProxyClient(kubeProxyUA).CoreV1().Services("shop-a").List(ctx, metav1.ListOptions{})
 				if err != nil {
-					continue
+					return ""
 				}
 				for _, s := range l.Items {
 					if s.Name == "web" && serviceShape(s) != serviceShape(*genuine) {
-						t.Logf("%s serves shop-a/web@%s as %s; the cloud has it @%s as %s", e.Name, s.ResourceVersion, serviceShape(s),
+						return fmt.Sprintf("serves shop-a/web@%s as %s; the cloud has it @%s as %s", s.ResourceVersion, serviceShape(s),
 							genuine.ResourceVersion, serviceShape(*genuine))
-						return true
 					}
 				}
-			}
-			return false
-		}, r.tookOrRefused(ctx, honest, rev, before))
-		if after := refusedTotal(t, h1); after <= before {
-			t.Errorf("edge-h1's refusals of leaders: %v → %v, want it to grow", before, after)
-		}
-		for _, e := range honest {
-			testenv.EventuallyNoError(t, e.Name+" to serve the cloud's data", func() error { return servesAsCloud(ctx, admin, e, "shop-a") })
-		}
-		heal()
-		r.followed(t, ctx, honest)
+				return ""
+			},
+		})
 	})
 
 	t.Run("DeletedObjects", func(t *testing.T) {
-		before := refusedTotal(t, h1)
-		rev, heal := r.tamper(t, slicesKey, func() { r.deleteSlice(t, "shop-d", "svc-1") })
-		testenv.Never(t, "a follower stopped serving EndpointSlice shop-d/svc-1, which the rogue leader deleted", func() bool {
-			for _, e := range honest {
+		r.attack(t, ctx, admin, honest, tampering{
+			what:     "a follower stopped serving EndpointSlice shop-d/svc-1, which the rogue leader deleted",
+			resource: slicesKey, ns: "shop-d",
+			change: func() { r.deleteSlice(t, "shop-d", "svc-1") },
+			bad: func(e *world.Edge) string {
 				l, err := e.ProxyClient(kubeProxyUA).DiscoveryV1().EndpointSlices("shop-d").List(ctx, metav1.ListOptions{})
-				if err != nil {
-					continue
+				if err != nil || slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return s.Name == "svc-1" }) {
+					return ""
 				}
-				if !slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return s.Name == "svc-1" }) {
-					t.Logf("%s serves EndpointSlices %v in shop-d: svc-1, which the cloud has, is gone", e.Name, sliceVersions(l.Items))
-					return true
-				}
-			}
-			return false
-		}, r.tookOrRefused(ctx, honest, rev, before))
-		if after := refusedTotal(t, h1); after <= before {
-			t.Errorf("edge-h1's refusals of leaders: %v → %v, want it to grow", before, after)
-		}
-		for _, e := range honest {
-			testenv.EventuallyNoError(t, e.Name+" to serve the cloud's data", func() error { return servesAsCloud(ctx, admin, e, "shop-d") })
-		}
-		heal()
-		r.followed(t, ctx, honest)
+				return fmt.Sprintf("serves EndpointSlices %v in shop-d: svc-1, which the cloud has, is gone", sliceVersions(l.Items))
+			},
+		})
 	})
 
 	t.Run("FreshForever", func(t *testing.T) {
@@ -474,6 +445,50 @@ func (r *rogueLeader) tamper(t *testing.T, resource string, change func()) (rev 
 			t.Fatal(err)
 		}
 	}
+}
+
+// tampering is one attack on the followers (rogueLeader.attack).
+type tampering struct {
+	what     string // what must never happen, for Never
+	resource string // the resource change tampers with, closed with its last genuine attestation
+	ns       string // the namespace whose cloud data the followers must serve after it
+	change   func()
+	// bad says what an honest follower serves of the tampering ("" for
+	// nothing).
+	bad func(e *world.Edge) string
+	// after, if set, checks more before the rogue heals.
+	after func()
+}
+
+// attack runs a: the rogue tampers with its store; no honest follower
+// may serve it until each took the rogue's revision or edge-h1 (the
+// first) refused it; the refusal must be counted; the followers must
+// serve the cloud's data of a.ns; then the rogue heals and they take its
+// genuine snapshot, ready for the next attack.
+func (r *rogueLeader) attack(t *testing.T, ctx context.Context, admin kubernetes.Interface, honest []*world.Edge, a tampering) {
+	t.Helper()
+	before := refusedTotal(t, honest[0])
+	rev, heal := r.tamper(t, a.resource, a.change)
+	testenv.Never(t, a.what, func() bool {
+		for _, e := range honest {
+			if got := a.bad(e); got != "" {
+				t.Logf("%s %s", e.Name, got)
+				return true
+			}
+		}
+		return false
+	}, r.tookOrRefused(ctx, honest, rev, before))
+	if after := refusedTotal(t, honest[0]); after <= before {
+		t.Errorf("%s's refusals of leaders (%s): %v → %v, want it to grow", honest[0].Name, strings.Join(forgeryRefusals, ", "), before, after)
+	}
+	for _, e := range honest {
+		testenv.EventuallyNoError(t, e.Name+" to serve the cloud's data", func() error { return servesAsCloud(ctx, admin, e, a.ns) })
+	}
+	if a.after != nil {
+		a.after()
+	}
+	heal()
+	r.followed(t, ctx, honest)
 }
 
 // followed waits until every follower holds the rogue's replica of its
