@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/feed"
 	"github.com/tether-edge/tether/poolstore/record"
 	"github.com/tether-edge/tether/poolstore/replica"
@@ -79,10 +80,8 @@ func (s *FeedSource) Run(ctx context.Context) {
 			backoff = time.Second
 		}
 		s.o.Logger.Info("pool feed ended; opening it again", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
+		if !ticker.Sleep(ctx, nil, backoff+rand.N(backoff/2)) {
 			return
-		case <-time.After(backoff + rand.N(backoff/2)):
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
@@ -202,24 +201,18 @@ func (s *FeedSource) keepSyncRecord(ctx context.Context) {
 	if s.o.Client == nil {
 		return
 	}
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	var last time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ticker.Every(ctx, nil, time.Second, func() bool {
 		at := s.o.Store.SyncedAt()
 		if at.IsZero() || time.Since(at) > DefaultFreshFor || time.Since(last) < SyncInterval {
-			continue
+			return true
 		}
 		last = time.Now()
 		if err := s.renewSyncRecord(ctx, at); err != nil && ctx.Err() == nil {
 			s.o.Logger.Warn("pool sync record not renewed", "err", err)
 		}
-	}
+		return true
+	})
 }
 
 // renewSyncRecord writes the leader-informer-sync record,

@@ -70,6 +70,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/tether-edge/tether/internal/kube"
+	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/poolstore/feed"
 )
 
@@ -189,10 +190,8 @@ func (f *Feed) Run(ctx context.Context) error {
 			break
 		}
 		f.log.Warn("pool feed: no serving certificate to sign with yet", "err", err)
-		select {
-		case <-ctx.Done():
+		if !ticker.Sleep(ctx, nil, time.Second) {
 			return nil
-		case <-time.After(time.Second):
 		}
 	}
 	var wg sync.WaitGroup
@@ -275,21 +274,15 @@ func (f *Feed) refreshCert() error {
 // marks signs a mark every MarkEvery while every resource is synced, and
 // reads the serving certificate again first.
 func (f *Feed) marks(ctx context.Context) {
-	t := time.NewTicker(f.o.MarkEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ticker.Every(ctx, nil, f.o.MarkEvery, func() bool {
 		if err := f.refreshCert(); err != nil {
 			f.log.Warn("pool feed: cannot read the serving certificate; signing with the previous one", "err", err)
 		}
 		if err := f.signMark(); err != nil {
 			f.log.Error("pool feed: mark not signed", "err", err)
 		}
-	}
+		return true
+	})
 }
 
 func (f *Feed) signMark() error {
@@ -633,10 +626,8 @@ func (f *Feed) run(ctx context.Context, r *resource) {
 		}
 		if !errors.Is(err, errRelist) {
 			log.Warn("pool feed: list/watch failed; relisting", "err", err, "in", backoff)
-			select {
-			case <-ctx.Done():
+			if !ticker.Sleep(ctx, nil, backoff+rand.N(backoff/2)) {
 				return
-			case <-time.After(backoff + rand.N(backoff/2)):
 			}
 			backoff = min(2*backoff, 30*time.Second)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tether-edge/tether/gateway/poolcheck"
+	"github.com/tether-edge/tether/internal/ticker"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -91,21 +92,13 @@ func (h *Handler) ServePoolFeed(ctx context.Context, sender string, req tunnel.P
 	log.Info("pool feed subscribed")
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	go func() {
-		t := time.NewTicker(h.o.LeaderRecheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if r := poolcheck.AsRefusal(h.check(ctx, sender, req.Pool)); r != nil && r.Code != tunnel.Unavailable {
-				cancel(fmt.Errorf("%w: %s", errLeadLost, r))
-				return
-			}
+	go ticker.Every(ctx, nil, h.o.LeaderRecheck, func() bool {
+		if r := poolcheck.AsRefusal(h.check(ctx, sender, req.Pool)); r != nil && r.Code != tunnel.Unavailable {
+			cancel(fmt.Errorf("%w: %s", errLeadLost, r))
+			return false
 		}
-	}()
+		return true
+	})
 	err = h.feed.Serve(ctx, w)
 	log.Info("pool feed ended", "err", err)
 	return err
