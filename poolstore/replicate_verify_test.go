@@ -158,10 +158,12 @@ func TestSnapshotRollbackRefused(t *testing.T) {
 	testenv.Eventually(t, "the follower has the newer state", func() bool { return store.Digest() == l.store.Digest() })
 	digest := store.Digest()
 
-	// Another leader, whose replica is the older genuine state.
-	x := c.addNode("x", "a")
-	mustNil(t, x.store.Load(old.Snapshot()))
-	x.lead("x/2")
+	// The leader's replica goes back to the older genuine state, in a
+	// new term (a node leading again with what it had before). Not a
+	// new node: its own follower would race the Load for l's newer
+	// state.
+	mustNil(t, l.store.Load(old.Snapshot()))
+	l.lead("l/2")
 	testenv.Eventually(t, "the rollback refused", func() bool { return value(f.m.refused.WithLabelValues(refusedRollback)) >= 1 })
 	if store.Digest() != digest {
 		t.Fatal("the replica went back to the older state")
