@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,9 +75,14 @@ type Config struct {
 	VIPCIDR     string   `json:"vip-cidr,omitempty"`
 	// EdgeCIDRs, when set, are the only ranges an edge node's address is
 	// routed from in node-ip mode (see nodewatch.Policy).
-	EdgeCIDRs    []string `json:"edge-cidrs,omitempty"`
-	NetRules     string   `json:"netrules"`
-	EdgeSelector string   `json:"edge-selector"`
+	EdgeCIDRs []string `json:"edge-cidrs,omitempty"`
+	// EdgePodCIDRs are the ranges edge nodes' pod ranges may lie in;
+	// empty routes no pod (see nodewatch.PodPolicy). WidestPodCIDR is
+	// the shortest prefix length accepted, IPv4 then IPv6.
+	EdgePodCIDRs  []string `json:"edge-pod-cidrs,omitempty"`
+	WidestPodCIDR string   `json:"widest-pod-cidr"`
+	NetRules      string   `json:"netrules"`
+	EdgeSelector  string   `json:"edge-selector"`
 	// MaxNodeAddresses bounds the addresses routed to one edge node
 	// (nodewatch.Policy.MaxPerNode).
 	MaxNodeAddresses int `json:"max-addresses-per-node"`
@@ -185,6 +191,7 @@ func DefaultConfig() Config {
 		ACMEHTTPListen:    DefaultACMEHTTPListen,
 		Mode:              string(nodewatch.ModeNodeIP),
 		MaxNodeAddresses:  nodewatch.DefaultMaxPerNode,
+		WidestPodCIDR:     fmt.Sprintf("%d,%d", nodewatch.DefaultWidestPodCIDR4, nodewatch.DefaultWidestPodCIDR6),
 		NetRules:          netrules.KindAuto,
 		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
 		EdgePorts:         config.Ports{10250, 10255},
@@ -400,6 +407,8 @@ func (c *Config) routingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
 	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
 	fs.Var(config.NewStringList(&c.EdgeCIDRs), "edge-cidrs", "`prefixes` (comma-separated or repeated) the edge sites' node addresses lie in; in node-ip mode an edge node's address outside them is never redirected to it (default: any address that is not a cloud node's or the gateway host's)")
+	fs.Var(config.NewStringList(&c.EdgePodCIDRs), "edge-pod-cidrs", "`prefixes` (comma-separated or repeated) the edge nodes' pod ranges lie in (part of the cluster CIDR). A connection to an address in an edge Node's spec.podCIDRs inside them, on any TCP port, is redirected to --proxy-port and relayed to that node, which dials only its own pods' allowed ports (tether-edge --allow-pod-ports). A range that overlaps another edge's, a cloud node's or the gateway host's is routed to nobody. Empty (the default) routes no pod")
+	fs.StringVar(&c.WidestPodCIDR, "widest-pod-cidr", c.WidestPodCIDR, "the shortest prefix `lengths`, IPv4 then IPv6 (comma-separated), an edge node's pod range may have to be routed: a wider range is refused, however it was set")
 	fs.IntVar(&c.MaxNodeAddresses, "max-addresses-per-node", c.MaxNodeAddresses, "at most this many `addresses` of one edge node are routed to it (redirected, answered in DNS): those it registered with first, then the others in the order it lists them")
 	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")
 	fs.DurationVar(&c.ResyncPeriod.Duration, "resync-period", c.ResyncPeriod.Duration, "re-apply the DNAT rules this often even without a Node change, repairing rules someone else flushed (drift)")
@@ -426,6 +435,9 @@ func (c *Config) validateRouting(p *problems) {
 		p.add("--vip-cidr is required with --mode=vip")
 	}
 	if _, err := c.edgeCIDRs(); err != nil {
+		p.add("%w", err)
+	}
+	if _, err := c.podPolicy(); err != nil {
 		p.add("%w", err)
 	}
 	if _, err := sources.ParsePrefixes("allowed-sources", c.AllowedSources); err != nil {
@@ -463,6 +475,34 @@ func (c Config) edgeCIDRs() ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// podPolicy parses EdgePodCIDRs and WidestPodCIDR.
+func (c Config) podPolicy() (nodewatch.PodPolicy, error) {
+	var p nodewatch.PodPolicy
+	for _, s := range c.EdgePodCIDRs {
+		r, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return p, fmt.Errorf("--edge-pod-cidrs %q: %w", s, err)
+		}
+		p.Ranges = append(p.Ranges, r.Masked())
+	}
+	lengths := strings.Split(c.WidestPodCIDR, ",")
+	if len(lengths) != 2 {
+		return p, fmt.Errorf("--widest-pod-cidr %q: want two prefix lengths, IPv4 then IPv6 (e.g. 16,48)", c.WidestPodCIDR)
+	}
+	for i, max := range []int{32, 128} {
+		n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(lengths[i]), "/"))
+		if err != nil || n < 1 || n > max {
+			return p, fmt.Errorf("--widest-pod-cidr %q: want a prefix length from 1 to %d", lengths[i], max)
+		}
+		if i == 0 {
+			p.Widest4 = n
+		} else {
+			p.Widest6 = n
+		}
+	}
+	return p, nil
 }
 
 // routePolicy is what the node watcher accepts as an edge node's address.

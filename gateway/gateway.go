@@ -258,8 +258,12 @@ func (g *Gateway) newWatcher(client kubernetes.Interface) ([]component.Component
 	if err != nil {
 		return nil, fmt.Errorf("--edge-selector: %w", err)
 	}
+	podPolicy, err := g.cfg.podPolicy()
+	if err != nil {
+		return nil, err
+	}
 	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: g.log, ResyncPeriod: 10 * time.Minute,
-		Policy: g.cfg.routePolicy(), GatewayHost: hostAddrs})
+		Policy: g.cfg.routePolicy(), PodPolicy: podPolicy, GatewayHost: hostAddrs})
 	if err := promreg.Register(g.metrics, g.watcher); err != nil {
 		return nil, fmt.Errorf("register node watcher metrics: %w", err)
 	}

@@ -52,6 +52,9 @@ type Options struct {
 	// Policy decides which addresses edge nodes may be reached at (mode,
 	// ranges); the zero Policy is node-ip mode with no range limit.
 	Policy Policy
+	// PodPolicy decides which pod ranges of edge nodes are routed; the
+	// zero PodPolicy routes none.
+	PodPolicy PodPolicy
 	// GatewayHost returns the gateway host's own addresses, which are
 	// never routed to an edge; nil skips that check (tests on loopback).
 	GatewayHost func() ([]netip.Addr, error)
@@ -71,8 +74,9 @@ type Watcher struct {
 	*metrics // its address refusals; the Watcher is their Collector
 	// Touched only by the publisher: the gateway host's addresses as last
 	// read, and the refusals of the last published snapshot.
-	local   []netip.Addr
-	refused map[Refusal]bool
+	local      []netip.Addr
+	refused    map[Refusal]bool
+	podRefused map[PodRefusal]bool
 
 	snap   atomic.Pointer[Snapshot]
 	synced chan struct{} // closed once the first snapshot is published
@@ -99,16 +103,17 @@ func New(client kubernetes.Interface, opts Options) *Watcher {
 		opts.HostCheckEvery = 30 * time.Second
 	}
 	w := &Watcher{
-		client:  client,
-		edge:    opts.EdgeSelector,
-		log:     opts.Logger,
-		resync:  opts.ResyncPeriod,
-		opts:    opts,
-		synced:  make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		nodes:   make(map[string]Node),
-		refused: map[Refusal]bool{},
-		metrics: newMetrics(),
+		client:     client,
+		edge:       opts.EdgeSelector,
+		log:        opts.Logger,
+		resync:     opts.ResyncPeriod,
+		opts:       opts,
+		synced:     make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		nodes:      make(map[string]Node),
+		refused:    map[Refusal]bool{},
+		podRefused: map[PodRefusal]bool{},
+		metrics:    newMetrics(),
 	}
 	if w.edge == nil {
 		w.edge = DefaultEdgeSelector()
@@ -195,6 +200,7 @@ func trim(obj any) (any, error) {
 			Labels:          n.Labels,
 			Annotations:     n.Annotations,
 		},
+		Spec:   corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 		Status: corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}, nil
 }
@@ -275,10 +281,12 @@ func (w *Watcher) publishLoop(ctx context.Context) {
 		if w.dirty || hostChanged || snap.Version == 0 {
 			nodes := maps.Clone(w.nodes)
 			routes := Resolve(nodes, w.opts.Policy, w.local, snap.Routes)
-			snap = &Snapshot{Nodes: nodes, Routes: routes, Version: snap.Version + 1}
+			pods := ResolvePods(nodes, w.opts.PodPolicy, w.local, routes)
+			snap = &Snapshot{Nodes: nodes, Routes: routes, Pods: pods, Version: snap.Version + 1}
 			w.dirty = false
 			w.snap.Store(snap)
 			w.reportRefusals(routes)
+			w.reportPodRefusals(pods)
 		}
 		subs := slices.Clone(w.subs)
 		w.mu.Unlock()
@@ -342,5 +350,31 @@ func (w *Watcher) reportRefusals(routes *Routes) {
 	w.refused = now
 	for _, reason := range Reasons() {
 		w.refusalsNow.WithLabelValues(string(reason)).Set(float64(counts[reason]))
+	}
+}
+
+// reportPodRefusals does for pod ranges what reportRefusals does for
+// addresses.
+func (w *Watcher) reportPodRefusals(pods *PodRoutes) {
+	now := make(map[PodRefusal]bool, len(pods.Refused()))
+	counts := map[Reason]int{}
+	for _, r := range pods.Refused() {
+		now[r] = true
+		counts[r.Reason]++
+		if w.podRefused[r] {
+			continue
+		}
+		w.podRefusalsTotal.WithLabelValues(string(r.Reason)).Inc()
+		w.log.Warn("not routing an edge node's pod range", "node", r.Node, "range", r.Prefix,
+			"reason", string(r.Reason), "with", r.With)
+	}
+	for r := range w.podRefused {
+		if !now[r] {
+			w.log.Info("pod range refusal ended", "node", r.Node, "range", r.Prefix, "reason", string(r.Reason))
+		}
+	}
+	w.podRefused = now
+	for _, reason := range PodReasons() {
+		w.podRefusalsNow.WithLabelValues(string(reason)).Set(float64(counts[reason]))
 	}
 }
