@@ -19,6 +19,7 @@ TEST_FLAGS ?= -count=1 -timeout 20m
 # is a bug report, not a verdict on the change under test.
 FUZZ_TIME  ?= 10s
 FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./tunnel:FuzzReadElectionRequest ./tunnel:FuzzReadElectionReply \
+              ./tunnel:FuzzServiceRequest \
               ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff ./poolstore:FuzzReplicationStream \
               ./internal/localapi:FuzzParseRequest ./edgeproxy/apiproxy:FuzzParseRequest \
               ./edgeproxy/cache:FuzzRecord ./edgeproxy/cache:FuzzResourceInfo ./edgeproxy/cache:FuzzQueuedWrite \
