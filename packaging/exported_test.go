@@ -90,6 +90,7 @@ func gatewayMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	cfg.NetRules = netrules.KindNFTables
 	cfg.EnableUpdateTrigger = true
 	cfg.DelegatedHeartbeatTaint = true
+	cfg.EdgeServices = true
 	cfg.HostsConfigMap = "kube-system/tether-hosts"
 	cfg.Replica = "metrics"
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
