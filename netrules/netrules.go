@@ -167,8 +167,14 @@ type shadowedRange struct {
 
 // rangeClaim is one node's claim on one pod range.
 type rangeClaim struct {
-	rng  netip.Prefix
-	node string
+	hi, lo uint64 // the range's address as a number, for sorting
+	rng    netip.Prefix
+	node   string
+}
+
+func newRangeClaim(p netip.Prefix, node string) rangeClaim {
+	b := p.Addr().As16()
+	return rangeClaim{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:]), p, node}
 }
 
 // claim is one node's claim on one address.
@@ -223,7 +229,9 @@ func normalize(d Desired) (*state, error) {
 	s.v4, s.owners4 = firstClaims(c4)
 	s.v6, s.owners6 = firstClaims(c6)
 
-	var r4, r6 []rangeClaim
+	// Usually one range per node and family.
+	r4 := make([]rangeClaim, 0, len(d.PodRanges))
+	r6 := make([]rangeClaim, 0, len(d.PodRanges))
 	for node, ranges := range d.PodRanges {
 		for _, p := range ranges {
 			p, err := canonRange(p)
@@ -231,9 +239,9 @@ func normalize(d Desired) (*state, error) {
 				return nil, fmt.Errorf("netrules: node %s: %w", node, err)
 			}
 			if p.Addr().Is4() {
-				r4 = append(r4, rangeClaim{p, node})
+				r4 = append(r4, newRangeClaim(p, node))
 			} else {
-				r6 = append(r6, rangeClaim{p, node})
+				r6 = append(r6, newRangeClaim(p, node))
 			}
 		}
 	}
@@ -258,23 +266,21 @@ func canonRange(p netip.Prefix) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// compareRanges orders ranges by address, then the wider first: a range
-// then comes after every range that holds it.
-func compareRanges(x, y netip.Prefix) int {
-	if c := x.Addr().Compare(y.Addr()); c != 0 {
-		return c
-	}
-	return cmp.Compare(x.Bits(), y.Bits())
-}
-
-// outerRanges sorts claims and returns the ranges no other range holds,
-// each once, with the node of each (the first by name among the nodes
-// that claim it). The ranges left out are added to s.shadowed. Two
-// ranges either are disjoint or one holds the other, so in this order a
-// range overlaps the last one kept exactly when that one holds it.
+// outerRanges sorts claims (by address, the wider range first, then by
+// node) and returns the ranges no other range holds, each once, with the
+// node of each (the first by name among the nodes that claim it). The
+// ranges left out are added to s.shadowed. Two ranges either are disjoint
+// or one holds the other, so in this order a range overlaps the last one
+// kept exactly when that one holds it.
 func (s *state) outerRanges(claims []rangeClaim) ([]netip.Prefix, []string) {
 	slices.SortFunc(claims, func(x, y rangeClaim) int {
-		if c := compareRanges(x.rng, y.rng); c != 0 {
+		if x.hi != y.hi {
+			return cmp.Compare(x.hi, y.hi)
+		}
+		if x.lo != y.lo {
+			return cmp.Compare(x.lo, y.lo)
+		}
+		if c := cmp.Compare(x.rng.Bits(), y.rng.Bits()); c != 0 {
 			return c
 		}
 		return strings.Compare(x.node, y.node)

@@ -180,15 +180,22 @@ func rangeKeys(ranges []netip.Prefix) [][]byte {
 
 // lastAddr returns the last address of p (masked).
 func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Addr().As16()
-	for bit := 128 - p.Addr().BitLen() + p.Bits(); bit < 128; bit++ {
-		b[bit/8] |= 0x80 >> (bit % 8)
-	}
-	last := netip.AddrFrom16(b)
 	if p.Addr().Is4() {
-		last = last.Unmap()
+		b := p.Addr().As4()
+		v := binary.BigEndian.Uint32(b[:]) | uint32(1<<(32-p.Bits())-1)
+		return netip.AddrFrom4([4]byte(binary.BigEndian.AppendUint32(b[:0], v)))
 	}
-	return last
+	b := p.Addr().As16()
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	if host := 128 - p.Bits(); host >= 64 {
+		hi |= 1<<(host-64) - 1
+		lo = ^uint64(0)
+	} else {
+		lo |= 1<<host - 1
+	}
+	binary.BigEndian.PutUint64(b[:8], hi)
+	binary.BigEndian.PutUint64(b[8:], lo)
+	return netip.AddrFrom16(b)
 }
 
 // setElement turns an element key of s (as elements makes it) into a
