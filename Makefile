@@ -46,8 +46,8 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: Debian packages present"; fi
 
-# testbins builds kube-apiserver, kube-proxy, kube-controller-manager, etcd, Pebble
-# and promtool from their Go modules into ~/.cache/tether (about 15 minutes cold
+# testbins builds kube-apiserver, kube-proxy, kube-controller-manager, etcd, Pebble,
+# promtool and Prometheus from their Go modules into ~/.cache/tether (about 15 minutes cold
 # on 2 cores, nothing when warm).
 testbins:
 	@tools/build-testbins.sh >/dev/null
