@@ -65,7 +65,7 @@ func New(node string, client *kube.Client) *Pods {
 	pods := cache.NewSharedIndexInformer(
 		kube.ListWatch(selected[*corev1.PodList]{client.Pods(""), fields.OneTermEqualSelector("spec.nodeName", node).String()}),
 		&corev1.Pod{}, 0, cache.Indexers{ipIndex: indexIPs})
-	// Keep what the allow list reads, not managed fields nor whole Nodes.
+	// Keep only what the allow list reads of each object.
 	_ = nodes.SetTransform(trimNode)
 	_ = pods.SetTransform(trimPod)
 	return &Pods{node: node, nodeInf: nodes, podInf: pods, informer: []cache.SharedIndexInformer{nodes, pods}}
@@ -160,12 +160,33 @@ func trimNode(obj any) (any, error) {
 	}, nil
 }
 
-// trimPod drops a pod's managed fields, which nothing here reads.
+// trimPod keeps what the allow list reads of a pod: its name, the
+// tether.io/tunnel-ports annotation, node, hostNetwork, containers'
+// ports, phase and addresses.
 func trimPod(obj any) (any, error) {
-	if pod, ok := obj.(*corev1.Pod); ok {
-		pod.ManagedFields = nil
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
 	}
-	return obj, nil
+	out := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName, HostNetwork: pod.Spec.HostNetwork},
+		Status:     corev1.PodStatus{Phase: pod.Status.Phase, PodIP: pod.Status.PodIP, PodIPs: pod.Status.PodIPs},
+	}
+	if v, ok := pod.Annotations[edgetunnel.AnnotationTunnelPorts]; ok {
+		out.Annotations = map[string]string{edgetunnel.AnnotationTunnelPorts: v}
+	}
+	ports := func(cs []corev1.Container) []corev1.Container {
+		var kept []corev1.Container
+		for _, c := range cs {
+			if len(c.Ports) > 0 {
+				kept = append(kept, corev1.Container{Name: c.Name, Ports: c.Ports})
+			}
+		}
+		return kept
+	}
+	out.Spec.Containers, out.Spec.InitContainers = ports(pod.Spec.Containers), ports(pod.Spec.InitContainers)
+	return out, nil
 }
 
 // selected is a typed client whose lists and watches carry a field

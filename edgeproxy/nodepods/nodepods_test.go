@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -122,8 +123,11 @@ func TestPodsAgainstKubeAPIServer(t *testing.T) {
 		var out []string
 		for _, pod := range pods {
 			out = append(out, pod.Name)
-			if len(pod.ManagedFields) != 0 {
-				t.Errorf("pod %s kept its managed fields", pod.Name)
+			if len(pod.ManagedFields) != 0 || pod.Spec.Containers[0].Image != "" {
+				t.Errorf("pod %s kept more than the allow list reads", pod.Name)
+			}
+			if len(pod.Spec.Containers[0].Ports) != 1 || pod.Spec.Containers[0].Ports[0].ContainerPort != 8080 {
+				t.Errorf("pod %s lost its ports: %+v", pod.Name, pod.Spec.Containers)
 			}
 		}
 		return out
@@ -151,4 +155,35 @@ func TestPodsAgainstKubeAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, "the deleted pod gone", func() bool { return names("10.244.3.8") == nil })
+}
+
+// TestTrimPod: the trimmed pod keeps every field the allow list reads.
+func TestTrimPod(t *testing.T) {
+	always := corev1.ContainerRestartPolicyAlways
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "u1", ResourceVersion: "7",
+			Annotations: map[string]string{"tether.io/tunnel-ports": "metrics", "other": "x"}, Labels: map[string]string{"a": "b"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		Spec: corev1.PodSpec{NodeName: "edge-1", HostNetwork: true,
+			Containers: []corev1.Container{{Name: "app", Image: "img", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9100}}},
+				{Name: "noports", Image: "img"}},
+			InitContainers: []corev1.Container{{Name: "proxy", Image: "img", RestartPolicy: &always,
+				Ports: []corev1.ContainerPort{{Name: "envoy", ContainerPort: 15090, Protocol: corev1.ProtocolTCP}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.3.7", PodIPs: []corev1.PodIP{{IP: "10.244.3.7"}}},
+	}
+	obj, err := trimPod(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "u1", ResourceVersion: "7",
+			Annotations: map[string]string{"tether.io/tunnel-ports": "metrics"}},
+		Spec: corev1.PodSpec{NodeName: "edge-1", HostNetwork: true,
+			Containers:     []corev1.Container{{Name: "app", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9100}}}},
+			InitContainers: []corev1.Container{{Name: "proxy", Ports: []corev1.ContainerPort{{Name: "envoy", ContainerPort: 15090, Protocol: corev1.ProtocolTCP}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.3.7", PodIPs: []corev1.PodIP{{IP: "10.244.3.7"}}},
+	}
+	if diff := cmp.Diff(want, obj); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
 }
