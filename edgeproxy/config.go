@@ -59,6 +59,12 @@ type Config struct {
 	// AllowPorts are the ports of this node that cloud clients may reach
 	// through the tunnel.
 	AllowPorts Ports `json:"allow-ports,omitempty"`
+	// AllowPodPorts are the ports of this node's pods that cloud clients
+	// may reach, for a pod without the tether.io/tunnel-ports annotation:
+	// "declared" (its declared TCP ports), "none" or a list of ports
+	// (edgetunnel.ParsePodPorts). Pods are reached only with the
+	// apiserver proxy, which tells the node's pods and ranges.
+	AllowPodPorts string `json:"allow-pod-ports,omitempty"`
 	// MaxStreams bounds the connections relayed at once.
 	MaxStreams int `json:"max-streams,omitempty"`
 
@@ -142,6 +148,7 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		AllowPorts:      Ports{10250, 10255},
+		AllowPodPorts:   edgetunnel.DefaultPodPorts.String(),
 		MaxStreams:      DefaultMaxStreams,
 		APIServerListen: DefaultAPIServerListen,
 		AdminListen:     DefaultAdminListen,
@@ -195,6 +202,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.AllowPorts) == 0 {
 		errs = append(errs, errors.New("--allow-ports is empty: the tunnel could reach nothing"))
+	}
+	if _, err := edgetunnel.ParsePodPorts(c.AllowPodPorts); err != nil {
+		errs = append(errs, fmt.Errorf("--allow-pod-ports: %w", err))
 	}
 	if c.MaxStreams < 0 {
 		errs = append(errs, errors.New("--max-streams must not be negative"))

@@ -26,6 +26,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/identity"
+	"github.com/tether-edge/tether/edgeproxy/nodepods"
 	"github.com/tether-edge/tether/edgeproxy/poolrunner"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
@@ -72,7 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	e.log.Info("tether-edge starting", "version", version.Version, "gateway", cfg.Gateway,
-		"allow_ports", cfg.AllowPorts.String(), "apiserver_proxy", cfg.proxyConfigured(), "admin", cfg.AdminListen)
+		"allow_ports", cfg.AllowPorts.String(), "allow_pod_ports", cfg.AllowPodPorts, "apiserver_proxy", cfg.proxyConfigured(), "admin", cfg.AdminListen)
 	err = e.parts.Run(ctx)
 	e.log.Info("tether-edge stopped")
 	return err
@@ -98,8 +99,9 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	}()
 	var tun *edgetunnel.Client
 	var tunCert *identity.Cert
+	var pods *tunnelPods
 	if len(cfg.Gateway) > 0 {
-		if tun, tunCert, err = newTunnel(cfg, id, reg, log); err != nil {
+		if tun, tunCert, pods, err = newTunnel(cfg, id, reg, log); err != nil {
 			return nil, err
 		}
 	}
@@ -107,6 +109,9 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	if cfg.proxyConfigured() {
 		if ap, err = newAPIServerProxy(cfg, id, tun, reg, log); err != nil {
 			return nil, err
+		}
+		if pods != nil {
+			pods.loop.Bind(ap.proxy)
 		}
 	}
 	if node := id.Name(); node != "" {
@@ -130,6 +135,9 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	e.parts.Add(certificatesPart(id, cfg.CertCheckInterval.Duration))
 	if ap != nil {
 		e.parts.Add(ap.parts()...)
+	}
+	if pods != nil {
+		e.parts.Add(pods.part())
 	}
 	if cfg.AdminListen != "" {
 		ln, err := listen(listenerAdmin, cfg.AdminListen, reg, log)
@@ -159,31 +167,65 @@ func (e *edge) admin(cfg Config, ln net.Listener, reg *prometheus.Registry, node
 }
 
 // newTunnel builds the tunnel client, with the certificate the identity
-// presents to the gateways.
-func newTunnel(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *identity.Cert, error) {
+// presents to the gateways, and, with the apiserver proxy, what the
+// tunnel's allow list knows of the node's pods (its loop is bound to the
+// proxy once built).
+func newTunnel(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *identity.Cert, *tunnelPods, error) {
 	cert, err := id.Tunnel()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var roots func() *x509.CertPool
 	if cfg.GatewayCA != "" {
 		cas, err := certfile.LoadCAs(cfg.GatewayCA, certfile.Options{Name: "--gateway-ca", Logger: log})
 		if err != nil {
-			return nil, nil, fmt.Errorf("--gateway-ca: %w", err)
+			return nil, nil, nil, fmt.Errorf("--gateway-ca: %w", err)
 		}
 		roots = cas.Pool
 	}
+	node := id.Name() // the certificate's, which the gateways route by
+	var pods *tunnelPods
+	var src edgetunnel.PodSource
+	if cfg.proxyConfigured() {
+		if pods, err = newTunnelPods(node); err != nil {
+			return nil, nil, nil, err
+		}
+		src = pods.src
+	} else {
+		log.Info("no apiserver proxy: the tunnel dials no pods, only this node's own addresses")
+	}
 	tun, err := edgetunnel.New(edgetunnel.Options{
-		Gateways:    cfg.Gateway,
-		ServerName:  cfg.GatewayServerName,
-		RootCAs:     roots,
-		Certificate: cert.GetClientCertificate,
-		AllowPorts:  cfg.AllowPorts,
-		MaxStreams:  cfg.MaxStreams,
-		Logger:      log.With("node", id.Name()),
-		Registry:    reg,
+		Gateways:      cfg.Gateway,
+		ServerName:    cfg.GatewayServerName,
+		RootCAs:       roots,
+		Certificate:   cert.GetClientCertificate,
+		AllowPorts:    cfg.AllowPorts,
+		Pods:          src,
+		AllowPodPorts: cfg.AllowPodPorts,
+		MaxStreams:    cfg.MaxStreams,
+		Logger:        log.With("node", node),
+		Registry:      reg,
 	})
-	return tun, cert, err
+	return tun, cert, pods, err
+}
+
+// tunnelPods are the node's pod ranges and pods for the tunnel's allow
+// list: informers that read through the apiserver proxy in process (loop,
+// as nodepods.Client), with the node's identity, so that they are cached
+// for offline restarts.
+type tunnelPods struct {
+	src  *nodepods.Pods
+	loop *apiproxy.Loopback
+}
+
+func newTunnelPods(node string) (*tunnelPods, error) {
+	loop := apiproxy.NewLoopback(nodepods.Client)
+	client, err := kube.NewForConfig(&rest.Config{Host: "http://in-process", Transport: loop,
+		UserAgent: nodepods.UserAgent + "/" + version.Version, QPS: 20, Burst: 40})
+	if err != nil {
+		return nil, fmt.Errorf("tunnel pods: %w", err)
+	}
+	return &tunnelPods{src: nodepods.New(node, client), loop: loop}, nil
 }
 
 // apiserverProxy is the kube-apiserver proxy and what it runs on.

@@ -56,6 +56,8 @@ func TestValidate(t *testing.T) {
 		{"no key", func(c *Config) { c.Key = "" }, "give --cert and --key"},
 		{"bad gateway", func(c *Config) { c.Gateway = []string{"gw:http"} }, "--gateway"},
 		{"no ports", func(c *Config) { c.AllowPorts = nil }, "--allow-ports is empty"},
+		{"bad pod ports", func(c *Config) { c.AllowPodPorts = "http" }, `--allow-pod-ports: "http": not a port number`},
+		{"empty pod ports", func(c *Config) { c.AllowPodPorts = "" }, "--allow-pod-ports: empty"},
 		{"bad admin", func(c *Config) { c.AdminListen = "10267" }, "--admin-listen"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -72,3 +72,14 @@ func (ap *apiserverProxy) parts() []component.Component {
 	}
 	return ps
 }
+
+// part runs the informers of the tunnel's pods; until they sync the
+// tunnel refuses pods (and still serves the node's own addresses).
+func (p *tunnelPods) part() component.Component {
+	return part{N: "tunnel-pods", RunF: func(ctx context.Context) error {
+		p.src.Start(ctx)
+		<-ctx.Done()
+		p.src.Shutdown()
+		return nil
+	}}
+}

@@ -50,6 +50,7 @@ func registerFlags(fs *flag.FlagSet, cfg *edgeproxy.Config) {
 	fs.StringVar(&cfg.Key, "key", cfg.Key, "PEM `file` with the private key of --cert; may be the same file as --cert")
 	fs.StringVar(&cfg.BootstrapKubeconfig, "bootstrap-kubeconfig", cfg.BootstrapKubeconfig, "kubeconfig `file` with bootstrap credentials (a short-lived bootstrap token): instead of --cert/--key, tether-edge generates its own key and obtains the node's client certificate through the CSR API (CN=system:node:<--node-name>, O=system:nodes, signer kubernetes.io/kube-apiserver-client-kubelet, which kube-controller-manager approves and signs as for a kubelet), keeps it in <--data-dir>/pki/tether-edge-client-current.pem and renews it, with the current certificate, at 70-90% of its life. A valid certificate already there is used without a new request. Needs --node-name; enables the apiserver proxy, toward this kubeconfig's server unless --server-addr is given. Excludes --cert, --key and --kubeconfig")
 	fs.Var(&cfg.AllowPorts, "allow-ports", "the only `ports` (comma-separated) of this node, on its own addresses and loopback, that cloud clients may reach through the tunnel")
+	fs.StringVar(&cfg.AllowPodPorts, "allow-pod-ports", cfg.AllowPodPorts, "the `ports` of this node's pods that cloud clients may reach through the tunnel, for a pod without the tether.io/tunnel-ports annotation (which, as \"none\" or a comma-separated list of port numbers and names of the pod's declared ports, replaces this for its pod): declared (the TCP ports the pod declares in its containers' and init containers' ports), none, or a comma-separated list of port numbers. declared is the default because those are the ports Prometheus's kubernetes_sd pod role scrapes and webhook and aggregated API Services name as targetPort; a pod listening on another port needs the annotation. Only addresses inside this node's own pod ranges (its Node's spec.podCIDRs) held by a running pod of this node qualify, never the node's own addresses (such as cni0's), and only with the apiserver proxy, through which the node's Node and pods are read")
 	fs.IntVar(&cfg.MaxStreams, "max-streams", cfg.MaxStreams, "at most `n` connections relayed at once; more are refused as overloaded")
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "`name` of this node (default: the one in the client certificate; required with --bootstrap-kubeconfig); the gateway always knows the edge by its certificate; the apiserver proxy renews this node's Lease while the cloud is unreachable")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "kubeconfig `file` the apiserver proxy reaches the cloud kube-apiserver with (such as the kubelet's own, with the node's client certificate); enables the proxy")
@@ -84,7 +85,9 @@ tether-edge runs on an edge node behind NAT. It dials out to every
 tether-gateway replica over QUIC (mutual TLS with this node's client
 certificate) and serves the connections the gateways open for cloud clients
 (kube-apiserver, metrics-server, Prometheus) by dialling this node's own
-ports, if --allow-ports allows them. TLS stays end to end.
+ports, if --allow-ports allows them, and its own pods on the ports
+--allow-pod-ports or the pod's tether.io/tunnel-ports annotation allows.
+TLS stays end to end.
 
 With --kubeconfig, --server-addr or --bootstrap-kubeconfig it is also the
 kube-apiserver of the node's components (point kubelet, kube-proxy and coredns at

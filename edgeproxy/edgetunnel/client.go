@@ -36,8 +36,17 @@ type Options struct {
 	// Certificate supplies the node's client certificate for each new
 	// connection (tether-edge gives package identity's Cert.GetClientCertificate).
 	Certificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
-	// AllowPorts are the destination ports the edge dials.
+	// AllowPorts are the ports the edge dials on its own addresses and
+	// loopback.
 	AllowPorts []uint16
+	// Pods, if set, knows the node's pod ranges and pods: the edge then
+	// also dials the pods of this node, on the ports AllowPodPorts or
+	// their tether.io/tunnel-ports annotation allow. nil: pods are not
+	// dialled.
+	Pods PodSource
+	// AllowPodPorts is --allow-pod-ports (ParsePodPorts); "" is
+	// "declared".
+	AllowPodPorts string
 
 	// MaxStreams bounds the streams being relayed at once, over all
 	// gateways; more are refused as Overloaded. Default Limits.MaxStreams
@@ -150,11 +159,18 @@ func New(o Options) (*Client, error) {
 	if len(o.AllowPorts) == 0 {
 		return nil, errors.New("no allowed ports")
 	}
+	podPorts := DefaultPodPorts
+	if o.AllowPodPorts != "" {
+		if podPorts, err = ParsePodPorts(o.AllowPodPorts); err != nil {
+			return nil, fmt.Errorf("allowed pod ports: %w", err)
+		}
+	}
 	c := &Client{
 		opts:     o,
 		targets:  targets,
 		quicConf: tunnel.QUICConfig(o.Limits),
-		allow:    &allowList{ports: slices.Clone(o.AllowPorts), src: o.LocalAddrs, clock: o.Clock, log: o.Logger},
+		allow: &allowList{ports: slices.Clone(o.AllowPorts), src: o.LocalAddrs, clock: o.Clock, log: o.Logger,
+			pods: o.Pods, podPorts: podPorts},
 		slots:    make(chan struct{}, o.MaxStreams),
 		dialer:   o.Dialer,
 		clock:    o.Clock,
