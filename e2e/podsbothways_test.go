@@ -5,14 +5,21 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/tether-edge/tether/e2e/world"
@@ -42,7 +49,11 @@ const tunnelPortsAnnotation = "tether.io/tunnel-ports"
 func TestPodsBothWays(t *testing.T) {
 	testenv.RequireRoot(t)
 	// edge-2, a stand-in on another site, only owns another range.
-	w := world.New(t, bins, world.Options{RealKubelets: []string{"edge-1"}, PodCIDRs: true}, t.Logf)
+	// The webhook subtest: kube-apiserver calls a webhook Service at its
+	// endpoint's address, as it does with this flag, rather than at the
+	// ClusterIP, which needs a kube-proxy on its host.
+	w := world.New(t, bins, world.Options{RealKubelets: []string{"edge-1"}, PodCIDRs: true,
+		APIServerArgs: []string{"--enable-aggregator-routing=true"}}, t.Logf)
 	w.ApplyEdgeRBAC(t)
 	gw := w.Gateways[0]
 	gwCmd := w.StartGateway(t, gw, "--netrules", "nftables", "--edge-pod-cidrs="+world.EdgePodCIDRs.String())
@@ -201,6 +212,193 @@ func TestPodsBothWays(t *testing.T) {
 			return refusals(t) > before
 		})
 	})
+
+	// FromCloudHost: a cloud host that is not the gateway's, with the
+	// edge pod ranges routed to the gateway host, reaches the pod.
+	t.Run("FromCloudHost", func(t *testing.T) {
+		routePodsVia(t, w.Client, gw)
+		url := metricsURL(declared, declaredPort)
+		testenv.EventuallyNoError(t, "GET "+url+" from the client host, routed via the gateway host", func() error {
+			body, err := world.Get(ctx, w.Client, url)
+			if err == nil && body != metricsBody(declaredPort) {
+				err = fmt.Errorf("body %q", body)
+			}
+			return err
+		})
+	})
+
+	t.Run("Webhook", func(t *testing.T) {
+		testWebhookOnEdgePod(t, ctx, w, edge, gw)
+	})
+
+	// StatusIPLie: edge-1's key writes, as its pod's status IP, an address
+	// in edge-2's range. Routing never reads pod status: a connection to
+	// that address goes to edge-2, the range's owner, which has no such
+	// pod and refuses it; edge-1 is never asked.
+	t.Run("StatusIPLie", func(t *testing.T) {
+		b := other.PodCIDR.Addr().As4()
+		lie := netip.AddrFrom4([4]byte{b[0], b[1], b[2], 77}) // in edge-2's range
+		kp, err := w.ClusterCA.NodeCert(edge.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		thief, err := kubernetes.NewForConfig(w.CP.RESTConfig(kp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods := thief.CoreV1().Pods("default")
+		p, err := pods.Get(ctx, "declared", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.PodIP, p.Status.PodIPs = lie.String(), []corev1.PodIP{{IP: lie.String()}}
+		if _, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatalf("edge-1's key writes its pod's status IP %s: %v", lie, err)
+		}
+		streams := func(e *world.Edge) float64 {
+			m, err := world.Get(ctx, e.Host, world.EdgeAdmin("/metrics"))
+			if err != nil {
+				t.Fatalf("metrics of %s: %v", e.Name, err)
+			}
+			return world.Metric(m, `tether_edge_tunnel_streams_total{result="ok"}`) + world.Metric(m, `tether_edge_tunnel_streams_total{result="not_allowed"}`)
+		}
+		mineBefore, ownerBefore := streams(edge), streams(other)
+		url := metricsURL(lie, declaredPort)
+		if body, err := world.Get(ctx, gw, url); err == nil {
+			t.Fatalf("GET %s answered %q: a pod status IP outside its node's range reached something", url, body)
+		}
+		testenv.Eventually(t, fmt.Sprintf("%s, which owns %s, to be asked for %s and refuse it", other.Name, other.PodCIDR, lie), func() bool {
+			return streams(other) > ownerBefore
+		})
+		if got := streams(edge); got != mineBefore {
+			t.Errorf("%s, whose key wrote the lie, was asked for %v streams: routing read a pod's status", edge.Name, got-mineBefore)
+		}
+	})
+}
+
+// testWebhookOnEdgePod runs a validating admission webhook in a pod on e
+// (its Service's only endpoint is the pod's address, behind the site's
+// NAT) and shows kube-apiserver calling it through the gateway: its
+// verdict denies a ConfigMap named deny-*, and allows another.
+func testWebhookOnEdgePod(t *testing.T, ctx context.Context, w *world.World, e *world.Edge, gw *testenv.Host) {
+	const (
+		name = "tether-webhook"
+		port = 8443
+	)
+	routePodsVia(t, w.Topo.Cloud("apiserver"), gw)
+	dir := t.TempDir()
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "webhookpod"), "./webhookpod")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the webhook: %v\n%s", err, out)
+	}
+	ca := testenv.MustCA(t, "tether-test-webhook-ca")
+	kp, err := ca.ServerCert(name, name+".default.svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := kp.WriteFiles(dir, "tls"); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+
+	c := w.CP.Client
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			NodeName:                      e.Name,
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Volumes:                       []corev1.Volume{{Name: "hook", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}}},
+			Containers: []corev1.Container{{
+				Name: "hook", Image: testenv.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:      []string{"/hook/webhookpod", "--listen", fmt.Sprintf(":%d", port), "--cert", "/hook/tls.crt", "--key", "/hook/tls.key"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "hook", MountPath: "/hook", ReadOnly: true}},
+				Ports:        []corev1.ContainerPort{{Name: "https", ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+			}},
+		},
+	}
+	if _, err := c.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the webhook pod: %v", err)
+	}
+	var ip string
+	testenv.EventuallyWithin(t, 2*time.Minute, "the webhook pod Running with an address", func() bool {
+		p, err := c.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err == nil && p.Status.Phase == corev1.PodRunning {
+			ip = p.Status.PodIP
+		}
+		return ip != ""
+	})
+	// A Service whose one endpoint is the pod, as the EndpointSlice
+	// controller would write it.
+	if _, err := c.CoreV1().Services("default").Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443, TargetPort: intstr.FromInt32(port)}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the webhook Service: %v", err)
+	}
+	if _, err := c.DiscoveryV1().EndpointSlices("default").Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{
+			discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "tether-test"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](port), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{ip}, NodeName: ptr.To(e.Name),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the webhook's EndpointSlice: %v", err)
+	}
+	hooks := c.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if _, err := hooks.Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "deny.tether.example",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{
+				Service:  &admissionregistrationv1.ServiceReference{Namespace: "default", Name: name, Path: ptr.To("/validate"), Port: ptr.To[int32](443)},
+				CABundle: ca.CertPEM,
+			},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+			}},
+			// Only the test's ConfigMaps; a webhook that fails closed.
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"tether-test": "webhook"}},
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          ptr.To[int32](10),
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the webhook configuration: %v", err)
+	}
+	t.Cleanup(func() { hooks.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+
+	cm := func(n string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: "default", Labels: map[string]string{"tether-test": "webhook"}}}
+	}
+	cms := c.CoreV1().ConfigMaps("default")
+	// The first calls may find the webhook not listening yet (fail
+	// closed: refused with a call error), never allowed.
+	testenv.EventuallyNoError(t, "kube-apiserver to call the webhook on "+e.Name+" at "+ip+" and deny deny-me", func() error {
+		_, err := cms.Create(ctx, cm("deny-me"), metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			t.Fatal("deny-me was created: the webhook's verdict did not take effect")
+		case !strings.Contains(err.Error(), "edge webhook denies ConfigMap default/deny-me"):
+			return err
+		}
+		return nil
+	})
+	if _, err := cms.Create(ctx, cm("allow-me"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("allow-me refused: %v", err)
+	}
+}
+
+// The tests below reach edge pods from cloud hosts other than the
+// gateway's, whose routes send the edge pod ranges to the gateway host as
+// a VPC route table (or a route on every cloud node) does.
+func routePodsVia(t *testing.T, h, gw *testenv.Host) {
+	t.Helper()
+	h.Run(t, "ip", "route", "replace", world.EdgePodCIDRs.String(), "via", gw.Addr.String())
 }
 
 // startMetricsPod runs a busybox pod on e serving metricsBody(port) at
