@@ -437,7 +437,7 @@ func (g *Gateway) newEdgeServices(client kubernetes.Interface) ([]component.Comp
 	return []component.Component{part{N: "edge-services", RunF: g.services.Run,
 		ReadyF: func() error {
 			if !g.services.HasSynced() {
-				return errors.New("Services and EndpointSlices not listed yet")
+				return errors.New("edge services: Services and EndpointSlices not listed yet")
 			}
 			return nil
 		}}}, nil
