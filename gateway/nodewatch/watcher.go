@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -330,51 +331,53 @@ func (w *Watcher) readHost() bool {
 // reportRefusals logs and counts the refusals of routes that the previous
 // snapshot did not have, logs the ones that ended, and sets the gauges.
 func (w *Watcher) reportRefusals(routes *Routes) {
-	now := make(map[Refusal]bool, len(routes.Refused()))
-	counts := map[Reason]int{}
-	for _, r := range routes.Refused() {
-		now[r] = true
-		counts[r.Reason]++
-		if w.refused[r] {
-			continue
-		}
-		w.refusalsTotal.WithLabelValues(string(r.Reason)).Inc()
-		w.log.Warn("not routing an address an edge node claims", "node", r.Node, "address", r.Addr,
-			"reason", string(r.Reason), "holder", r.Holder)
-	}
-	for r := range w.refused {
-		if !now[r] {
+	w.refused = report(w.refused, routes.Refused(), Reasons(), w.refusalsNow, w.refusalsTotal,
+		func(r Refusal) Reason { return r.Reason },
+		func(r Refusal) {
+			w.log.Warn("not routing an address an edge node claims", "node", r.Node, "address", r.Addr,
+				"reason", string(r.Reason), "holder", r.Holder)
+		},
+		func(r Refusal) {
 			w.log.Info("address refusal ended", "node", r.Node, "address", r.Addr, "reason", string(r.Reason))
-		}
-	}
-	w.refused = now
-	for _, reason := range Reasons() {
-		w.refusalsNow.WithLabelValues(string(reason)).Set(float64(counts[reason]))
-	}
+		})
 }
 
 // reportPodRefusals does for pod ranges what reportRefusals does for
 // addresses.
 func (w *Watcher) reportPodRefusals(pods *PodRoutes) {
-	now := make(map[PodRefusal]bool, len(pods.Refused()))
-	counts := map[Reason]int{}
-	for _, r := range pods.Refused() {
-		now[r] = true
-		counts[r.Reason]++
-		if w.podRefused[r] {
-			continue
-		}
-		w.podRefusalsTotal.WithLabelValues(string(r.Reason)).Inc()
-		w.log.Warn("not routing an edge node's pod range", "node", r.Node, "range", r.Prefix,
-			"reason", string(r.Reason), "with", r.With)
-	}
-	for r := range w.podRefused {
-		if !now[r] {
+	w.podRefused = report(w.podRefused, pods.Refused(), PodReasons(), w.podRefusalsNow, w.podRefusalsTotal,
+		func(r PodRefusal) Reason { return r.Reason },
+		func(r PodRefusal) {
+			w.log.Warn("not routing an edge node's pod range", "node", r.Node, "range", r.Prefix,
+				"reason", string(r.Reason), "with", r.With)
+		},
+		func(r PodRefusal) {
 			w.log.Info("pod range refusal ended", "node", r.Node, "range", r.Prefix, "reason", string(r.Reason))
+		})
+}
+
+// report counts and logs (began) each refusal of refused that was not in
+// before, logs (ended) each of before that is gone, sets the gauge per
+// reason, and returns the refusals now in force.
+func report[R comparable](before map[R]bool, refused []R, reasons []Reason, gauge *prometheus.GaugeVec,
+	total *prometheus.CounterVec, reason func(R) Reason, began, ended func(R)) map[R]bool {
+	now := make(map[R]bool, len(refused))
+	counts := map[Reason]int{}
+	for _, r := range refused {
+		now[r] = true
+		counts[reason(r)]++
+		if !before[r] {
+			total.WithLabelValues(string(reason(r))).Inc()
+			began(r)
 		}
 	}
-	w.podRefused = now
-	for _, reason := range PodReasons() {
-		w.podRefusalsNow.WithLabelValues(string(reason)).Set(float64(counts[reason]))
+	for r := range before {
+		if !now[r] {
+			ended(r)
+		}
 	}
+	for _, rs := range reasons {
+		gauge.WithLabelValues(string(rs)).Set(float64(counts[rs]))
+	}
+	return now
 }
