@@ -40,24 +40,6 @@ func (e *echoServices) Connect(ctx context.Context, sender string, req tunnel.Se
 	return c, tunnel.Reply{Code: tunnel.OK}, func() { e.mu.Lock(); e.done++; e.mu.Unlock() }
 }
 
-func echoServer(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.(*net.TCPConn).CloseWrite() }()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // openService opens a service stream on the edge's connection and reads
 // the reply.
 func openService(t *testing.T, edge *edgetest.Edge, name string) (*quic.Stream, *bufio.Reader, error) {
@@ -82,7 +64,7 @@ func openService(t *testing.T, edge *edgetest.Edge, name string) (*quic.Stream, 
 // accepted one relays both ways with half-close; an edge may hold more
 // service streams at once than its control streams' limit.
 func TestServiceStream(t *testing.T) {
-	svc := &echoServices{addr: echoServer(t)}
+	svc := &echoServices{addr: testenv.EchoServer(t).String()}
 	f := startWith(t, func(o *Options) { o.Services, o.ServiceStreams = svc, 32 })
 	edge := f.node("edge-1")
 
