@@ -72,9 +72,11 @@ type Eligibility struct {
 	Local []netip.Addr
 	// Denied are ranges never dialled (--edge-cidrs).
 	Denied []netip.Prefix
-	// Extra are ranges an endpoint with no node may lie in
-	// (--edge-service-cidrs), besides the cloud Nodes' pod ranges and
-	// addresses.
+	// Extra are ranges a cloud endpoint may lie in besides the cloud
+	// Nodes' pod ranges and addresses (--edge-service-cidrs): the cloud's
+	// pod ranges where IPAM leaves spec.podCIDRs empty, or a selectorless
+	// Service's addresses. An endpoint on an edge node is refused even in
+	// them.
 	Extra []netip.Prefix
 }
 
@@ -106,6 +108,7 @@ func (e Eligibility) check(a netip.Addr, node string) string {
 		return !n.Edge && (slices.Contains(n.InternalIPs, a) || slices.Contains(n.ExternalIPs, a) ||
 			slices.ContainsFunc(n.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }))
 	}
+	extra := slices.ContainsFunc(e.Extra, func(p netip.Prefix) bool { return p.Contains(a) })
 	if node != "" {
 		n, ok := snap.Lookup(node)
 		switch {
@@ -113,12 +116,14 @@ func (e Eligibility) check(a netip.Addr, node string) string {
 			return "on node " + node + ", which the gateway does not know"
 		case n.Edge:
 			return "on edge node " + node
-		case cloud(n):
+		case cloud(n) || extra:
+			// A cluster whose IPAM leaves spec.podCIDRs empty (Calico,
+			// Cilium's cluster pool) names its pod ranges in Extra.
 			return ""
 		}
-		return "not an address of node " + node + " nor in its pod range"
+		return "not an address of node " + node + " nor in its pod range or --edge-service-cidrs"
 	}
-	if slices.ContainsFunc(e.Extra, func(p netip.Prefix) bool { return p.Contains(a) }) {
+	if extra {
 		return ""
 	}
 	for _, n := range snap.Nodes {

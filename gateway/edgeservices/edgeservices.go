@@ -5,8 +5,8 @@
 // by namespace, name and port, never by address. The gateway answers only
 // for a Service marked for that port, and dials only a ready endpoint of
 // it that lies on a cloud node: an address of a cloud Node or in its pod
-// range (or, for an endpoint that names no node, in --edge-service-cidrs
-// or a cloud Node's ranges), never an edge's address or pod range, the
+// range, or in --edge-service-cidrs (an endpoint on an edge node never),
+// never an edge's address or pod range, the
 // gateway host's, loopback, link-local (the metadata service) or
 // multicast. So a stolen node key reaches the endpoints of marked
 // Services and nothing else in the VPC, however it steers the
@@ -63,8 +63,8 @@ type Options struct {
 	Mode nodewatch.Mode
 	// Local returns the gateway host's addresses; nil means none.
 	Local func() []netip.Addr
-	// Denied are ranges never dialled (--edge-cidrs); Extra the ranges an
-	// endpoint that names no node may lie in (--edge-service-cidrs).
+	// Denied are ranges never dialled (--edge-cidrs); Extra more ranges
+	// cloud endpoints may lie in (--edge-service-cidrs; Eligibility).
 	Denied, Extra []netip.Prefix
 	// MaxPerEdge bounds an edge's open connections; PerSecond the
 	// connections it opens a second. Zero takes the defaults.

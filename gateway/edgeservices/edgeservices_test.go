@@ -69,10 +69,12 @@ func TestEndpointEligibility(t *testing.T) {
 		{"192.168.2.10", "", false},      // an edge's address
 		{"10.0.0.100", "cloud-1", false}, // the gateway host
 		{"127.0.0.1", "cloud-1", false},
-		{"169.254.169.254", "", false}, // the metadata service
-		{"10.0.9.9", "cloud-1", false}, // not cloud-1's address nor in its range
-		{"10.0.9.9", "", false},        // no node, in no cloud range
-		{"10.244.0.7", "ghost", false}, // a node the gateway does not know
+		{"169.254.169.254", "", false},  // the metadata service
+		{"10.0.9.9", "cloud-1", false},  // not cloud-1's address nor in its range
+		{"172.20.9.9", "cloud-1", true}, // in --edge-service-cidrs (IPAM without spec.podCIDRs)
+		{"172.20.9.9", "edge-1", false}, // ...but never on an edge node
+		{"10.0.9.9", "", false},         // no node, in no cloud range
+		{"10.244.0.7", "ghost", false},  // a node the gateway does not know
 		{"224.0.0.1", "", false},
 	} {
 		why := e.check(addr(tc.addr), tc.node)
