@@ -50,16 +50,24 @@ type EdgeRules interface {
 // kube-proxy's mode: nft's nat chains and iptables' (nft-compat or
 // legacy) share the kernel's list of nat hooks, ordered by priority, so
 // the edge's table comes before kube-proxy's DNAT beside any of them
-// (TestEdgeHookOrder). The iptables form is not built yet (ErrUnsupported).
+// (TestEdgeHookOrder). On a kernel without nf_tables it is iptables, its
+// jumps kept first in nat PREROUTING and OUTPUT.
 func NewEdge(kind string, opts Options) (EdgeRules, error) {
 	log := opts.logger()
 	switch kind {
-	case KindNFTables, KindAuto, "":
+	case KindNFTables:
 		return newEdgeNFT(log)
 	case KindIPTables:
 		return newEdgeIPT(log, "")
 	case KindNone:
 		return EdgeNone{}, nil
+	case KindAuto, "":
+		r, err := newEdgeNFT(log)
+		if errors.Is(err, ErrUnsupported) {
+			log.Info("netrules: no nf_tables; the edge's rules use iptables", "err", err)
+			return newEdgeIPT(log, "")
+		}
+		return r, err
 	default:
 		return nil, fmt.Errorf("netrules: unknown backend %q (want auto, nftables, iptables or none)", kind)
 	}
@@ -168,9 +176,4 @@ func (s *edgeState) services(family int) []netip.AddrPort {
 // edgeLogger is the logger of an edge backend.
 func edgeLogger(log *slog.Logger, backend string) *slog.Logger {
 	return log.With("backend", backend, "rules", "edge")
-}
-
-// newEdgeIPT would be the edge's iptables backend; it is not built yet.
-func newEdgeIPT(*slog.Logger, string) (EdgeRules, error) {
-	return nil, fmt.Errorf("netrules: edge rules with iptables: %w: use nftables (kube-proxy's nftables mode, or iptables-nft beside it)", ErrUnsupported)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -46,6 +47,12 @@ func mustNormalizeEdge(t testing.TB, d EdgeDesired) *edgeState {
 
 func TestGoldenEdgeNFT(t *testing.T) {
 	checkGolden(t, "edge-nftables.golden", renderEdgeNFT(mustNormalizeEdge(t, goldenEdge)))
+}
+
+func TestGoldenEdgeIPTables(t *testing.T) {
+	st := mustNormalizeEdge(t, goldenEdge)
+	checkGolden(t, "edge-iptables.golden", renderEdgeIPTSave(st, 4))
+	checkGolden(t, "edge-ip6tables.golden", renderEdgeIPTSave(st, 6))
 }
 
 // Without a node address of a family, pods' connections of that family
@@ -181,13 +188,24 @@ func sortConcatElements(t *testing.T, listing string) string {
 // and its iptables mode's nat rules through iptables-nft and
 // iptables-legacy. nft's nat chains and iptables' share the kernel's list
 // of nat hooks, so the edge's nftables table comes first beside each.
+//
+// The edge's iptables backend, for hosts without nf_tables, is checked
+// beside kube-proxy's iptables rules of its own mode, its jumps put
+// first in PREROUTING and OUTPUT.
 func TestEdgeHookOrder(t *testing.T) {
 	for _, mode := range []string{"nftables", "iptables-nft", "iptables-legacy"} {
-		t.Run(mode, func(t *testing.T) { testEdgeHookOrder(t, mode) })
+		t.Run(mode, func(t *testing.T) {
+			testEdgeHookOrder(t, mode, func(log *slog.Logger) (EdgeRules, error) { return NewEdge(KindNFTables, Options{Logger: log}) })
+		})
+	}
+	for _, mode := range []string{"nft", "legacy"} {
+		t.Run("edge-iptables-"+mode, func(t *testing.T) {
+			testEdgeHookOrder(t, "iptables-"+mode, func(log *slog.Logger) (EdgeRules, error) { return newEdgeIPT(log, mode) })
+		})
 	}
 }
 
-func testEdgeHookOrder(t *testing.T, mode string) {
+func testEdgeHookOrder(t *testing.T, mode string, newRules func(*slog.Logger) (EdgeRules, error)) {
 	testenv.RequireRoot(t)
 	node, pod, lan := testenv.NewHost(t, "nr-node"), testenv.NewHost(t, "nr-pod"), testenv.NewHost(t, "nr-lan")
 	for _, link := range []struct {
@@ -240,7 +258,14 @@ func testEdgeHookOrder(t *testing.T, mode string) {
 				"-j", "DNAT", "--to-destination", "192.168.50.10:8080")
 		}
 		kubeProxyRules = func() string {
-			return chainCounters.ReplaceAllString(generated.ReplaceAllString(node.Run(t, mode+"-save", "-t", "nat"), ""), "[0:0]")
+			save := chainCounters.ReplaceAllString(generated.ReplaceAllString(node.Run(t, mode+"-save", "-t", "nat"), ""), "[0:0]")
+			var b strings.Builder
+			for line := range strings.Lines(save) {
+				if !strings.Contains(line, edgeIPTChainPrefix) { // the edge's own, with its iptables backend
+					b.WriteString(line)
+				}
+			}
+			return b.String()
 		}
 	}
 	kubeProxy := kubeProxyRules()
@@ -275,7 +300,7 @@ func testEdgeHookOrder(t *testing.T, mode string) {
 	ctx := context.Background()
 	var r EdgeRules
 	if err := node.Do(func() (err error) {
-		if r, err = NewEdge(KindNFTables, Options{Logger: testLogger(t)}); err != nil {
+		if r, err = newRules(testLogger(t)); err != nil {
 			return err
 		}
 		return r.Apply(ctx, EdgeDesired{
@@ -310,5 +335,68 @@ func testEdgeHookOrder(t *testing.T, mode string) {
 	}
 	if got := ask(t, pod, netip.MustParseAddrPort("10.96.0.10:80")); got != "kube-proxy" {
 		t.Errorf("after Cleanup, the marked ClusterIP from the pod: %q, want kube-proxy's endpoint", got)
+	}
+}
+
+// The iptables backend on the kernel, legacy and nft-compat: the lines
+// iptables-save prints are the golden ones, its jumps stay first in
+// PREROUTING and OUTPUT when kube-proxy inserts its own at the top
+// later, a chain edited by someone else is rewritten, Cleanup leaves
+// nothing, and a rule in its chain that is not Tether's is left alone.
+func TestKernelEdgeIPTables(t *testing.T) {
+	for _, mode := range []string{"nft", "legacy"} {
+		t.Run(mode, func(t *testing.T) {
+			testenv.RequireRoot(t)
+			h := testenv.NewHost(t, "nr-edge-ipt")
+			ctx := context.Background()
+			var r EdgeRules
+			do := func(f func() error) {
+				t.Helper()
+				if err := h.Do(f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			do(func() (err error) { r, err = newEdgeIPT(testLogger(t), mode); return err })
+			save := func(family string) string {
+				return h.Run(t, family+"-"+mode+"-save", "-t", "nat")
+			}
+			list := func() string { return edgeSaveLines(save("iptables")) + edgeSaveLines(save("ip6tables")) }
+			golden := readGolden(t, "edge-iptables.golden") + readGolden(t, "edge-ip6tables.golden")
+			do(func() error { return r.Apply(ctx, goldenEdge) })
+			if diff := cmp.Diff(golden, list()); diff != "" {
+				t.Fatalf("kernel differs from the golden files (-golden +kernel):\n%s", diff)
+			}
+
+			// kube-proxy starts later and puts its jump first.
+			for _, chain := range []string{"PREROUTING", "OUTPUT"} {
+				h.Run(t, "iptables-"+mode, "-t", "nat", "-N", "KUBE-SERVICES-"+chain)
+				h.Run(t, "iptables-"+mode, "-t", "nat", "-I", chain, "1", "-j", "KUBE-SERVICES-"+chain)
+			}
+			do(func() error { return r.Apply(ctx, goldenEdge) })
+			if _, first := edgeJumps(save("iptables")); !first {
+				t.Errorf("the edge's jumps are not first after kube-proxy's:\n%s", save("iptables"))
+			}
+			if !strings.Contains(save("iptables"), "-j KUBE-SERVICES-PREROUTING") {
+				t.Errorf("kube-proxy's jump is gone:\n%s", save("iptables"))
+			}
+			h.Run(t, "iptables-"+mode, "-t", "nat", "-F", edgeIPTChainServices)
+			do(func() error { return r.Apply(ctx, goldenEdge) })
+			if diff := cmp.Diff(golden, list()); diff != "" {
+				t.Fatalf("after kube-proxy and a flush (-golden +kernel):\n%s", diff)
+			}
+
+			do(func() error { return r.Cleanup(ctx) })
+			if got := list(); got != "" {
+				t.Errorf("after Cleanup:\n%s", got)
+			}
+
+			h.Run(t, "iptables-"+mode, "-t", "nat", "-N", edgeIPTChainServices)
+			h.Run(t, "iptables-"+mode, "-t", "nat", "-A", edgeIPTChainServices, "-j", "RETURN")
+			var err error
+			_ = h.Do(func() error { err = r.Apply(ctx, goldenEdge); return nil })
+			if !errors.Is(err, ErrConflict) {
+				t.Errorf("Apply over a foreign rule: %v, want ErrConflict", err)
+			}
+		})
 	}
 }
