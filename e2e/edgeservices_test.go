@@ -86,10 +86,16 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 	// The marked Service and its unmarked twin, selectorless, each with
 	// an EndpointSlice naming the cloud host on cloud-1.
 	clusterIP := map[string]string{}
-	for _, name := range []string{"marked", "unmarked"} {
+	for _, name := range []string{"marked", "unmarked", "edge-endpoint"} {
+		addr, nodeName := cloud.Addr.String(), "cloud-1"
+		if name == "edge-endpoint" {
+			// A marked Service whose one endpoint is an edge's: the
+			// gateway never dials an edge.
+			addr, nodeName = edge.Host.Addr.String(), edge.Name
+		}
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(cloudServicePort)}}}}
-		if name == "marked" {
+		if name != "unmarked" {
 			svc.Annotations = map[string]string{edgeaccess.Annotation: "true"}
 		}
 		if svc, err = c.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
@@ -99,7 +105,7 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 		slice := &discoveryv1.EndpointSlice{
 			ObjectMeta:  metav1.ObjectMeta{Name: name + "-1", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 			AddressType: discoveryv1.AddressTypeIPv4,
-			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{cloud.Addr.String()}, NodeName: ptr.To("cloud-1"),
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{addr}, NodeName: ptr.To(nodeName),
 				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 			Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](cloudServicePort), Protocol: ptr.To(corev1.ProtocolTCP)}},
 		}
@@ -107,7 +113,8 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("cloud Services: marked %s, unmarked %s, both at %s:%d on cloud-1", clusterIP["marked"], clusterIP["unmarked"], cloud.Addr, cloudServicePort)
+	t.Logf("cloud Services: marked %s, unmarked %s, both at %s:%d on cloud-1; marked %s at edge-1's own address",
+		clusterIP["marked"], clusterIP["unmarked"], cloud.Addr, cloudServicePort, clusterIP["edge-endpoint"])
 
 	// tether-edge has the marked ClusterIP in its rules, and only it.
 	testenv.EventuallyNoError(t, "edge-1's table inet tether-edge to hold the marked ClusterIP", func() error {
@@ -118,6 +125,9 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 		}
 		if !strings.Contains(string(out), clusterIP["marked"]+" . 80") {
 			return fmt.Errorf("no %s . 80 in:\n%s", clusterIP["marked"], out)
+		}
+		if !strings.Contains(string(out), clusterIP["edge-endpoint"]+" . 80") {
+			return fmt.Errorf("no %s . 80 in:\n%s", clusterIP["edge-endpoint"], out)
 		}
 		if strings.Contains(string(out), clusterIP["unmarked"]) {
 			return fmt.Errorf("the unmarked ClusterIP %s is in:\n%s", clusterIP["unmarked"], out)
@@ -174,6 +184,20 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 		}
 		if after := gwOK(); after <= before {
 			t.Errorf("tether_gateway_edge_service_streams_total{result=\"ok\"} = %v, was %v", after, before)
+		}
+	})
+
+	// The gateway refuses a marked Service whose endpoint is an edge's;
+	// tether-edge resets the pod's connection and counts the refusal.
+	t.Run("EdgeEndpointRefused", func(t *testing.T) {
+		series := `tether_edge_service_streams_total{result="no_endpoints"}`
+		before := metric(edge.Host, world.EdgeAdmin("/metrics"), series)
+		msg, phase := fetchFromPod(t, ctx, w, edge, "fetch-edge-endpoint", clusterIP["edge-endpoint"])
+		if phase != corev1.PodFailed || strings.Contains(msg, "hello") {
+			t.Fatalf("pod fetching a marked Service whose endpoint is an edge's: %s, %q; want Failed", phase, msg)
+		}
+		if after := metric(edge.Host, world.EdgeAdmin("/metrics"), series); after <= before {
+			t.Errorf("%s = %v, was %v", series, after, before)
 		}
 	})
 
