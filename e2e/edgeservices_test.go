@@ -36,8 +36,17 @@ const cloudServicePort = 8080
 // tether-edge's listener, a service stream and the gateway, which dials
 // the endpoint; the same pod's request to the unmarked one is kube-proxy's
 // as before, and the site cannot route to the cloud endpoint's answer.
+//
+// kube-proxy runs in its nftables mode, then in its iptables mode: the
+// edge's table comes first beside either.
 func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 	testenv.RequireRoot(t)
+	for _, mode := range []string{"nftables", "iptables"} {
+		t.Run(mode, func(t *testing.T) { testServiceFromEdge(t, mode) })
+	}
+}
+
+func testServiceFromEdge(t *testing.T, kubeProxyMode string) {
 	w := world.New(t, bins, world.Options{RealKubelets: []string{"edge-1"}, PodCIDRs: true}, t.Logf)
 	w.ApplyEdgeRBAC(t)
 	gw := w.Gateways[0]
@@ -54,7 +63,7 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 		}
 	}
 	w.StartRealKubelet(t, edge, world.RealKubeletOptions{})
-	testenv.StartKubeProxy(t, edge.Host, edge.Name, "http://127.0.0.1:10261")
+	testenv.StartKubeProxyMode(t, edge.Host, edge.Name, "http://127.0.0.1:10261", kubeProxyMode)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -134,10 +143,13 @@ func TestPodsBothWaysServiceFromEdge(t *testing.T) {
 		}
 		return nil
 	})
-	// kube-proxy has programmed both Services (its table is untouched by
-	// Tether's).
-	testenv.EventuallyNoError(t, "edge-1's kube-proxy to program both ClusterIPs", func() error {
-		out, err := edge.Host.Command(ctx, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
+	// kube-proxy has programmed the Services.
+	testenv.EventuallyNoError(t, "edge-1's kube-proxy to program the ClusterIPs", func() error {
+		list := []string{"nft", "list", "table", "ip", "kube-proxy"}
+		if kubeProxyMode == "iptables" {
+			list = []string{"iptables-save", "-t", "nat"}
+		}
+		out, err := edge.Host.Command(ctx, list[0], list[1:]...).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("nft: %v: %s", err, out)
 		}
