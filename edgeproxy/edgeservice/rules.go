@@ -86,9 +86,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.metrics.rules.WithLabelValues(result).Inc()
 		}
 		switch {
-		case err != nil && ctx.Err() == nil:
-			log.Error("service rules: cannot redirect this node's pods to the marked Services; retrying", "backend", r.Rules.Backend(), "err", err)
+		case err != nil && ctx.Err() == nil && !failing:
+			log.Error("service rules: cannot redirect this node's pods to the marked Services; retrying every second", "backend", r.Rules.Backend(), "err", err)
 			failing = true
+		case err != nil && ctx.Err() == nil:
+			log.Debug("service rules: still failing", "backend", r.Rules.Backend(), "err", err)
 		case err == nil && failing:
 			log.Info("service rules: applied again", "backend", r.Rules.Backend())
 			failing = false
