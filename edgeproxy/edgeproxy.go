@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/edgeservice"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/identity"
@@ -35,6 +37,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/poolstore/feed"
 )
 
@@ -139,6 +142,13 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	if pods != nil {
 		e.parts.Add(pods.part())
 	}
+	if cfg.EdgeServices {
+		es, err := newEdgeServices(cfg, tun, pods, ap, reg, log)
+		if err != nil {
+			return nil, err
+		}
+		e.parts.Add(part{N: "edge-services", RunF: es.Run, CloseF: es.Close})
+	}
 	if cfg.AdminListen != "" {
 		ln, err := listen(listenerAdmin, cfg.AdminListen, reg, log)
 		if err != nil {
@@ -195,16 +205,17 @@ func newTunnel(cfg Config, id *identity.Identity, reg *prometheus.Registry, log 
 		log.Info("no apiserver proxy: the tunnel dials no pods, only this node's own addresses")
 	}
 	tun, err := edgetunnel.New(edgetunnel.Options{
-		Gateways:      cfg.Gateway,
-		ServerName:    cfg.GatewayServerName,
-		RootCAs:       roots,
-		Certificate:   cert.GetClientCertificate,
-		AllowPorts:    cfg.AllowPorts,
-		Pods:          src,
-		AllowPodPorts: cfg.AllowPodPorts,
-		MaxStreams:    cfg.MaxStreams,
-		Logger:        log.With("node", node),
-		Registry:      reg,
+		Gateways:          cfg.Gateway,
+		ServerName:        cfg.GatewayServerName,
+		RootCAs:           roots,
+		Certificate:       cert.GetClientCertificate,
+		AllowPorts:        cfg.AllowPorts,
+		Pods:              src,
+		AllowPodPorts:     cfg.AllowPodPorts,
+		MaxStreams:        cfg.MaxStreams,
+		MaxServiceStreams: cfg.MaxServiceStreams,
+		Logger:            log.With("node", node),
+		Registry:          reg,
 	})
 	return tun, cert, pods, err
 }
@@ -226,6 +237,47 @@ func newTunnelPods(node string) (*tunnelPods, error) {
 		return nil, fmt.Errorf("tunnel pods: %w", err)
 	}
 	return &tunnelPods{src: nodepods.New(node, client), loop: loop}, nil
+}
+
+// newEdgeServices builds the edge's access to marked cloud Services: the
+// Service informer reads through the apiserver proxy in process (as
+// edgeservice.Client), the node's pod ranges and addresses come from the
+// tunnel's pods, the streams go through the tunnel, and the host's rules
+// are nftables (netrules.NewEdge), which needs CAP_NET_ADMIN.
+func newEdgeServices(cfg Config, tun *edgetunnel.Client, pods *tunnelPods, ap *apiserverProxy, reg *prometheus.Registry, log *slog.Logger) (*edgeservice.Feature, error) {
+	if tun == nil || pods == nil || ap == nil {
+		return nil, errors.New("--edge-services needs --gateway and the apiserver proxy")
+	}
+	rules, err := netrules.NewEdge(netrules.KindAuto, netrules.Options{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("--edge-services: host rules: %w", err)
+	}
+	loop := apiproxy.NewLoopback(edgeservice.Client)
+	client, err := kube.NewForConfig(&rest.Config{Host: "http://in-process", Transport: loop,
+		UserAgent: edgeservice.UserAgent + "/" + version.Version, QPS: 20, Burst: 40})
+	if err != nil {
+		return nil, fmt.Errorf("--edge-services: %w", err)
+	}
+	loop.Bind(ap.proxy)
+	ln, err := listen(listenerService, cfg.ServiceListen, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("service listener: %w", err)
+	}
+	f, err := edgeservice.NewFeature(edgeservice.FeatureOptions{
+		Services: edgeservice.NewServices(client),
+		Node:     pods.src,
+		Dialer:   edgeservice.Tunnel{Client: tun},
+		Rules:    rules,
+		Listener: ln,
+		Logger:   log,
+		Registry: reg,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	log.Info("edge services: this node's pods reach the marked cloud Services", "listen", ln.Addr().String(), "rules", rules.Backend())
+	return f, nil
 }
 
 // apiserverProxy is the kube-apiserver proxy and what it runs on.

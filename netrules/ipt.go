@@ -203,6 +203,15 @@ func (r *iptRules) Cleanup(ctx context.Context) error {
 
 // ours returns the lines of iptables-save -t nat that mention our chains.
 func (f *iptFamily) ours(ctx context.Context) (string, error) {
+	save, err := f.saveNAT(ctx)
+	if err != nil {
+		return "", err
+	}
+	return ourSaveLines(save), nil
+}
+
+// saveNAT returns what iptables-save -t nat prints.
+func (f *iptFamily) saveNAT(ctx context.Context) (string, error) {
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, f.save, "-t", "nat")
 	cmd.Stdout = &out
@@ -211,7 +220,7 @@ func (f *iptFamily) ours(ctx context.Context) (string, error) {
 	if err := cmd.Run(); err != nil {
 		return "", iptError(f.save+" -t nat", err, stderr.String())
 	}
-	return ourSaveLines(out.String()), nil
+	return out.String(), nil
 }
 
 // run runs an iptables command with input on stdin.

@@ -161,11 +161,12 @@ func renderIPTCleanup(jumps []iptJump) string {
 }
 
 // ourSaveLines keeps the lines of iptables-save output that mention one
-// of Tether's chains, in order.
+// of Tether's chains, in order; the edge's (TETHER-EDGE-*, edge_ipt.go)
+// are not the gateway's.
 func ourSaveLines(save string) string {
 	var b strings.Builder
 	for line := range strings.Lines(save) {
-		if strings.Contains(line, iptChainPrefix) {
+		if strings.Contains(line, iptChainPrefix) && !strings.Contains(line, edgeIPTChainPrefix) {
 			b.WriteString(strings.TrimRight(line, "\n") + "\n")
 		}
 	}

@@ -39,7 +39,7 @@ func program() (docgen.Program, []docgen.Flag, error) {
 # Check it: ` + "`journalctl -u tether-edge`, `curl 127.0.0.1:10267/status`" + `.`,
 		Sections: []docgen.Section{
 			{Heading: "Tunnel to the gateways", Keys: []string{"gateway", "gateway-ca", "gateway-server-name", "cert", "key", "bootstrap-kubeconfig",
-				"node-name", "allow-ports", "allow-pod-ports", "max-streams"}},
+				"node-name", "allow-ports", "allow-pod-ports", "max-streams", "edge-services", "service-listen", "max-service-streams"}},
 			{Heading: "kube-apiserver proxy (kubelet, kube-proxy, coredns use it as their apiserver)", Keys: []string{"kubeconfig", "server-addr", "server-ca",
 				"apiserver-listen", "cache-components", "topology-components", "health-check-interval", "health-check-timeout",
 				"unhealthy-threshold", "healthy-threshold"}},

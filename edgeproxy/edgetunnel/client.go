@@ -48,6 +48,13 @@ type Options struct {
 	// "declared".
 	AllowPodPorts string
 
+	// MaxServiceStreams bounds the service streams (DialService) the edge
+	// has open toward one gateway replica; more are tried on the next
+	// replica, or refused as Overloaded. It should not exceed the
+	// gateways' --max-service-streams-per-edge: past it, a service stream
+	// would wait for a place the edge's heartbeats, elections and pool
+	// feed need. Default DefaultMaxServiceStreams (256).
+	MaxServiceStreams int
 	// MaxStreams bounds the streams being relayed at once, over all
 	// gateways; more are refused as Overloaded. Default Limits.MaxStreams
 	// (1024).
@@ -88,6 +95,7 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	o.Limits.MaxStreams = cmpOr(o.Limits.MaxStreams, 1024)
 	o.MaxStreams = cmpOr(o.MaxStreams, int(o.Limits.MaxStreams))
+	o.MaxServiceStreams = cmpOr(o.MaxServiceStreams, DefaultMaxServiceStreams)
 	o.HeaderTimeout = cmpOr(o.HeaderTimeout, 5*time.Second)
 	o.DialTimeout = cmpOr(o.DialTimeout, 5*time.Second)
 	o.HeartbeatTimeout = cmpOr(o.HeartbeatTimeout, 5*time.Second)
@@ -232,8 +240,9 @@ func (c *Client) reconcile(ctx context.Context, want map[netip.AddrPort]endpoint
 		rctx, cancel := context.WithCancel(ctx)
 		r := &replica{
 			c: c, ep: ep, cancel: cancel, done: make(chan struct{}), rotate: make(chan struct{}, 1),
-			log:   c.log.With("gateway", addr.String()),
-			since: c.clock.Now(),
+			serviceSlots: make(chan struct{}, c.opts.MaxServiceStreams),
+			log:          c.log.With("gateway", addr.String()),
+			since:        c.clock.Now(),
 		}
 		c.replicas[addr] = r
 		r.log.Info("gateway replica added", "entry", ep.target.String())

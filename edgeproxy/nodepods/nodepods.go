@@ -100,6 +100,30 @@ func (p *Pods) PodRanges() ([]netip.Prefix, bool) {
 	return Ranges(n), true
 }
 
+// InternalIPs are the node's InternalIP addresses (status.addresses, as
+// its kubelet reported them); ok is false until the Node informer has
+// synced.
+func (p *Pods) InternalIPs() ([]netip.Addr, bool) {
+	if !p.nodeInf.HasSynced() {
+		return nil, false
+	}
+	o, ok, err := p.nodeInf.GetStore().GetByKey(p.node)
+	if err != nil || !ok {
+		return nil, true
+	}
+	n, ok := o.(*corev1.Node)
+	if !ok {
+		return nil, true
+	}
+	var out []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if ip, err := netip.ParseAddr(a.Address); err == nil && a.Type == corev1.NodeInternalIP {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, true
+}
+
 // PodsByIP implements edgetunnel.PodSource.
 func (p *Pods) PodsByIP(ip netip.Addr) ([]*corev1.Pod, bool) {
 	if !p.podInf.HasSynced() {
@@ -148,7 +172,7 @@ func indexIPs(obj any) ([]string, error) {
 	return out, nil
 }
 
-// trimNode keeps a Node's name and pod ranges.
+// trimNode keeps a Node's name, pod ranges and InternalIP addresses.
 func trimNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -157,6 +181,7 @@ func trimNode(obj any) (any, error) {
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
 		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+		Status:     corev1.NodeStatus{Addresses: internalAddrs(n.Status.Addresses)},
 	}, nil
 }
 
@@ -204,4 +229,15 @@ func (s selected[L]) List(ctx context.Context, o metav1.ListOptions) (L, error) 
 func (s selected[L]) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 	o.FieldSelector = s.field
 	return s.c.Watch(ctx, o)
+}
+
+// internalAddrs keeps the InternalIP addresses of a Node's status.
+func internalAddrs(as []corev1.NodeAddress) []corev1.NodeAddress {
+	var out []corev1.NodeAddress
+	for _, a := range as {
+		if a.Type == corev1.NodeInternalIP {
+			out = append(out, a)
+		}
+	}
+	return out
 }

@@ -187,3 +187,24 @@ func TestTrimPod(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
+
+// The Node is kept to its pod ranges and InternalIP addresses, which the
+// edge's service rules send pods' connections to.
+func TestTrimNodeInternalIPs(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1", Labels: map[string]string{"a": "b"}},
+		Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.3.0/24"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: "edge-1"}, {Type: corev1.NodeInternalIP, Address: "192.168.50.10"},
+			{Type: corev1.NodeExternalIP, Address: "203.0.113.9"}, {Type: corev1.NodeInternalIP, Address: "fd00:50::10"},
+		}}}
+	got, err := trimNode(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.3.0/24"}},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: "192.168.50.10"}, {Type: corev1.NodeInternalIP, Address: "fd00:50::10"}}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("trimNode (-want +got):\n%s", diff)
+	}
+}

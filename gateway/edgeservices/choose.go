@@ -4,20 +4,17 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/tether-edge/tether/gateway/nodewatch"
+	"github.com/tether-edge/tether/internal/edgeaccess"
 	"github.com/tether-edge/tether/tunnel"
 )
 
-// Annotation marks a Service for edge access: "true" opens every TCP port
-// of the Service, a comma-separated list of port names or numbers opens
-// those. Any other value opens nothing.
-const Annotation = "tether.io/edge-access"
+// Annotation marks a Service for edge access (package edgeaccess).
+const Annotation = edgeaccess.Annotation
 
 // Refusal reasons, as counted.
 const (
@@ -29,33 +26,7 @@ const (
 // markedPort returns the Service's TCP port numbered port when the
 // Service is marked for it, and why not otherwise.
 func markedPort(svc *corev1.Service, port uint16) (corev1.ServicePort, string) {
-	if svc == nil {
-		return corev1.ServicePort{}, "no such Service"
-	}
-	mark, ok := svc.Annotations[Annotation]
-	if !ok {
-		return corev1.ServicePort{}, fmt.Sprintf("Service %s/%s has no %s annotation", svc.Namespace, svc.Name, Annotation)
-	}
-	if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
-		return corev1.ServicePort{}, fmt.Sprintf("Service %s/%s has no cluster IP", svc.Namespace, svc.Name)
-	}
-	i := slices.IndexFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool {
-		return p.Port == int32(port) && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP)
-	})
-	if i < 0 {
-		return corev1.ServicePort{}, fmt.Sprintf("Service %s/%s has no TCP port %d", svc.Namespace, svc.Name, port)
-	}
-	sp := svc.Spec.Ports[i]
-	if strings.TrimSpace(mark) == "true" {
-		return sp, ""
-	}
-	for f := range strings.SplitSeq(mark, ",") {
-		f = strings.TrimSpace(f)
-		if f != "" && (f == sp.Name || f == strconv.Itoa(int(sp.Port))) {
-			return sp, ""
-		}
-	}
-	return corev1.ServicePort{}, fmt.Sprintf("port %d of Service %s/%s is not among %s=%q", port, svc.Namespace, svc.Name, Annotation, mark)
+	return edgeaccess.Port(svc, port)
 }
 
 // Eligibility says which endpoint addresses the gateway may dial for an
