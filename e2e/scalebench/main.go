@@ -31,7 +31,8 @@
 //     by pod IP through the gateway (--edge-pod-cidrs; every edge Node
 //     then has a pod range of its own), every --scrape-interval for
 //     --scrape-duration after every target is up: scrape durations from
-//     Prometheus, the gateway's CPU per scrape (scrape.go);
+//     Prometheus, the gateway's CPU per scrape, in all and above its CPU
+//     without scrapes measured before and after (scrape.go);
 //   - storm: kill -9 the gateway and start it again: time until every edge
 //     is registered again, peak RSS, registrations per second, datagrams
 //     dropped for a full receive buffer in the gateway's namespace (as in
@@ -55,7 +56,7 @@
 // It asserts nothing; the last line it prints is machine-readable, after
 // the scrape phase's line when it ran:
 //
-//	scrape: pods=<n> up=<targets up at the end> scrapes=<in the window> failed=<n> scrape_p50_ms=<ms> scrape_p99_ms=<ms> gateway_cpu_pct=<in the window> gateway_cpu_ms_per_scrape=<ms> gateway_net_cpu_ms_per_scrape=<ms above the baseline> baseline_cpu_pct=<gateway without scrapes> edges=<the fleet>
+//	scrape: pods=<n> up=<targets up at the end> scrapes=<in the window> failed=<n> scrape_p50_ms=<ms> scrape_p99_ms=<ms> gateway_cpu_pct=<in the window> gateway_cpu_ms_per_scrape=<ms> gateway_net_cpu_ms_per_scrape=<ms above the baseline> baseline_cpu_pct=<gateway without scrapes: before and after, mean> edges=<the fleet>
 //	scale: edges=<connected at end> rss_mib=<gateway steady RSS> idle_cpu_pct=<gateway> cold_s=<cold start> restart_s=<storm> route_p99_ms=<N connected> route_p99_1_ms=<one edge> hb_per_s=<delegated renewals written/s> hb_lost=<n> cold_edges=<n> storm_edges=<n> hb_edges=<n> replica_edges=<n> replica_s=<restarted replica has every edge> replica_route_failed=<n>
 //
 // (a figure of a phase not run is -1; edges= is counted at the end of the
@@ -152,7 +153,7 @@ func main() {
 	flag.IntVar(&o.scrapePods, "scrape-pods", 1000, "scrape: `n` pods spread over the fleet (one every edges/n edges; several an edge when n > --edges), each scraped on its declared port")
 	flag.DurationVar(&o.scrapeInterval, "scrape-interval", 15*time.Second, "scrape: Prometheus's scrape_interval")
 	flag.DurationVar(&o.scrapeDuration, "scrape-duration", 3*time.Minute, "scrape: measure this `duration` once every target is up")
-	flag.DurationVar(&o.scrapeBaseline, "scrape-baseline", 30*time.Second, "scrape: first measure the gateway's CPU for this `duration` without scrapes, the fleet connected")
+	flag.DurationVar(&o.scrapeBaseline, "scrape-baseline", 30*time.Second, "scrape: measure the gateway's CPU for this `duration` without scrapes, the fleet connected, before Prometheus starts and again after it stops")
 	flag.StringVar(&o.outDir, "out", "", benchplot.Help("scalebench"))
 	flag.StringVar(&o.profileDir, "profile", "", "write the gateway's CPU profile of each phase, and its heap and goroutines after the steady phase, into `dir` (from its --profiling endpoint, which the bench always turns on)")
 	flag.StringVar(&o.logDir, "log-dir", "", "copy the logs of the gateway(s) and the load generator into `dir` at the end")

@@ -254,15 +254,20 @@ func printScrape(o options, x *scrapeResult) {
 		row("window", "not measured")
 		return
 	}
-	row("window", fmt.Sprintf("%s s, after %s s of baseline", secs(x.window), secs(x.baseline)))
+	row("window", fmt.Sprintf("%s s, between two baselines of %s s", secs(x.window), secs(x.baseline)))
 	row("scrapes in the window (Prometheus's samples)", fmt.Sprintf("%d (%.1f/s), %d failed; up at the end %d of %d", x.scrapes, float64(x.scrapes)/x.window.Seconds(), x.failed, x.upEnd, x.pods))
 	row("  /metrics answered by the load generator", fmt.Sprint(x.served))
 	row("scrape duration (scrape_duration_seconds)", fmt.Sprintf("p50 %s ms, p99 %s ms, max %s ms", ms(benchkit.Pct(x.durations, 50)), ms(benchkit.Pct(x.durations, 99)), ms(benchkit.Pct(x.durations, 100))))
+	row(fmt.Sprintf("  scrapes over %v", slowScrape), fmt.Sprintf("%d, in %d distinct seconds of the window, at most %d in one", x.slow, x.slowSeconds, x.slowWorst))
 	row("gateway connections relayed and closed", fmt.Sprintf("%.0f in the window; %.0f open at its end (Prometheus keeps them alive)", x.relayed, x.active))
 	gross, net := x.cpuPerScrape()
-	row("gateway CPU without scrapes (baseline)", fmt.Sprintf("%.1f%% of a core", x.baselinePct))
+	after := "not measured"
+	if x.baseAfter >= 0 {
+		after = fmt.Sprintf("%.1f%%", x.baseAfter)
+	}
+	row("gateway CPU without scrapes (baseline)", fmt.Sprintf("%.1f%% of a core (before Prometheus %.1f%%, after it %s)", x.baselinePct, x.baseBefore, after))
 	row("gateway CPU in the window", fmt.Sprintf("%.1f%% of a core, %.1f s", x.cpuPct(), x.cpu.Seconds()))
-	row("gateway CPU per scrape", fmt.Sprintf("%.3f ms (CPU in the window ÷ scrapes); %.3f ms above the baseline", gross, net))
+	row("gateway CPU per scrape", fmt.Sprintf("%.3f ms (CPU in the window ÷ scrapes); %.3f ms above the baselines' mean", gross, net))
 	row("load generator / Prometheus CPU", fmt.Sprintf("%.1f%% / %.1f%% of a core", 100*x.agentCPU.Seconds()/x.window.Seconds(), 100*x.promCPU.Seconds()/x.window.Seconds()))
 }
 

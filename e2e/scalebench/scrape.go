@@ -211,17 +211,27 @@ type scrapeResult struct {
 	// scrape_duration_seconds and of up per scrape.
 	scrapes, failed int
 	durations       []time.Duration // sorted
-	upEnd           int             // targets whose last scrape in the window succeeded
-	baseline        time.Duration   // length of the baseline
-	baselinePct     float64         // gateway CPU without scrapes, % of a core
-	cpu             time.Duration   // gateway CPU in the window
-	agentCPU        time.Duration
-	promCPU         time.Duration
-	served          int64   // /metrics answered by the load generator in the window
-	relayed         float64 // connections the gateway's transparent listener finished in the window
-	active          float64 // and held open at its end
-	firstErr        string
+	// slow: scrapes over slowScrape, in slowSeconds distinct seconds of
+	// the window (a stall of the machine or a process shows as many in
+	// few seconds), at most slowWorst in one.
+	slow, slowSeconds, slowWorst int
+	upEnd                        int           // targets whose last scrape in the window succeeded
+	baseline                     time.Duration // length of each baseline
+	// baselinePct is the gateway's CPU without scrapes, % of a core: the
+	// mean of the baselines before Prometheus starts and after it stops
+	// (baseBefore, baseAfter; -1 not measured).
+	baselinePct, baseBefore, baseAfter float64
+	cpu                                time.Duration // gateway CPU in the window
+	agentCPU                           time.Duration
+	promCPU                            time.Duration
+	served                             int64   // /metrics answered by the load generator in the window
+	relayed                            float64 // connections the gateway's transparent listener finished in the window
+	active                             float64 // and held open at its end
+	firstErr                           string
 }
+
+// slowScrape: scrapes longer are counted by second of the window.
+const slowScrape = 100 * time.Millisecond
 
 func (r *scrapeResult) cpuPct() float64 { return 100 * r.cpu.Seconds() / r.window.Seconds() }
 
@@ -256,14 +266,12 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 		return err
 	}
 
-	note("scrape: baseline: the gateway's CPU for %v without scrapes", b.o.scrapeBaseline)
-	cpu0, t0 := benchkit.CPU(g.pid), time.Now()
-	if err := benchkit.Sleep(ctx, b.o.scrapeBaseline); err != nil {
+	r.baseBefore, r.baseAfter = -1, -1
+	var err error
+	if r.baseBefore, err = b.scrapeBaseline(ctx, g, "before Prometheus"); err != nil {
 		return err
 	}
-	r.baseline = time.Since(t0)
-	r.baselinePct = 100 * (benchkit.CPU(g.pid) - cpu0).Seconds() / r.baseline.Seconds()
-	note("scrape: baseline %.1f%% of a core", r.baselinePct)
+	r.baselinePct, r.baseline = r.baseBefore, b.o.scrapeBaseline
 
 	cfg, err := b.prometheusConfig()
 	if err != nil {
@@ -320,10 +328,26 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 	// phase found it, which the health marks check.
 	stopProm()
 	b.waitRelaysClosed(ctx, g)
+	if r.baseAfter, err = b.scrapeBaseline(ctx, g, "after Prometheus"); err != nil {
+		return err
+	}
+	r.baselinePct = (r.baseBefore + r.baseAfter) / 2
 	gross, net := r.cpuPerScrape()
 	note("scrape: %d scrapes in %v (%d failed), p50 %s ms, p99 %s ms; gateway CPU %.1f%% of a core, %.3f ms per scrape (%.3f ms above the baseline)",
 		r.scrapes, r.window.Round(time.Second), r.failed, ms(benchkit.Pct(r.durations, 50)), ms(benchkit.Pct(r.durations, 99)), r.cpuPct(), gross, net)
 	return nil
+}
+
+// scrapeBaseline measures g's CPU for --scrape-baseline, in % of a core.
+func (b *bench) scrapeBaseline(ctx context.Context, g *gwProc, when string) (float64, error) {
+	note("scrape: baseline %s: the gateway's CPU for %v without scrapes", when, b.o.scrapeBaseline)
+	cpu0, t0 := benchkit.CPU(g.pid), time.Now()
+	if err := benchkit.Sleep(ctx, b.o.scrapeBaseline); err != nil {
+		return -1, err
+	}
+	pct := 100 * (benchkit.CPU(g.pid) - cpu0).Seconds() / time.Since(t0).Seconds()
+	note("scrape: baseline %s: %.1f%% of a core", when, pct)
+	return pct, nil
 }
 
 // createScrapePods creates the pods of layout and writes their status, as
@@ -491,10 +515,20 @@ func (r *scrapeResult) read(ctx context.Context, prom *testenv.Prometheus, end t
 	if err != nil {
 		return err
 	}
+	slowAt := map[int64]int{} // second → slow scrapes
 	for _, s := range durs {
 		for _, p := range s.Points {
-			r.durations = append(r.durations, time.Duration(p.Value*float64(time.Second)))
+			d := time.Duration(p.Value * float64(time.Second))
+			r.durations = append(r.durations, d)
+			if d > slowScrape {
+				r.slow++
+				slowAt[p.Time.Unix()]++
+			}
 		}
+	}
+	r.slowSeconds = len(slowAt)
+	for _, n := range slowAt {
+		r.slowWorst = max(r.slowWorst, n)
 	}
 	slices.Sort(r.durations)
 	r.scrapes = len(r.durations)
