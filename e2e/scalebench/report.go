@@ -259,6 +259,7 @@ func printScrape(o options, x *scrapeResult) {
 	row("  /metrics answered by the load generator", fmt.Sprint(x.served))
 	row("scrape duration (scrape_duration_seconds)", fmt.Sprintf("p50 %s ms, p99 %s ms, max %s ms", ms(benchkit.Pct(x.durations, 50)), ms(benchkit.Pct(x.durations, 99)), ms(benchkit.Pct(x.durations, 100))))
 	row(fmt.Sprintf("  scrapes over %v", slowScrape), fmt.Sprintf("%d, in %d distinct seconds of the window, at most %d in one", x.slow, x.slowSeconds, x.slowWorst))
+	row("edges' tunnel connections ended meanwhile", noticed(x.ended))
 	row("gateway connections relayed and closed", fmt.Sprintf("%.0f in the window; %.0f open at its end (Prometheus keeps them alive)", x.relayed, x.active))
 	gross, net := x.cpuPerScrape()
 	after := "not measured"
@@ -267,6 +268,7 @@ func printScrape(o options, x *scrapeResult) {
 	}
 	row("gateway CPU without scrapes (baseline)", fmt.Sprintf("%.1f%% of a core (before Prometheus %.1f%%, after it %s)", x.baselinePct, x.baseBefore, after))
 	row("gateway CPU in the window", fmt.Sprintf("%.1f%% of a core, %.1f s", x.cpuPct(), x.cpu.Seconds()))
+	row("gateway garbage collections a minute", fmt.Sprintf("%.1f before, %.1f in the window, %.1f after", x.gcPerMin[0], x.gcPerMin[1], x.gcPerMin[2]))
 	row("gateway CPU per scrape", fmt.Sprintf("%.3f ms (CPU in the window ÷ scrapes); %.3f ms above the baselines' mean", gross, net))
 	row("load generator / Prometheus CPU", fmt.Sprintf("%.1f%% / %.1f%% of a core", 100*x.agentCPU.Seconds()/x.window.Seconds(), 100*x.promCPU.Seconds()/x.window.Seconds()))
 }

@@ -221,13 +221,19 @@ type scrapeResult struct {
 	// mean of the baselines before Prometheus starts and after it stops
 	// (baseBefore, baseAfter; -1 not measured).
 	baselinePct, baseBefore, baseAfter float64
-	cpu                                time.Duration // gateway CPU in the window
-	agentCPU                           time.Duration
-	promCPU                            time.Duration
-	served                             int64   // /metrics answered by the load generator in the window
-	relayed                            float64 // connections the gateway's transparent listener finished in the window
-	active                             float64 // and held open at its end
-	firstErr                           string
+	// gcPerMin: the gateway's garbage collections per minute in the
+	// baseline before, the window, the baseline after (-1 unknown).
+	gcPerMin [3]float64
+	cpu      time.Duration // gateway CPU in the window
+	agentCPU time.Duration
+	promCPU  time.Duration
+	served   int64   // /metrics answered by the load generator in the window
+	relayed  float64 // connections the gateway's transparent listener finished in the window
+	active   float64 // and held open at its end
+	// ended: the edges' tunnel connections that ended in the window, by
+	// reason (a pod's scrapes fail until its edge is back).
+	ended    map[string]int64
+	firstErr string
 }
 
 // slowScrape: scrapes longer are counted by second of the window.
@@ -266,9 +272,9 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 		return err
 	}
 
-	r.baseBefore, r.baseAfter = -1, -1
+	r.baseBefore, r.baseAfter, r.gcPerMin = -1, -1, [3]float64{-1, -1, -1}
 	var err error
-	if r.baseBefore, err = b.scrapeBaseline(ctx, g, "before Prometheus"); err != nil {
+	if r.baseBefore, r.gcPerMin[0], err = b.scrapeBaseline(ctx, g, "before Prometheus"); err != nil {
 		return err
 	}
 	r.baselinePct, r.baseline = r.baseBefore, b.o.scrapeBaseline
@@ -295,7 +301,10 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 	b.waitTargetsUp(ctx, prom, r, promStart)
 
 	b.profile(ctx, g, "scrape", b.o.scrapeDuration)
-	m0, _ := world.Get(ctx, g.host, world.GatewayAdmin(g.host, "/metrics"))
+	m0, err := world.Get(ctx, g.host, world.GatewayAdmin(g.host, "/metrics"))
+	if err != nil {
+		return err
+	}
 	st0, _ := b.agent.stats(ctx)
 	cpu0, agent0, prom0, t0 := benchkit.CPU(g.pid), benchkit.CPU(b.agent.pid), benchkit.CPU(promPID), time.Now()
 	stop := benchkit.Progress(ctx, 30*time.Second, func() {
@@ -312,11 +321,18 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 	r.cpu, r.agentCPU, r.promCPU = cpu1-cpu0, agent1-agent0, prom1-prom0
 	if st1, err := b.agent.stats(ctx); err == nil {
 		r.served = st1.Scraped - st0.Scraped
+		r.ended = map[string]int64{}
+		for reason, n := range st1.Disconnects {
+			if d := n - st0.Disconnects[reason]; d > 0 {
+				r.ended[reason] = d
+			}
+		}
 	}
 	if m1, err := world.Get(ctx, g.host, world.GatewayAdmin(g.host, "/metrics")); err == nil {
 		relayed := `tether_gateway_proxy_connections_total{result="relayed"}`
 		r.relayed = world.Metric(m1, relayed) - world.Metric(m0, relayed)
 		r.active = world.Metric(m1, "tether_gateway_proxy_active_connections")
+		r.gcPerMin[1] = gcRate(m0, m1, r.window)
 	}
 	if err := r.read(ctx, prom, t1); err != nil {
 		return err
@@ -328,7 +344,7 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 	// phase found it, which the health marks check.
 	stopProm()
 	b.waitRelaysClosed(ctx, g)
-	if r.baseAfter, err = b.scrapeBaseline(ctx, g, "after Prometheus"); err != nil {
+	if r.baseAfter, r.gcPerMin[2], err = b.scrapeBaseline(ctx, g, "after Prometheus"); err != nil {
 		return err
 	}
 	r.baselinePct = (r.baseBefore + r.baseAfter) / 2
@@ -338,16 +354,33 @@ func (b *bench) scrape(ctx context.Context, res *results) error {
 	return nil
 }
 
-// scrapeBaseline measures g's CPU for --scrape-baseline, in % of a core.
-func (b *bench) scrapeBaseline(ctx context.Context, g *gwProc, when string) (float64, error) {
+// scrapeBaseline measures g's CPU for --scrape-baseline, in % of a core,
+// and its garbage collections per minute meanwhile (-1 unknown).
+func (b *bench) scrapeBaseline(ctx context.Context, g *gwProc, when string) (pct, gc float64, err error) {
 	note("scrape: baseline %s: the gateway's CPU for %v without scrapes", when, b.o.scrapeBaseline)
+	m0, err := world.Get(ctx, g.host, world.GatewayAdmin(g.host, "/metrics"))
+	if err != nil {
+		return -1, -1, err
+	}
 	cpu0, t0 := benchkit.CPU(g.pid), time.Now()
 	if err := benchkit.Sleep(ctx, b.o.scrapeBaseline); err != nil {
-		return -1, err
+		return -1, -1, err
 	}
-	pct := 100 * (benchkit.CPU(g.pid) - cpu0).Seconds() / time.Since(t0).Seconds()
-	note("scrape: baseline %s: %.1f%% of a core", when, pct)
-	return pct, nil
+	took := time.Since(t0)
+	pct = 100 * (benchkit.CPU(g.pid) - cpu0).Seconds() / took.Seconds()
+	gc = -1
+	if m1, err := world.Get(ctx, g.host, world.GatewayAdmin(g.host, "/metrics")); err == nil {
+		gc = gcRate(m0, m1, took)
+	}
+	note("scrape: baseline %s: %.1f%% of a core, %.1f garbage collections a minute", when, pct, gc)
+	return pct, gc, nil
+}
+
+// gcRate is the garbage collections per minute between two expositions
+// of the gateway's /metrics taken d apart.
+func gcRate(m0, m1 string, d time.Duration) float64 {
+	const cycles = "go_gc_duration_seconds_count"
+	return (world.Metric(m1, cycles) - world.Metric(m0, cycles)) / d.Minutes()
 }
 
 // createScrapePods creates the pods of layout and writes their status, as
