@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -108,6 +109,60 @@ func (p *Prometheus) Query(ctx context.Context, expr string) ([]PromSample, erro
 			return nil, fmt.Errorf("query %q: value %v: %w", expr, r.Value[1], err)
 		}
 		out = append(out, PromSample{Labels: r.Metric, Value: v})
+	}
+	return out, nil
+}
+
+// PromSeries is one series of a range vector, with its raw samples.
+type PromSeries struct {
+	Labels map[string]string
+	Points []PromPoint
+}
+
+// PromPoint is one sample of a PromSeries.
+type PromPoint struct {
+	Time  time.Time
+	Value float64
+}
+
+// Samples evaluates expr, a range vector such as `up[5m]`, as an instant
+// query at time at, and returns every raw sample of the window (a
+// result of another type is an error): what an instant query cannot
+// say, such as a quantile over all the scrapes of many targets.
+func (p *Prometheus) Samples(ctx context.Context, expr string, at time.Time) ([]PromSeries, error) {
+	q := url.Values{"query": {expr}, "time": {strconv.FormatFloat(float64(at.UnixMilli())/1000, 'f', 3, 64)}}
+	body, err := p.get(ctx, "/api/v1/query?"+q.Encode())
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Data struct {
+			ResultType string `json:"resultType"`
+			Result     []struct {
+				Metric map[string]string `json:"metric"`
+				Values [][2]any          `json:"values"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return nil, fmt.Errorf("query %q: %w", expr, err)
+	}
+	if resp.Data.ResultType != "matrix" {
+		return nil, fmt.Errorf("query %q: result type %q, want matrix", expr, resp.Data.ResultType)
+	}
+	out := make([]PromSeries, 0, len(resp.Data.Result))
+	for _, r := range resp.Data.Result {
+		ser := PromSeries{Labels: r.Metric, Points: make([]PromPoint, 0, len(r.Values))}
+		for _, v := range r.Values {
+			ts, ok := v[0].(float64)
+			s, _ := v[1].(string)
+			f, err := strconv.ParseFloat(s, 64)
+			if !ok || err != nil {
+				return nil, fmt.Errorf("query %q: sample %v", expr, v)
+			}
+			ser.Points = append(ser.Points, PromPoint{Time: time.UnixMilli(int64(math.Round(ts * 1000))), Value: f})
+		}
+		out = append(out, ser)
 	}
 	return out, nil
 }

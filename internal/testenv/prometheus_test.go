@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // TestPrometheus starts Prometheus in a namespace, scraping itself and a
@@ -55,5 +56,30 @@ scrape_configs:
 	}
 	if fmt.Sprint(health) != fmt.Sprint(want) {
 		t.Errorf("targets' health = %v, want %v", health, want)
+	}
+
+	// Samples: every scrape of self in a window, one sample each, in
+	// time order and inside the window.
+	var self []PromPoint
+	at := time.Now()
+	EventuallyNoError(t, "two scrapes of self in the last 5 s", func() error {
+		at = time.Now()
+		series, err := p.Samples(ctx, `up{job="self"}[5s]`, at)
+		if err != nil {
+			return err
+		}
+		if len(series) != 1 || len(series[0].Points) < 2 {
+			return fmt.Errorf("series %v", series)
+		}
+		self = series[0].Points
+		return nil
+	})
+	for i, pt := range self {
+		if pt.Value != 1 || pt.Time.After(at) || pt.Time.Before(at.Add(-5*time.Second)) || (i > 0 && !pt.Time.After(self[i-1].Time)) {
+			t.Errorf("up{job=\"self\"}[5s] at %v: sample %d %+v of %+v: want 1, in time order, inside the window", at, i, pt, self)
+		}
+	}
+	if _, err := p.Samples(ctx, "up", at); err == nil {
+		t.Error("Samples of an instant vector: no error")
 	}
 }
