@@ -73,6 +73,9 @@ type edgeSpec struct {
 	// pods runs the pod listener (TLS, a certificate of ca for
 	// 127.0.0.1) at edge.PodAddr, as tether-edge's --pod-api-listen.
 	pods bool
+	// podService are the addresses the kubelet sees as default/kubernetes'
+	// cluster IPs (spec.pods only; none: the Service unchanged).
+	podService []string
 }
 
 // edge is a running proxy, built from the same packages and in the same
@@ -176,6 +179,7 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 			t.Fatal(err)
 		}
 		e.PodAddr = podLn.Addr().String()
+		pods.Addresses, pods.Port = spec.podService, int32(podLn.Addr().(*net.TCPAddr).Port)
 		podLn = tls.NewListener(podLn, &tls.Config{Certificates: []tls.Certificate{kp.TLS}, NextProtos: []string{"h2", "http/1.1"}})
 	}
 	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: components,

@@ -49,6 +49,12 @@ type PodOptions struct {
 	Transport http.RoundTripper
 	// Cache keeps each identity's reads.
 	Cache *podcache.Cache
+	// Addresses and Port, when Addresses is set, are what the kubelet
+	// sees of the Service default/kubernetes (its cluster IPs, and its
+	// port 443), so that the in-cluster config it gives pods points at
+	// the pod listener (podservice.go).
+	Addresses []string
+	Port      int32
 }
 
 // Served pod requests, the "served" label of pod_api_requests_total.

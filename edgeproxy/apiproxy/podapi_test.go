@@ -247,3 +247,74 @@ func TestPodUserAgentIgnored(t *testing.T) {
 		t.Errorf("offline, the kubelet's own Secret from its cache: %v", err)
 	}
 }
+
+// TestKubeletSeesPodListener: with the pod listener on, the kubelet's
+// lists and watches of Services show default/kubernetes at the node's
+// pod listener (online, and offline from its cache); kube-proxy sees the
+// real Service.
+func TestKubeletSeesPodListener(t *testing.T) {
+	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const node = "edge-svc"
+	kp, err := cp.CA.NodeCert(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offline := &switchable{}
+	e := startEdge(t, edgeSpec{net: hostNet{}, server: cp.URL, node: node, cert: kp.TLS, ca: cp.CA, offline: offline,
+		pods: true, podService: []string{"192.0.2.10"}})
+	e.waitHealthy(true, 30*time.Second)
+	_, port, _ := strings.Cut(e.PodAddr, ":")
+	real, err := cp.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet, _ := e.client(kubeletUA)
+	kubeProxy, _ := e.client("kube-proxy/v1.36.3")
+	check := func(what string, c interface {
+		List(context.Context, metav1.ListOptions) (*corev1.ServiceList, error)
+	}, wantIP, wantPort string) {
+		t.Helper()
+		// (Offline: once the online answer reached the cache, in the
+		// background.)
+		testenv.EventuallyNoError(t, what, func() error {
+			list, err := c.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			for _, s := range list.Items {
+				if s.Namespace != "default" || s.Name != "kubernetes" {
+					continue
+				}
+				if s.Spec.ClusterIP != wantIP || len(s.Spec.ClusterIPs) != 1 || s.Spec.ClusterIPs[0] != wantIP ||
+					len(s.Spec.Ports) != 1 || fmt.Sprint(s.Spec.Ports[0].Port) != wantPort {
+					t.Fatalf("%s: default/kubernetes at %v %v, want %s:%s", what, s.Spec.ClusterIPs, s.Spec.Ports, wantIP, wantPort)
+				}
+				return nil
+			}
+			return fmt.Errorf("%s: no default/kubernetes", what)
+		})
+	}
+	check("the kubelet's list", kubelet.CoreV1().Services(""), "192.0.2.10", port)
+	check("kube-proxy's list", kubeProxy.CoreV1().Services(""), real.Spec.ClusterIP, "443")
+	// The kubelet's watch (client-go's watch-list: the initial events).
+	w, err := kubelet.CoreV1().Services("default").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=kubernetes", ResourceVersion: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-w.ResultChan():
+		s, ok := ev.Object.(*corev1.Service)
+		if !ok || s.Spec.ClusterIP != "192.0.2.10" || fmt.Sprint(s.Spec.Ports[0].Port) != port {
+			t.Errorf("the kubelet's watch: %v %#v", ev.Type, ev.Object)
+		}
+	case <-time.After(testenv.WaitBound):
+		t.Error("no event on the kubelet's watch")
+	}
+	w.Stop()
+
+	offline.set(true)
+	check("the kubelet's list offline", kubelet.CoreV1().Services(""), "192.0.2.10", port)
+	check("kube-proxy's list offline", kubeProxy.CoreV1().Services(""), real.Spec.ClusterIP, "443")
+}

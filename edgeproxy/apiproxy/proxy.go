@@ -138,6 +138,7 @@ type Proxy struct {
 	podRT      http.RoundTripper // counting bytes
 	podReverse *httputil.ReverseProxy
 	podIDs     podIdentities
+	podService *kubernetesService // the kubelet's view of default/kubernetes; nil: unchanged
 }
 
 // New builds the proxy; Run replays queued writes, Serve serves clients.
@@ -196,6 +197,9 @@ func New(o Options) (*Proxy, error) {
 		}
 		p.podCache, p.podRT = o.Pods.Cache, &countingTransport{rt: o.Pods.Transport, m: p.m}
 		p.podReverse = p.newPodReverse()
+		if len(o.Pods.Addresses) > 0 {
+			p.podService = &kubernetesService{ips: o.Pods.Addresses, port: o.Pods.Port}
+		}
 		if err := p.loadPodIdentities(); err != nil {
 			return nil, fmt.Errorf("apiproxy: pod identities: %w", err)
 		}
@@ -296,7 +300,7 @@ func (p *Proxy) waitKnown(r *http.Request, req request) {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request) string {
 	healthy := p.up.Healthy()
 	pool := req.pool && p.pool.Serves(req.GVR, healthy)
-	if req.filtered && (healthy || pool) && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
+	if req.filtered && (healthy || pool) && !req.filter.WaitSynced(r.Context(), topologySyncWait) {
 		topologyNotSynced(w)
 		return servedRefused
 	}
