@@ -34,8 +34,8 @@ import (
 // A token's identity is the entry of the token ledger (the cloud's
 // answers to the TokenRequests the kubelet made through the proxy,
 // token.go) whose JWT is exactly that token: namespace, service account,
-// bound pod name and UID. Online, the gets and lists of such an identity
-// are relayed and their 200 answers kept under the identity (package
+// bound pod name and UID. Online, the gets and lists (and discovery
+// reads) of such an identity are relayed and their 200 answers kept under the identity (package
 // podcache); offline, the identity is served its own answer to the same
 // request, byte for byte, while its token is valid. A token not in the
 // ledger is relayed online uncached (the cloud authenticates it) and
@@ -199,8 +199,11 @@ func (p *Proxy) podServe(w http.ResponseWriter, r *http.Request) string {
 	}
 	id, known := p.podIDs.lookup(token)
 	req := parseRequest(r)
-	read := r.Method == http.MethodGet && req.IsResource && req.Subresource == "" &&
-		(req.Verb == localapi.VerbGet || req.Verb == localapi.VerbList)
+	// Reads kept and served offline: gets and lists of resources, and
+	// gets of paths that are no resource (discovery: /api, /apis/<g>/<v>,
+	// /version), which clients such as kubectl make before a list.
+	read := r.Method == http.MethodGet && req.Subresource == "" &&
+		(req.Verb == localapi.VerbGet || req.Verb == localapi.VerbList || (!req.IsResource && !r.URL.Query().Has("watch")))
 	cached := known && read
 	ctx, cancel := context.WithTimeout(r.Context(), startReadWait)
 	p.up.WaitKnown(ctx)

@@ -138,6 +138,10 @@ func TestPodCacheIsolation(t *testing.T) {
 	if code, body := w.get(t, "", podUA, configMapList); code != http.StatusUnauthorized {
 		t.Errorf("no token: %d %s, want 401", code, body)
 	}
+	code, discoveryA := w.get(t, w.tokenA, podUA, "/api/v1")
+	if code != http.StatusOK || !strings.Contains(discoveryA, `"configmaps"`) {
+		t.Fatalf("pod-a's discovery online: %d %s", code, discoveryA)
+	}
 	code, listA := w.get(t, w.tokenA, podUA, configMapList)
 	if code != http.StatusOK || !strings.Contains(listA, `"cm-1"`) {
 		t.Fatalf("pod-a lists ConfigMaps online: %d %s", code, listA)
@@ -163,8 +167,8 @@ func TestPodCacheIsolation(t *testing.T) {
 		t.Errorf("a made-up token online: %d, want the cloud's 401", code)
 	}
 	// (Counted once the handler returns, just after the client's answer.)
-	testenv.Eventually(t, "4 pod requests served by the cloud", func() bool {
-		return w.e.metric("tether_edge_pod_api_requests_total", "served", "cloud") == 4
+	testenv.Eventually(t, "5 pod requests served by the cloud", func() bool {
+		return w.e.metric("tether_edge_pod_api_requests_total", "served", "cloud") == 5
 	})
 
 	w.offline.set(true)
@@ -173,6 +177,12 @@ func TestPodCacheIsolation(t *testing.T) {
 	}
 	if code, body := w.get(t, w.tokenB, podUA, configMapList); code != http.StatusServiceUnavailable {
 		t.Errorf("pod-b's list offline, which only pod-a read: %d %s, want 503", code, body)
+	}
+	if code, body := w.get(t, w.tokenA, podUA, "/api/v1"); code != http.StatusOK || body != discoveryA {
+		t.Errorf("pod-a's discovery offline: %d, want 200 with the bytes it got online", code)
+	}
+	if code, _ := w.get(t, w.tokenB, podUA, "/api/v1"); code != http.StatusServiceUnavailable {
+		t.Errorf("pod-b's discovery offline, which only pod-a read: %d, want 503", code)
 	}
 	if code, _ := w.get(t, w.tokenB, podUA, configMapGet); code != http.StatusOK {
 		t.Errorf("pod-b's own get offline: %d, want 200", code)
@@ -189,8 +199,8 @@ func TestPodCacheIsolation(t *testing.T) {
 	if code, _ := w.get(t, w.tokenA, podUA, configMapList+"?watch=true"); code != http.StatusServiceUnavailable {
 		t.Errorf("a watch offline: %d, want 503", code)
 	}
-	testenv.Eventually(t, "2 pod requests served from the cache", func() bool {
-		return w.e.metric("tether_edge_pod_api_requests_total", "served", "cache") == 2
+	testenv.Eventually(t, "3 pod requests served from the cache", func() bool {
+		return w.e.metric("tether_edge_pod_api_requests_total", "served", "cache") == 3
 	})
 	// pod-a's token expires (by the edge's clock): its reads go.
 	w.e.Proxy.podIDs.mu.Lock()
@@ -266,10 +276,11 @@ func TestKubeletSeesPodListener(t *testing.T) {
 		pods: true, podService: []string{"192.0.2.10"}})
 	e.waitHealthy(true, 30*time.Second)
 	_, port, _ := strings.Cut(e.PodAddr, ":")
-	real, err := cp.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var real *corev1.Service
+	testenv.EventuallyNoError(t, "kube-apiserver's default/kubernetes", func() (err error) { // made just after it starts
+		real, err = cp.Client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		return err
+	})
 	kubelet, _ := e.client(kubeletUA)
 	kubeProxy, _ := e.client("kube-proxy/v1.36.3")
 	check := func(what string, c interface {
