@@ -31,7 +31,7 @@ type podWorld struct {
 	client  *http.Client
 }
 
-func startPodWorld(t *testing.T) *podWorld {
+func startPodWorld(t *testing.T, dataDir string) *podWorld {
 	t.Helper()
 	cp := testenv.StartControlPlane(t, testenv.ControlPlaneOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -42,7 +42,8 @@ func startPodWorld(t *testing.T) *podWorld {
 		t.Fatal(err)
 	}
 	w := &podWorld{cp: cp, offline: &switchable{}}
-	w.e = startEdge(t, edgeSpec{net: hostNet{}, server: cp.URL, node: node, cert: kp.TLS, ca: cp.CA, offline: w.offline, pods: true})
+	w.e = startEdge(t, edgeSpec{net: hostNet{}, server: cp.URL, node: node, cert: kp.TLS, ca: cp.CA, offline: w.offline, pods: true,
+		dataDir: dataDir})
 	w.e.waitHealthy(true, 30*time.Second)
 	kubelet, _ := w.e.client(kubeletUA)
 	if _, err := kubelet.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
@@ -133,7 +134,7 @@ const (
 // same URL, a token the cloud issued but not through this node, an
 // expired token, a watch and a write are refused (503); no token is 401.
 func TestPodCacheIsolation(t *testing.T) {
-	w := startPodWorld(t)
+	w := startPodWorld(t, "")
 	ctx := context.Background()
 	if code, body := w.get(t, "", podUA, configMapList); code != http.StatusUnauthorized {
 		t.Errorf("no token: %d %s, want 401", code, body)
@@ -230,7 +231,7 @@ func TestPodCacheIsolation(t *testing.T) {
 // node's identity: a Secret the node may read is forbidden to it);
 // offline it gets its own reads and never the kubelet's cached Secret.
 func TestPodUserAgentIgnored(t *testing.T) {
-	w := startPodWorld(t)
+	w := startPodWorld(t, "")
 	ctx := context.Background()
 	kubelet, _ := w.e.client(kubeletUA)
 	if _, err := kubelet.CoreV1().Secrets(workNS).Get(ctx, "s-1", metav1.GetOptions{}); err != nil {
@@ -328,4 +329,30 @@ func TestKubeletSeesPodListener(t *testing.T) {
 	offline.set(true)
 	check("the kubelet's list offline", kubelet.CoreV1().Services(""), "192.0.2.10", port)
 	check("kube-proxy's list offline", kubeProxy.CoreV1().Services(""), real.Spec.ClusterIP, "443")
+}
+
+// TestPodCacheDiskFull: with the disk full, a pod's read is answered
+// online and the failure to keep it counted; offline it is refused, never
+// answered from a half-written entry.
+func TestPodCacheDiskFull(t *testing.T) {
+	dir := mountTmpfs(t, 8<<20)
+	w := startPodWorld(t, dir)
+	ctx := context.Background()
+	// A list too large for the free pages of the file: the write must
+	// grow it.
+	if _, err := w.cp.Client.CoreV1().ConfigMaps(workNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "big"},
+		Data: map[string]string{"k": strings.Repeat("x", 512<<10)}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, dir)
+	if code, body := w.get(t, w.tokenA, podUA, configMapList); code != http.StatusOK || !strings.Contains(body, `"big"`) {
+		t.Fatalf("pod-a's list online, disk full: %d, want the cloud's answer", code)
+	}
+	testenv.Eventually(t, "the failed write counted", func() bool {
+		return w.e.metric("tether_edge_pod_api_cache_failures_total") >= 1
+	})
+	w.offline.set(true)
+	if code, body := w.get(t, w.tokenA, podUA, configMapList); code != http.StatusServiceUnavailable {
+		t.Errorf("pod-a's list offline, never kept: %d %.200s, want 503", code, body)
+	}
 }
