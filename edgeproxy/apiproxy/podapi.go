@@ -1,6 +1,7 @@
 package apiproxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -227,6 +228,11 @@ func (p *Proxy) podServe(w http.ResponseWriter, r *http.Request) string {
 	keep := resp.StatusCode == http.StatusOK && mediaType(resp.Header.Get("Content-Type")) == runtime.ContentTypeJSON
 	if body := p.relay(w, resp, answerFor(keep)); body != nil {
 		e := podcache.Entry{Key: podReadKey(r), ContentType: resp.Header.Get("Content-Type"), Body: body, Stored: p.clock.Now()}
+		// A pod that polls gets the same answer again and again: kept
+		// once, not written (and synced) at every read.
+		if old, err := p.podCache.Get(id.key(), e.Key); err == nil && old != nil && old.ContentType == e.ContentType && bytes.Equal(old.Body, body) {
+			return podServedCloud
+		}
 		if err := p.podCache.Put(id.key(), e); err != nil {
 			p.m.podCacheFailures.Inc()
 			p.log.Debug("pod read not kept for offline use", "namespace", id.Namespace, "serviceaccount", id.ServiceAccount,
