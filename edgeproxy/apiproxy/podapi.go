@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,7 +205,7 @@ func (p *Proxy) podServe(w http.ResponseWriter, r *http.Request) string {
 	// gets of paths that are no resource (discovery: /api, /apis/<g>/<v>,
 	// /version), which clients such as kubectl make before a list.
 	read := r.Method == http.MethodGet && req.Subresource == "" &&
-		(req.Verb == localapi.VerbGet || req.Verb == localapi.VerbList || (!req.IsResource && !r.URL.Query().Has("watch")))
+		(req.Verb == localapi.VerbGet || req.Verb == localapi.VerbList || (!req.IsResource && isDiscovery(r)))
 	cached := known && read
 	ctx, cancel := context.WithTimeout(r.Context(), startReadWait)
 	p.up.WaitKnown(ctx)
@@ -240,6 +241,26 @@ func (p *Proxy) podServe(w http.ResponseWriter, r *http.Request) string {
 		}
 	}
 	return podServedCloud
+}
+
+// isDiscovery reports whether r reads API discovery: /version, /api,
+// /api/<version>, /apis, /apis/<group>, /apis/<group>/<version>. Other
+// paths that are no resource (service and node proxies, openapi) may
+// stream or be large: relayed, never kept.
+func isDiscovery(r *http.Request) bool {
+	p := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	if r.URL.Query().Has("watch") || slices.Contains(p, "") {
+		return false
+	}
+	switch p[0] {
+	case "version":
+		return len(p) == 1
+	case "api":
+		return len(p) <= 2
+	case "apis":
+		return len(p) <= 3
+	}
+	return false
 }
 
 // podReadKey is what a pod's read is kept under, beside its identity:

@@ -356,3 +356,20 @@ func TestPodCacheDiskFull(t *testing.T) {
 		t.Errorf("pod-a's list offline, never kept: %d %.200s, want 503", code, body)
 	}
 }
+
+func TestIsDiscovery(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/version": true, "/api": true, "/api/v1": true, "/apis": true, "/apis/apps": true, "/apis/apps/v1": true,
+		"/": false, "/version/x": false, "/api/v1/namespaces": false, "/apis/apps/v1/deployments": false,
+		"/api/v1/namespaces/a/services/s/proxy/x": false, "/openapi/v2": false, "/healthz": false,
+		"/api//v1": false, "/api/v1?watch=true": false,
+	} {
+		r, err := http.NewRequest(http.MethodGet, "https://node:10268"+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := isDiscovery(r); got != want {
+			t.Errorf("isDiscovery(%s) = %v, want %v", path, got, want)
+		}
+	}
+}
