@@ -104,6 +104,16 @@ type Config struct {
 	PoolRenewDeadline metav1.Duration `json:"pool-renew-deadline"`
 	PoolRetryPeriod   metav1.Duration `json:"pool-retry-period"`
 
+	// PodAPIListen is the pod listener (TLS with PodAPICert and
+	// PodAPIKey; empty: off): pods of this node reach kube-apiserver
+	// through it with their own tokens, and the kubelet sees
+	// default/kubernetes at PodAPIAddress (default: the certificate's IP
+	// addresses, the first of each family) and its port.
+	PodAPIListen  string   `json:"pod-api-listen,omitempty"`
+	PodAPICert    string   `json:"pod-api-cert,omitempty"`
+	PodAPIKey     string   `json:"pod-api-key,omitempty"`
+	PodAPIAddress []string `json:"pod-api-address,omitempty"`
+
 	// CacheComponents are the node components (first word of the
 	// User-Agent) whose reads are cached and served offline.
 	CacheComponents []string `json:"cache-components,omitempty"`
@@ -269,6 +279,26 @@ func (c Config) validateProxy() []error {
 	}
 	if c.PoolListen != "" {
 		errs = append(errs, c.validatePool()...)
+	}
+	if c.PodAPIListen != "" {
+		errs = append(errs, c.validatePodAPI()...)
+	}
+	return errs
+}
+
+// validatePodAPI checks the pod listener's settings.
+func (c Config) validatePodAPI() []error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.PodAPIListen); err != nil {
+		errs = append(errs, fmt.Errorf("--pod-api-listen: %w", err))
+	}
+	if c.PodAPICert == "" || c.PodAPIKey == "" {
+		errs = append(errs, errors.New("--pod-api-listen needs --pod-api-cert and --pod-api-key: a serving certificate for the node's addresses, signed by a CA the pods' ca.crt trusts"))
+	}
+	for _, a := range c.PodAPIAddress {
+		if net.ParseIP(a) == nil {
+			errs = append(errs, fmt.Errorf("--pod-api-address %q: want an IP address", a))
+		}
 	}
 	return errs
 }

@@ -289,6 +289,7 @@ type apiserverProxy struct {
 	topology  *filter.Filter     // nil when off
 	pool      *poolrunner.Runner // nil when off
 	cert      *identity.Cert     // the client certificate; nil with a token
+	pods      *podAPI            // the pod listener; nil when off
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
@@ -363,8 +364,18 @@ func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client
 	if pool != nil {
 		opts.Pool = pool
 	}
-	px, err := apiproxy.New(opts)
+	pa, podOpts, err := newPodAPI(cfg, ups, reg, log)
+	if err == nil {
+		opts.Pods = podOpts
+	}
+	var px *apiproxy.Proxy
+	if err == nil {
+		px, err = apiproxy.New(opts)
+	}
 	if err != nil {
+		if pa != nil {
+			pa.close()
+		}
 		if pool != nil {
 			pool.Close()
 		}
@@ -380,7 +391,7 @@ func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client
 	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.Servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.Cert}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.Cert, pods: pa}, nil
 }
 
 // newPoolRunner opens the pool listener and makes the pool's runner; nil

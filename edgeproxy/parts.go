@@ -63,6 +63,9 @@ func (ap *apiserverProxy) parts() []component.Component {
 			return nil
 		}})
 	}
+	if ap.pods != nil {
+		ps = append(ps, ap.pods.part(ap.proxy))
+	}
 	if pool := ap.pool; pool != nil {
 		ps = append(ps, part{N: "pool",
 			RunF:    func(ctx context.Context) error { return pool.Run(ctx, ap.ln.Addr()) },
