@@ -19,6 +19,7 @@ TEST_FLAGS ?= -count=1 -timeout 20m
 # is a bug report, not a verdict on the change under test.
 FUZZ_TIME  ?= 10s
 FUZZ       := ./tunnel:FuzzReadRequest ./tunnel:FuzzReadReply ./tunnel:FuzzReadElectionRequest ./tunnel:FuzzReadElectionReply \
+              ./tunnel:FuzzServiceRequest \
               ./gateway/dns:FuzzServeDNS ./gateway/proxy:FuzzSniff ./poolstore:FuzzReplicationStream \
               ./internal/localapi:FuzzParseRequest ./edgeproxy/apiproxy:FuzzParseRequest \
               ./edgeproxy/cache:FuzzRecord ./edgeproxy/cache:FuzzResourceInfo ./edgeproxy/cache:FuzzQueuedWrite \
@@ -45,8 +46,8 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "deps: Debian packages present"; fi
 
-# testbins builds kube-apiserver, kube-proxy, kube-controller-manager, etcd, Pebble
-# and promtool from their Go modules into ~/.cache/tether (about 15 minutes cold
+# testbins builds kube-apiserver, kube-proxy, kube-controller-manager, etcd, Pebble,
+# promtool and Prometheus from their Go modules into ~/.cache/tether (about 15 minutes cold
 # on 2 cores, nothing when warm).
 testbins:
 	@tools/build-testbins.sh >/dev/null
@@ -72,14 +73,15 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-# bench-tunnel measures the tunnel against a direct connection, bare quic-go
+# bench-tunnel measures the tunnel (to the node's address, and to a pod's
+# address, --pod) against a direct connection, bare quic-go
 # and Konnectivity (built once by tools/build-konnectivity.sh) in namespaces
 # on this machine, on a clean and on shaped WAN links, through a link cut and
 # a NAT rebinding (issues 9, 19), and prints tables and a last `wan:` line; it
 # writes that text and SVG plots of the head-of-line p99 and the bulk
 # throughput per link scenario, Tether beside Konnectivity, into
 # tunnelbench-<date>/ (--out). It needs root and takes about 10 minutes.
-# BENCH_TUNNEL_FLAGS: see --help (--scenarios, --runs, --wan-time, --out).
+# BENCH_TUNNEL_FLAGS: see --help (--scenarios, --runs, --wan-time, --pod, --out).
 .PHONY: bench-tunnel
 BENCH_TUNNEL_FLAGS ?=
 bench-tunnel: build testbins

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -101,7 +100,7 @@ func TestBootstrapCertificate(t *testing.T) {
 		const node = "edge-boot"
 		createNode(ctx, t, cp.Client, node)
 		gw := startTestGateway(t, cp.CA)
-		echo := startEcho(t)
+		echo := testenv.EchoServer(t)
 		e := startBootstrapEdge(t, kubeconfig, node, gw, echo)
 
 		// The first tunnel connection presents the certificate the CSR API
@@ -224,7 +223,7 @@ func TestBootstrapCertificate(t *testing.T) {
 			t.Fatal(err)
 		}
 		gw := startTestGateway(t, cp.CA)
-		echo := startEcho(t)
+		echo := testenv.EchoServer(t)
 		badToken := bootstrapKubeconfig(ctx, t, cp, "", "")
 		e := newBootstrapEdge(t, badToken, node, gw, echo)
 		if err := os.MkdirAll(filepath.Join(e.dataDir, identity.CertDir), 0o700); err != nil {
@@ -528,26 +527,6 @@ func peerCert(t *testing.T, c *quic.Conn) *x509.Certificate {
 		t.Fatal("no client certificate")
 	}
 	return certs[0]
-}
-
-// startEcho starts a TCP echo server on loopback.
-func startEcho(t *testing.T) netip.AddrPort {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
 // openEcho opens a stream to the echo server through the edge.

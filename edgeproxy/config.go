@@ -14,6 +14,7 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/edgeservice"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/cli"
@@ -59,8 +60,24 @@ type Config struct {
 	// AllowPorts are the ports of this node that cloud clients may reach
 	// through the tunnel.
 	AllowPorts Ports `json:"allow-ports,omitempty"`
+	// AllowPodPorts are the ports of this node's pods that cloud clients
+	// may reach, for a pod without the tether.io/tunnel-ports annotation:
+	// "declared" (its declared TCP ports), "none" or a list of ports
+	// (edgetunnel.ParsePodPorts). Pods are reached only with the
+	// apiserver proxy, which tells the node's pods and ranges.
+	AllowPodPorts string `json:"allow-pod-ports,omitempty"`
 	// MaxStreams bounds the connections relayed at once.
 	MaxStreams int `json:"max-streams,omitempty"`
+
+	// EdgeServices lets this node's pods reach the cloud Services marked
+	// tether.io/edge-access through the tunnel (package edgeservice):
+	// the host's rules redirect their connections to ServiceListen.
+	EdgeServices bool `json:"edge-services,omitempty"`
+	// ServiceListen is the service listener (wildcard address).
+	ServiceListen string `json:"service-listen,omitempty"`
+	// MaxServiceStreams bounds this node's service streams toward one
+	// gateway replica.
+	MaxServiceStreams int `json:"max-service-streams,omitempty"`
 
 	APIServerListen string `json:"apiserver-listen,omitempty"`
 	AdminListen     string `json:"admin-listen,omitempty"`
@@ -86,6 +103,16 @@ type Config struct {
 	PoolLeaseDuration metav1.Duration `json:"pool-lease-duration"`
 	PoolRenewDeadline metav1.Duration `json:"pool-renew-deadline"`
 	PoolRetryPeriod   metav1.Duration `json:"pool-retry-period"`
+
+	// PodAPIListen is the pod listener (TLS with PodAPICert and
+	// PodAPIKey; empty: off): pods of this node reach kube-apiserver
+	// through it with their own tokens, and the kubelet sees
+	// default/kubernetes at PodAPIAddress (default: the certificate's IP
+	// addresses, the first of each family) and its port.
+	PodAPIListen  string   `json:"pod-api-listen,omitempty"`
+	PodAPICert    string   `json:"pod-api-cert,omitempty"`
+	PodAPIKey     string   `json:"pod-api-key,omitempty"`
+	PodAPIAddress []string `json:"pod-api-address,omitempty"`
 
 	// CacheComponents are the node components (first word of the
 	// User-Agent) whose reads are cached and served offline.
@@ -136,18 +163,23 @@ const (
 	// queue of status writes (cache.DefaultMaxQueuedBytes).
 	minCacheMaxSize   = 2 * cache.DefaultMaxQueuedBytes
 	DefaultMaxStreams = 1024
+	// DefaultServiceListen is the service listener's (edgeservice).
+	DefaultServiceListen = edgeservice.DefaultListen
 )
 
 // DefaultConfig is the configuration before the file and the flags.
 func DefaultConfig() Config {
 	return Config{
-		AllowPorts:      Ports{10250, 10255},
-		MaxStreams:      DefaultMaxStreams,
-		APIServerListen: DefaultAPIServerListen,
-		AdminListen:     DefaultAdminListen,
-		PoolListen:      DefaultPoolListen,
-		DataDir:         DefaultDataDir,
-		CacheMaxSize:    DefaultCacheMaxSize,
+		AllowPorts:        Ports{10250, 10255},
+		AllowPodPorts:     edgetunnel.DefaultPodPorts.String(),
+		MaxStreams:        DefaultMaxStreams,
+		ServiceListen:     DefaultServiceListen,
+		MaxServiceStreams: edgetunnel.DefaultMaxServiceStreams,
+		APIServerListen:   DefaultAPIServerListen,
+		AdminListen:       DefaultAdminListen,
+		PoolListen:        DefaultPoolListen,
+		DataDir:           DefaultDataDir,
+		CacheMaxSize:      DefaultCacheMaxSize,
 
 		PoolResources:     []string{"endpointslices.discovery.k8s.io/v1", "endpoints/v1", "services/v1"},
 		PoolLeaseDuration: metav1.Duration{Duration: 15 * time.Second},
@@ -196,8 +228,14 @@ func (c Config) Validate() error {
 	if len(c.AllowPorts) == 0 {
 		errs = append(errs, errors.New("--allow-ports is empty: the tunnel could reach nothing"))
 	}
+	if _, err := edgetunnel.ParsePodPorts(c.AllowPodPorts); err != nil {
+		errs = append(errs, fmt.Errorf("--allow-pod-ports: %w", err))
+	}
 	if c.MaxStreams < 0 {
 		errs = append(errs, errors.New("--max-streams must not be negative"))
+	}
+	if c.EdgeServices {
+		errs = append(errs, c.validateEdgeServices()...)
 	}
 	if c.AdminListen != "" {
 		if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
@@ -241,6 +279,43 @@ func (c Config) validateProxy() []error {
 	}
 	if c.PoolListen != "" {
 		errs = append(errs, c.validatePool()...)
+	}
+	if c.PodAPIListen != "" {
+		errs = append(errs, c.validatePodAPI()...)
+	}
+	return errs
+}
+
+// validatePodAPI checks the pod listener's settings.
+func (c Config) validatePodAPI() []error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.PodAPIListen); err != nil {
+		errs = append(errs, fmt.Errorf("--pod-api-listen: %w", err))
+	}
+	if c.PodAPICert == "" || c.PodAPIKey == "" {
+		errs = append(errs, errors.New("--pod-api-listen needs --pod-api-cert and --pod-api-key: a serving certificate for the node's addresses, signed by a CA the pods' ca.crt trusts"))
+	}
+	for _, a := range c.PodAPIAddress {
+		if net.ParseIP(a) == nil {
+			errs = append(errs, fmt.Errorf("--pod-api-address %q: want an IP address", a))
+		}
+	}
+	return errs
+}
+
+// validateEdgeServices checks the settings that go with --edge-services.
+func (c Config) validateEdgeServices() []error {
+	var errs []error
+	if len(c.Gateway) == 0 || !c.proxyConfigured() {
+		errs = append(errs, errors.New("--edge-services needs --gateway (the streams go to the gateways) and the apiserver proxy (--kubeconfig, --server-addr or --bootstrap-kubeconfig: the marked Services and the node's pod ranges are read through it)"))
+	}
+	if host, port, err := net.SplitHostPort(c.ServiceListen); err != nil || port == "0" || port == "" {
+		errs = append(errs, fmt.Errorf("--service-listen %q: want :port (the host's rules send pods' connections to the node's address and to loopback at that port)", c.ServiceListen))
+	} else if host != "" {
+		errs = append(errs, fmt.Errorf("--service-listen %q: listen on the wildcard address (:%s): the host's rules send pods' connections to the node's address and the node's own to loopback", c.ServiceListen, port))
+	}
+	if c.MaxServiceStreams < 1 || c.MaxServiceStreams > 4096 {
+		errs = append(errs, fmt.Errorf("--max-service-streams %d: want 1 to 4096", c.MaxServiceStreams))
 	}
 	return errs
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,9 +24,11 @@ import (
 
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/edgeservice"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/identity"
+	"github.com/tether-edge/tether/edgeproxy/nodepods"
 	"github.com/tether-edge/tether/edgeproxy/poolrunner"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
 	"github.com/tether-edge/tether/internal/admin"
@@ -34,6 +37,7 @@ import (
 	"github.com/tether-edge/tether/internal/kube"
 	"github.com/tether-edge/tether/internal/statusapi"
 	"github.com/tether-edge/tether/internal/version"
+	"github.com/tether-edge/tether/netrules"
 	"github.com/tether-edge/tether/poolstore/feed"
 )
 
@@ -72,7 +76,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	e.log.Info("tether-edge starting", "version", version.Version, "gateway", cfg.Gateway,
-		"allow_ports", cfg.AllowPorts.String(), "apiserver_proxy", cfg.proxyConfigured(), "admin", cfg.AdminListen)
+		"allow_ports", cfg.AllowPorts.String(), "allow_pod_ports", cfg.AllowPodPorts, "apiserver_proxy", cfg.proxyConfigured(), "admin", cfg.AdminListen)
 	err = e.parts.Run(ctx)
 	e.log.Info("tether-edge stopped")
 	return err
@@ -98,8 +102,9 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	}()
 	var tun *edgetunnel.Client
 	var tunCert *identity.Cert
+	var pods *tunnelPods
 	if len(cfg.Gateway) > 0 {
-		if tun, tunCert, err = newTunnel(cfg, id, reg, log); err != nil {
+		if tun, tunCert, pods, err = newTunnel(cfg, id, reg, log); err != nil {
 			return nil, err
 		}
 	}
@@ -107,6 +112,9 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	if cfg.proxyConfigured() {
 		if ap, err = newAPIServerProxy(cfg, id, tun, reg, log); err != nil {
 			return nil, err
+		}
+		if pods != nil {
+			pods.loop.Bind(ap.proxy)
 		}
 	}
 	if node := id.Name(); node != "" {
@@ -130,6 +138,16 @@ func build(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slo
 	e.parts.Add(certificatesPart(id, cfg.CertCheckInterval.Duration))
 	if ap != nil {
 		e.parts.Add(ap.parts()...)
+	}
+	if pods != nil {
+		e.parts.Add(pods.part())
+	}
+	if cfg.EdgeServices {
+		es, err := newEdgeServices(cfg, tun, pods, ap, reg, log)
+		if err != nil {
+			return nil, err
+		}
+		e.parts.Add(part{N: "edge-services", RunF: es.Run, CloseF: es.Close})
 	}
 	if cfg.AdminListen != "" {
 		ln, err := listen(listenerAdmin, cfg.AdminListen, reg, log)
@@ -159,31 +177,107 @@ func (e *edge) admin(cfg Config, ln net.Listener, reg *prometheus.Registry, node
 }
 
 // newTunnel builds the tunnel client, with the certificate the identity
-// presents to the gateways.
-func newTunnel(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *identity.Cert, error) {
+// presents to the gateways, and, with the apiserver proxy, what the
+// tunnel's allow list knows of the node's pods (its loop is bound to the
+// proxy once built).
+func newTunnel(cfg Config, id *identity.Identity, reg *prometheus.Registry, log *slog.Logger) (*edgetunnel.Client, *identity.Cert, *tunnelPods, error) {
 	cert, err := id.Tunnel()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var roots func() *x509.CertPool
 	if cfg.GatewayCA != "" {
 		cas, err := certfile.LoadCAs(cfg.GatewayCA, certfile.Options{Name: "--gateway-ca", Logger: log})
 		if err != nil {
-			return nil, nil, fmt.Errorf("--gateway-ca: %w", err)
+			return nil, nil, nil, fmt.Errorf("--gateway-ca: %w", err)
 		}
 		roots = cas.Pool
 	}
+	node := id.Name() // the certificate's, which the gateways route by
+	var pods *tunnelPods
+	var src edgetunnel.PodSource
+	if cfg.proxyConfigured() {
+		if pods, err = newTunnelPods(node); err != nil {
+			return nil, nil, nil, err
+		}
+		src = pods.src
+	} else {
+		log.Info("no apiserver proxy: the tunnel dials no pods, only this node's own addresses")
+	}
 	tun, err := edgetunnel.New(edgetunnel.Options{
-		Gateways:    cfg.Gateway,
-		ServerName:  cfg.GatewayServerName,
-		RootCAs:     roots,
-		Certificate: cert.GetClientCertificate,
-		AllowPorts:  cfg.AllowPorts,
-		MaxStreams:  cfg.MaxStreams,
-		Logger:      log.With("node", id.Name()),
-		Registry:    reg,
+		Gateways:          cfg.Gateway,
+		ServerName:        cfg.GatewayServerName,
+		RootCAs:           roots,
+		Certificate:       cert.GetClientCertificate,
+		AllowPorts:        cfg.AllowPorts,
+		Pods:              src,
+		AllowPodPorts:     cfg.AllowPodPorts,
+		MaxStreams:        cfg.MaxStreams,
+		MaxServiceStreams: cfg.MaxServiceStreams,
+		Logger:            log.With("node", node),
+		Registry:          reg,
 	})
-	return tun, cert, err
+	return tun, cert, pods, err
+}
+
+// tunnelPods are the node's pod ranges and pods for the tunnel's allow
+// list: informers that read through the apiserver proxy in process (loop,
+// as nodepods.Client), with the node's identity, so that they are cached
+// for offline restarts.
+type tunnelPods struct {
+	src  *nodepods.Pods
+	loop *apiproxy.Loopback
+}
+
+func newTunnelPods(node string) (*tunnelPods, error) {
+	loop := apiproxy.NewLoopback(nodepods.Client)
+	client, err := kube.NewForConfig(&rest.Config{Host: "http://in-process", Transport: loop,
+		UserAgent: nodepods.UserAgent + "/" + version.Version, QPS: 20, Burst: 40})
+	if err != nil {
+		return nil, fmt.Errorf("tunnel pods: %w", err)
+	}
+	return &tunnelPods{src: nodepods.New(node, client), loop: loop}, nil
+}
+
+// newEdgeServices builds the edge's access to marked cloud Services: the
+// Service informer reads through the apiserver proxy in process (as
+// edgeservice.Client), the node's pod ranges and addresses come from the
+// tunnel's pods, the streams go through the tunnel, and the host's rules
+// are nftables (netrules.NewEdge), which needs CAP_NET_ADMIN.
+func newEdgeServices(cfg Config, tun *edgetunnel.Client, pods *tunnelPods, ap *apiserverProxy, reg *prometheus.Registry, log *slog.Logger) (*edgeservice.Feature, error) {
+	if tun == nil || pods == nil || ap == nil {
+		return nil, errors.New("--edge-services needs --gateway and the apiserver proxy")
+	}
+	rules, err := netrules.NewEdge(netrules.KindAuto, netrules.Options{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("--edge-services: host rules: %w", err)
+	}
+	loop := apiproxy.NewLoopback(edgeservice.Client)
+	client, err := kube.NewForConfig(&rest.Config{Host: "http://in-process", Transport: loop,
+		UserAgent: edgeservice.UserAgent + "/" + version.Version, QPS: 20, Burst: 40})
+	if err != nil {
+		return nil, fmt.Errorf("--edge-services: %w", err)
+	}
+	loop.Bind(ap.proxy)
+	ln, err := listen(listenerService, cfg.ServiceListen, reg, log)
+	if err != nil {
+		return nil, fmt.Errorf("service listener: %w", err)
+	}
+	f, err := edgeservice.NewFeature(edgeservice.FeatureOptions{
+		Services: edgeservice.NewServices(client),
+		Node:     pods.src,
+		Dialer:   edgeservice.Tunnel{Client: tun},
+		Rules:    rules,
+		Listener: ln,
+		Logger:   log,
+		Registry: reg,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	log.Info("edge services: this node's pods reach the marked cloud Services", "listen", ln.Addr().String(), "rules", rules.Backend())
+	return f, nil
 }
 
 // apiserverProxy is the kube-apiserver proxy and what it runs on.
@@ -195,6 +289,7 @@ type apiserverProxy struct {
 	topology  *filter.Filter     // nil when off
 	pool      *poolrunner.Runner // nil when off
 	cert      *identity.Cert     // the client certificate; nil with a token
+	pods      *podAPI            // the pod listener; nil when off
 }
 
 // newAPIServerProxy opens the cache and the listener and builds the
@@ -269,8 +364,18 @@ func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client
 	if pool != nil {
 		opts.Pool = pool
 	}
-	px, err := apiproxy.New(opts)
+	pa, podOpts, err := newPodAPI(cfg, ups, reg, log)
+	if err == nil {
+		opts.Pods = podOpts
+	}
+	var px *apiproxy.Proxy
+	if err == nil {
+		px, err = apiproxy.New(opts)
+	}
 	if err != nil {
+		if pa != nil {
+			pa.close()
+		}
 		if pool != nil {
 			pool.Close()
 		}
@@ -286,7 +391,7 @@ func newAPIServerProxy(cfg Config, id *identity.Identity, tun *edgetunnel.Client
 	}
 	log.Info("apiserver proxy", "listen", ln.Addr().String(), "servers", acc.Servers, "cache", store.Path(), "cache_max_size", cfg.CacheMaxSize,
 		"cached_components", cfg.CacheComponents, "queued_writes", store.QueueLen())
-	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.Cert}, nil
+	return &apiserverProxy{upstreams: ups, store: store, proxy: px, ln: ln, topology: topo, pool: pool, cert: acc.Cert, pods: pa}, nil
 }
 
 // newPoolRunner opens the pool listener and makes the pool's runner; nil

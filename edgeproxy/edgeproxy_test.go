@@ -37,6 +37,11 @@ func TestValidate(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
+	withServices := ok
+	withServices.Kubeconfig, withServices.EdgeServices = "/kc", true
+	if err := withServices.Validate(); err != nil {
+		t.Fatalf("--edge-services: %v", err)
+	}
 	proxyOnly := DefaultConfig()
 	proxyOnly.Kubeconfig = "/var/lib/kubelet/kubeconfig"
 	if err := proxyOnly.Validate(); err != nil {
@@ -56,7 +61,14 @@ func TestValidate(t *testing.T) {
 		{"no key", func(c *Config) { c.Key = "" }, "give --cert and --key"},
 		{"bad gateway", func(c *Config) { c.Gateway = []string{"gw:http"} }, "--gateway"},
 		{"no ports", func(c *Config) { c.AllowPorts = nil }, "--allow-ports is empty"},
+		{"bad pod ports", func(c *Config) { c.AllowPodPorts = "http" }, `--allow-pod-ports: "http": not a port number`},
+		{"empty pod ports", func(c *Config) { c.AllowPodPorts = "" }, "--allow-pod-ports: empty"},
 		{"bad admin", func(c *Config) { c.AdminListen = "10267" }, "--admin-listen"},
+		{"edge services without proxy", func(c *Config) { c.EdgeServices = true }, "--edge-services needs --gateway"},
+		{"edge services on one address", func(c *Config) { c.Kubeconfig = "/kc"; c.EdgeServices = true; c.ServiceListen = "127.0.0.1:10271" },
+			"listen on the wildcard address"},
+		{"edge services no port", func(c *Config) { c.Kubeconfig = "/kc"; c.EdgeServices = true; c.ServiceListen = ":0" }, "--service-listen"},
+		{"edge services streams", func(c *Config) { c.Kubeconfig = "/kc"; c.EdgeServices = true; c.MaxServiceStreams = 0 }, "--max-service-streams 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok

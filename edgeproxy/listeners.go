@@ -15,6 +15,7 @@ const (
 	listenerAPIServer = "apiserver" // the kube-apiserver proxy, --apiserver-listen
 	listenerAdmin     = "admin"     // --admin-listen
 	listenerPool      = "pool"      // the pool replica server, --pool-listen
+	listenerService   = "service"   // the service listener, --service-listen
 )
 
 // listenTCP opens a listener; tests replace it to make Accept fail.

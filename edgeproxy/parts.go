@@ -63,6 +63,9 @@ func (ap *apiserverProxy) parts() []component.Component {
 			return nil
 		}})
 	}
+	if ap.pods != nil {
+		ps = append(ps, ap.pods.part(ap.proxy))
+	}
 	if pool := ap.pool; pool != nil {
 		ps = append(ps, part{N: "pool",
 			RunF:    func(ctx context.Context) error { return pool.Run(ctx, ap.ln.Addr()) },
@@ -71,4 +74,15 @@ func (ap *apiserverProxy) parts() []component.Component {
 		})
 	}
 	return ps
+}
+
+// part runs the informers of the tunnel's pods; until they sync the
+// tunnel refuses pods (and still serves the node's own addresses).
+func (p *tunnelPods) part() component.Component {
+	return part{N: "tunnel-pods", RunF: func(ctx context.Context) error {
+		p.src.Start(ctx)
+		<-ctx.Done()
+		p.src.Shutdown()
+		return nil
+	}}
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/tether-edge/tether/gateway/dns"
+	"github.com/tether-edge/tether/gateway/edgeservices"
 	"github.com/tether-edge/tether/gateway/nodewatch"
 	"github.com/tether-edge/tether/gateway/pooltaint"
 	"github.com/tether-edge/tether/gateway/registry"
@@ -74,9 +76,19 @@ type Config struct {
 	VIPCIDR     string   `json:"vip-cidr,omitempty"`
 	// EdgeCIDRs, when set, are the only ranges an edge node's address is
 	// routed from in node-ip mode (see nodewatch.Policy).
-	EdgeCIDRs    []string `json:"edge-cidrs,omitempty"`
-	NetRules     string   `json:"netrules"`
-	EdgeSelector string   `json:"edge-selector"`
+	EdgeCIDRs []string `json:"edge-cidrs,omitempty"`
+	// EdgePodCIDRs are the ranges edge nodes' pod ranges may lie in;
+	// empty routes no pod (see nodewatch.PodPolicy). WidestPodCIDR is
+	// the shortest prefix length accepted, IPv4 then IPv6.
+	EdgePodCIDRs  []string `json:"edge-pod-cidrs,omitempty"`
+	WidestPodCIDR string   `json:"widest-pod-cidr"`
+	// EdgeServices connects edge pods to the cloud Services marked
+	// tether.io/edge-access (gateway/edgeservices); EdgeServiceCIDRs are
+	// where an endpoint that names no node may lie.
+	EdgeServices     bool     `json:"edge-services"`
+	EdgeServiceCIDRs []string `json:"edge-service-cidrs,omitempty"`
+	NetRules         string   `json:"netrules"`
+	EdgeSelector     string   `json:"edge-selector"`
 	// MaxNodeAddresses bounds the addresses routed to one edge node
 	// (nodewatch.Policy.MaxPerNode).
 	MaxNodeAddresses int `json:"max-addresses-per-node"`
@@ -109,6 +121,10 @@ type Config struct {
 	PoolResources []string `json:"pool-resources,omitempty"`
 
 	MaxStreamsPerEdge int `json:"max-streams-per-edge"`
+	// MaxServiceStreamsPerEdge and ServiceStreamsPerSecond bound one
+	// edge's pods' connections to cloud Services.
+	MaxServiceStreamsPerEdge int     `json:"max-service-streams-per-edge"`
+	ServiceStreamsPerSecond  float64 `json:"service-streams-per-second"`
 	// MaxHandshakes bounds the tunnel handshakes in progress at once
 	// (tunnelserver.Options.MaxHandshakes); 0: no bound.
 	MaxHandshakes     int             `json:"max-handshakes"`
@@ -173,35 +189,38 @@ const (
 // flag says otherwise.
 func DefaultConfig() Config {
 	return Config{
-		KubeAPIQPS:        DefaultKubeAPIQPS,
-		KubeAPIBurst:      DefaultKubeAPIBurst,
-		TunnelListen:      DefaultTunnelListen,
-		ProxyPort:         DefaultProxyPort,
-		DNSListen:         DefaultDNSListen,
-		AdminListen:       DefaultAdminListen,
-		DataDir:           DefaultDataDir,
-		ACMECA:            certmagic.LetsEncryptProductionCA,
-		ACMEStorage:       ACMEStorageDir,
-		ACMEHTTPListen:    DefaultACMEHTTPListen,
-		Mode:              string(nodewatch.ModeNodeIP),
-		MaxNodeAddresses:  nodewatch.DefaultMaxPerNode,
-		NetRules:          netrules.KindAuto,
-		EdgeSelector:      nodewatch.DefaultEdgeSelector().String(),
-		EdgePorts:         config.Ports{10250, 10255},
-		AllowedSources:    slices.Clone(sources.DefaultAllowed),
-		ResyncPeriod:      metav1.Duration{Duration: 30 * time.Second},
-		CleanupOnExit:     true,
-		DNSTTL:            metav1.Duration{Duration: dns.DefaultTTL},
-		MaxStreamsPerEdge: registry.DefaultMaxStreams,
-		MaxHandshakes:     DefaultMaxHandshakes,
-		MaxReceiveMemory:  *resource.NewQuantity(tunnel.DefaultReceiveBudget, resource.BinarySI),
-		UDPBuffer:         *resource.NewQuantity(DefaultUDPBuffer, resource.BinarySI),
-		MemoryLimit:       cli.AutoMemoryLimit,
-		IdleTimeout:       metav1.Duration{Duration: 15 * time.Second},
-		StreamIdleTimeout: metav1.Duration{Duration: 4 * time.Hour},
-		ShutdownGrace:     metav1.Duration{Duration: 10 * time.Second},
-		LogLevel:          "info",
-		LogFormat:         "text",
+		KubeAPIQPS:               DefaultKubeAPIQPS,
+		KubeAPIBurst:             DefaultKubeAPIBurst,
+		TunnelListen:             DefaultTunnelListen,
+		ProxyPort:                DefaultProxyPort,
+		DNSListen:                DefaultDNSListen,
+		AdminListen:              DefaultAdminListen,
+		DataDir:                  DefaultDataDir,
+		ACMECA:                   certmagic.LetsEncryptProductionCA,
+		ACMEStorage:              ACMEStorageDir,
+		ACMEHTTPListen:           DefaultACMEHTTPListen,
+		Mode:                     string(nodewatch.ModeNodeIP),
+		MaxNodeAddresses:         nodewatch.DefaultMaxPerNode,
+		MaxServiceStreamsPerEdge: edgeservices.DefaultMaxPerEdge,
+		ServiceStreamsPerSecond:  edgeservices.DefaultPerSecond,
+		WidestPodCIDR:            fmt.Sprintf("%d,%d", nodewatch.DefaultWidestPodCIDR4, nodewatch.DefaultWidestPodCIDR6),
+		NetRules:                 netrules.KindAuto,
+		EdgeSelector:             nodewatch.DefaultEdgeSelector().String(),
+		EdgePorts:                config.Ports{10250, 10255},
+		AllowedSources:           slices.Clone(sources.DefaultAllowed),
+		ResyncPeriod:             metav1.Duration{Duration: 30 * time.Second},
+		CleanupOnExit:            true,
+		DNSTTL:                   metav1.Duration{Duration: dns.DefaultTTL},
+		MaxStreamsPerEdge:        registry.DefaultMaxStreams,
+		MaxHandshakes:            DefaultMaxHandshakes,
+		MaxReceiveMemory:         *resource.NewQuantity(tunnel.DefaultReceiveBudget, resource.BinarySI),
+		UDPBuffer:                *resource.NewQuantity(DefaultUDPBuffer, resource.BinarySI),
+		MemoryLimit:              cli.AutoMemoryLimit,
+		IdleTimeout:              metav1.Duration{Duration: 15 * time.Second},
+		StreamIdleTimeout:        metav1.Duration{Duration: 4 * time.Hour},
+		ShutdownGrace:            metav1.Duration{Duration: 10 * time.Second},
+		LogLevel:                 "info",
+		LogFormat:                "text",
 
 		DelegatedHeartbeatTaint:         true,
 		DelegatedHeartbeatTaintRenewals: pooltaint.DefaultThreshold,
@@ -400,6 +419,10 @@ func (c *Config) routingFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Mode, "mode", c.Mode, "address `mode`: node-ip (cloud clients use the edge nodes' own InternalIPs, which the VPC routes to the gateway) or vip (each edge node gets a virtual IP from --vip-cidr, for sites that reuse the same private ranges)")
 	fs.StringVar(&c.VIPCIDR, "vip-cidr", c.VIPCIDR, "`prefix` the edge nodes' virtual IPs come from; required with --mode=vip")
 	fs.Var(config.NewStringList(&c.EdgeCIDRs), "edge-cidrs", "`prefixes` (comma-separated or repeated) the edge sites' node addresses lie in; in node-ip mode an edge node's address outside them is never redirected to it (default: any address that is not a cloud node's or the gateway host's)")
+	fs.Var(config.NewStringList(&c.EdgePodCIDRs), "edge-pod-cidrs", "`prefixes` (comma-separated or repeated) the edge nodes' pod ranges lie in (part of the cluster CIDR). A connection to an address in an edge Node's spec.podCIDRs inside them, on any TCP port, is redirected to --proxy-port and relayed to that node, which dials only its own pods' allowed ports (tether-edge --allow-pod-ports). A range that overlaps another edge's, a cloud node's or the gateway host's is routed to nobody. Empty (the default) routes no pod")
+	fs.StringVar(&c.WidestPodCIDR, "widest-pod-cidr", c.WidestPodCIDR, "the shortest prefix `lengths`, IPv4 then IPv6 (comma-separated), an edge node's pod range may have to be routed: a wider range is refused, however it was set")
+	fs.BoolVar(&c.EdgeServices, "edge-services", c.EdgeServices, "connect edge pods to the cloud Services annotated tether.io/edge-access (\"true\" or a list of port names or numbers), through the edges' tunnels: the gateway dials only a ready endpoint of such a Service on a cloud node, never an edge's address or pod, its own host, loopback or link-local (needs list/watch of Services and EndpointSlices; the edges' --edge-services)")
+	fs.Var(config.NewStringList(&c.EdgeServiceCIDRs), "edge-service-cidrs", "`prefixes` (comma-separated or repeated) where an endpoint of a marked Service may lie besides the cloud nodes' addresses and pod ranges (spec.podCIDRs): the cloud's pod ranges where IPAM leaves spec.podCIDRs empty (Calico, Cilium's cluster pool), or the addresses of a selectorless Service's hand-made EndpointSlice. An endpoint on an edge node, or in an edge's address or pod range, is never dialled")
 	fs.IntVar(&c.MaxNodeAddresses, "max-addresses-per-node", c.MaxNodeAddresses, "at most this many `addresses` of one edge node are routed to it (redirected, answered in DNS): those it registered with first, then the others in the order it lists them")
 	fs.StringVar(&c.NetRules, "netrules", c.NetRules, "packet filter `backend` for the DNAT rules: auto (the one the host already uses), nftables, iptables, or none (send the traffic to --proxy-port some other way)")
 	fs.DurationVar(&c.ResyncPeriod.Duration, "resync-period", c.ResyncPeriod.Duration, "re-apply the DNAT rules this often even without a Node change, repairing rules someone else flushed (drift)")
@@ -426,6 +449,12 @@ func (c *Config) validateRouting(p *problems) {
 		p.add("--vip-cidr is required with --mode=vip")
 	}
 	if _, err := c.edgeCIDRs(); err != nil {
+		p.add("%w", err)
+	}
+	if _, err := c.podPolicy(); err != nil {
+		p.add("%w", err)
+	}
+	if _, err := sources.ParsePrefixes("edge-service-cidrs", c.EdgeServiceCIDRs); err != nil {
 		p.add("%w", err)
 	}
 	if _, err := sources.ParsePrefixes("allowed-sources", c.AllowedSources); err != nil {
@@ -463,6 +492,34 @@ func (c Config) edgeCIDRs() ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// podPolicy parses EdgePodCIDRs and WidestPodCIDR.
+func (c Config) podPolicy() (nodewatch.PodPolicy, error) {
+	var p nodewatch.PodPolicy
+	for _, s := range c.EdgePodCIDRs {
+		r, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return p, fmt.Errorf("--edge-pod-cidrs %q: %w", s, err)
+		}
+		p.Ranges = append(p.Ranges, r.Masked())
+	}
+	lengths := strings.Split(c.WidestPodCIDR, ",")
+	if len(lengths) != 2 {
+		return p, fmt.Errorf("--widest-pod-cidr %q: want two prefix lengths, IPv4 then IPv6 (e.g. 16,48)", c.WidestPodCIDR)
+	}
+	for i, max := range []int{32, 128} {
+		n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(lengths[i]), "/"))
+		if err != nil || n < 1 || n > max {
+			return p, fmt.Errorf("--widest-pod-cidr %q: want a prefix length from 1 to %d", lengths[i], max)
+		}
+		if i == 0 {
+			p.Widest4 = n
+		} else {
+			p.Widest6 = n
+		}
+	}
+	return p, nil
 }
 
 // routePolicy is what the node watcher accepts as an edge node's address.
@@ -534,6 +591,8 @@ func (c *Config) validatePools(p *problems) {
 
 func (c *Config) limitFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxStreamsPerEdge, "max-streams-per-edge", c.MaxStreamsPerEdge, "at most `n` connections relayed at once per edge; more wait a second, then are refused as overloaded. Keep it at most the edges' --max-streams")
+	fs.IntVar(&c.MaxServiceStreamsPerEdge, "max-service-streams-per-edge", c.MaxServiceStreamsPerEdge, "at most `n` connections of one edge's pods to cloud Services open at once (--edge-services); more are refused as overloaded. The edge's own requests (heartbeats, elections, pool feed) have slots of their own")
+	fs.Float64Var(&c.ServiceStreamsPerSecond, "service-streams-per-second", c.ServiceStreamsPerSecond, "at most this `rate` of new connections of one edge's pods to cloud Services, a burst of as many (--edge-services); more are refused as rate_limited")
 	fs.IntVar(&c.MaxHandshakes, "max-handshakes", c.MaxHandshakes, "work on at most `n` tunnel handshakes at once; more wait, the newest first, and one that waited 3s is refused (its edge dials again in 2 to 4 s, 4 to 8 s after further refusals), so that thousands of edges dialling together, as in a cold start or restart, do not share the CPU so thinly that none finishes in time (docs/sizing.md). Waiting: tether_gateway_tunnel_handshakes_waiting. 0: no bound")
 	fs.Var(config.Quantity{Q: &c.MaxReceiveMemory}, "max-receive-memory", "bound the memory that data edges sent and cloud clients have not read yet may take: each tunnel's QUIC receive window starts at 768KiB and grows with fast transfers up to 8MiB, and together they may grow by at most this `size` (such as 256Mi or 2Gi); a tunnel that finds it spent keeps its window, its transfers go on, slower on long paths. Worst case: tunnels x 768KiB + this (tunnel/README.md). 0: no bound (tunnels x 8MiB)")
 	fs.Var(config.Quantity{Q: &c.UDPBuffer}, "udp-buffer", "`size` of the tunnel listener's UDP receive and send buffers (such as 32Mi), where datagrams wait while the gateway is busy, as in a cold start or restart of thousands of edges; set with SO_RCVBUFFORCE when the gateway has CAP_NET_ADMIN, else capped by the kernel at net.core.rmem_max and wmem_max (the gateway warns when it got less; docs/sizing.md). Drops: tether_gateway_tunnel_udp_drops_total. 0: quic-go's 7Mi")
@@ -546,6 +605,12 @@ func (c *Config) limitFlags(fs *flag.FlagSet) {
 func (c *Config) validateLimits(p *problems) {
 	if c.MaxStreamsPerEdge < 1 {
 		p.add("--max-streams-per-edge %d: want at least 1", c.MaxStreamsPerEdge)
+	}
+	if c.MaxServiceStreamsPerEdge < 1 || c.MaxServiceStreamsPerEdge > 4096 {
+		p.add("--max-service-streams-per-edge %d: want 1 to 4096", c.MaxServiceStreamsPerEdge)
+	}
+	if c.ServiceStreamsPerSecond <= 0 {
+		p.add("--service-streams-per-second %g: want a positive rate", c.ServiceStreamsPerSecond)
 	}
 	if c.MaxHandshakes < 0 {
 		p.add("--max-handshakes %d: want 0 (no bound) or more", c.MaxHandshakes)

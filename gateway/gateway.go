@@ -42,6 +42,7 @@ import (
 	"github.com/tether-edge/tether/gateway/autonomy"
 	"github.com/tether-edge/tether/gateway/dnat"
 	"github.com/tether-edge/tether/gateway/dns"
+	"github.com/tether-edge/tether/gateway/edgeservices"
 	"github.com/tether-edge/tether/gateway/election"
 	"github.com/tether-edge/tether/gateway/heartbeat"
 	"github.com/tether-edge/tether/gateway/nodewatch"
@@ -94,6 +95,7 @@ type Gateway struct {
 	records    *poolcheck.RecordCache    // election records, for both handlers
 	poolFeed   *poolfeed.Feed            // nil with --pool-feed=false
 	poolFeeds  *poolfeed.Handler         // nil with --pool-feed=false
+	services   *edgeservices.Handler     // nil with --edge-services=false
 	nodeLeases cache.SharedIndexInformer // kube-node-lease, for heartbeats and poolTaint
 	poolTaint  *pooltaint.Controller     // nil with --delegated-heartbeat-taint=false
 	autonomy   *autonomy.Controller      // nil with --node-autonomy=false
@@ -191,6 +193,9 @@ func New(cfg Config) (_ *Gateway, err error) {
 	if err := add(g.newAutonomy(client)); err != nil {
 		return nil, err
 	}
+	if err := add(g.newEdgeServices(client)); err != nil {
+		return nil, err
+	}
 	g.retired = retired.NewWatcher(client, 10*time.Minute, g.log.With("part", "retired-nodes"))
 	parts = append(parts, g.retiredPart())
 	if err := add(g.newTunnels(resetKey)); err != nil {
@@ -258,8 +263,12 @@ func (g *Gateway) newWatcher(client kubernetes.Interface) ([]component.Component
 	if err != nil {
 		return nil, fmt.Errorf("--edge-selector: %w", err)
 	}
+	podPolicy, err := g.cfg.podPolicy()
+	if err != nil {
+		return nil, err
+	}
 	g.watcher = nodewatch.New(client, nodewatch.Options{EdgeSelector: sel, Logger: g.log, ResyncPeriod: 10 * time.Minute,
-		Policy: g.cfg.routePolicy(), GatewayHost: hostAddrs})
+		Policy: g.cfg.routePolicy(), PodPolicy: podPolicy, GatewayHost: hostAddrs})
 	if err := promreg.Register(g.metrics, g.watcher); err != nil {
 		return nil, fmt.Errorf("register node watcher metrics: %w", err)
 	}
@@ -405,6 +414,35 @@ func (g *Gateway) newAutonomy(client kubernetes.Interface) ([]component.Componen
 	return []component.Component{part{N: "autonomy", RunF: g.autonomy.Run}}, nil
 }
 
+// newEdgeServices makes the handler of the edge pods' connections to
+// marked cloud Services, with --edge-services.
+func (g *Gateway) newEdgeServices(client kubernetes.Interface) ([]component.Component, error) {
+	if !g.cfg.EdgeServices {
+		return nil, nil
+	}
+	denied, _ := g.cfg.edgeCIDRs()
+	extra, err := sources.ParsePrefixes("edge-service-cidrs", g.cfg.EdgeServiceCIDRs)
+	if err != nil {
+		return nil, err
+	}
+	g.services, err = edgeservices.New(edgeservices.Options{
+		Client: client, Snapshot: g.watcher.Snapshot, Mode: nodewatch.Mode(g.cfg.Mode),
+		Local: sources.LocalAddrs, Denied: denied, Extra: extra,
+		MaxPerEdge: g.cfg.MaxServiceStreamsPerEdge, PerSecond: g.cfg.ServiceStreamsPerSecond,
+		Logger: g.log.With("part", "edge-services"), Registerer: g.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return []component.Component{part{N: "edge-services", RunF: g.services.Run,
+		ReadyF: func() error {
+			if !g.services.HasSynced() {
+				return errors.New("edge services: Services and EndpointSlices not listed yet")
+			}
+			return nil
+		}}}, nil
+}
+
 // newTunnels makes the edge registry and binds the tunnel server.
 func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Component, err error) {
 	cfg := g.cfg
@@ -415,6 +453,10 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 	var feeds tunnelserver.PoolFeeds // no typed nil
 	if g.poolFeeds != nil {
 		feeds = g.poolFeeds
+	}
+	var services tunnelserver.Services
+	if g.services != nil {
+		services = g.services
 	}
 	g.tunnels, err = tunnelserver.Listen(cfg.TunnelListen, g.registry, tunnelserver.Options{
 		GetCertificate:    g.certs.getCertificate,
@@ -429,6 +471,9 @@ func (g *Gateway) newTunnels(resetKey *quic.StatelessResetKey) (_ []component.Co
 		Heartbeats:        g.heartbeats,
 		Elections:         g.elections,
 		PoolFeeds:         feeds,
+		Services:          services,
+		ServiceStreams:    cfg.MaxServiceStreamsPerEdge,
+		StreamIdle:        cfg.StreamIdleTimeout.Duration,
 		Retired:           g.retired,
 	})
 	if err != nil {

@@ -60,6 +60,9 @@ func TestValidate(t *testing.T) {
 		{"no taint renewals", func(c *Config) { c.DelegatedHeartbeatTaintRenewals = 0 }, "--delegated-heartbeat-taint-renewals 0"},
 		{"no idle", func(c *Config) { c.IdleTimeout = metav1.Duration{} }, "--idle-timeout 0s"},
 		{"no kube QPS", func(c *Config) { c.KubeAPIQPS = 0 }, "--kube-api-qps 0"},
+		{"bad pod cidr", func(c *Config) { c.EdgePodCIDRs = []string{"10.244.0.0"} }, `--edge-pod-cidrs "10.244.0.0"`},
+		{"one widest length", func(c *Config) { c.WidestPodCIDR = "16" }, "want two prefix lengths"},
+		{"bad widest length", func(c *Config) { c.WidestPodCIDR = "16,129" }, `--widest-pod-cidr "129"`},
 		{"no kube burst", func(c *Config) { c.KubeAPIBurst = 0 }, "--kube-api-burst 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

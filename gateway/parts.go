@@ -39,6 +39,10 @@ func (g *Gateway) watcherPart() component.Component {
 				st.AddressRefusals = append(st.AddressRefusals,
 					statusapi.AddressRefusal{Addr: r.Addr, Node: r.Node, Reason: string(r.Reason), Holder: r.Holder})
 			}
+			for _, r := range snap.Pods.Refused() {
+				st.PodRangeRefusals = append(st.PodRangeRefusals,
+					statusapi.PodRangeRefusal{Prefix: r.Prefix, Node: r.Node, Reason: string(r.Reason), With: r.With})
+			}
 		},
 	}
 }

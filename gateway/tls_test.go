@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -209,27 +207,14 @@ type echoStream struct {
 // through node's tunnel.
 func openEcho(t *testing.T, g *Gateway, node string) *echoStream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	echo := testenv.EchoServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := g.registry.Open(ctx, node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tunnel.WriteRequest(s, tunnel.Request{Dest: netip.MustParseAddrPort(ln.Addr().String())}); err != nil {
+	if err := tunnel.WriteRequest(s, tunnel.Request{Dest: echo}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tunnel.ReadReply(s); err != nil {

@@ -42,6 +42,24 @@ func benchDesired(n int) Desired {
 	return d
 }
 
+// benchDesiredPods returns benchDesired(n) with a pod range per node: a
+// /24 each, and a /64 for every other node. Ranges are one apart, not
+// adjacent (the nftables backend merges adjacent ones into one
+// interval), so the sets hold two elements per range, their most.
+func benchDesiredPods(n int) Desired {
+	d := benchDesired(n)
+	d.PodRanges = make(map[string][]netip.Prefix, n)
+	for i := range n {
+		j := 2 * i
+		r := []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128 + byte(j>>8), byte(j), 0}), 24)}
+		if i%2 == 0 {
+			r = append(r, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0, byte(j >> 8), byte(j)}), 64))
+		}
+		d.PodRanges[fmt.Sprintf("edge-%05d", i)] = r
+	}
+	return d
+}
+
 // benchBackends make each backend inside the benchmark's namespace.
 var benchBackends = []struct {
 	name string
@@ -210,10 +228,55 @@ func BenchmarkConntrackFlush(b *testing.B) {
 
 // benchOneLess returns the 10,000 benchmark nodes, and the same less one.
 func benchOneLess() (all, less Desired) {
-	all, less = benchDesired(benchNodes), benchDesired(benchNodes)
-	less.Edges = maps.Clone(less.Edges)
+	return oneLess(benchDesired(benchNodes))
+}
+
+// oneLess returns all, and all without one of its nodes.
+func oneLess(all Desired) (_, less Desired) {
+	less = all
+	less.Edges = maps.Clone(all.Edges)
 	delete(less.Edges, "edge-04242")
+	less.PodRanges = maps.Clone(all.PodRanges)
+	delete(less.PodRanges, "edge-04242")
 	return all, less
+}
+
+// BenchmarkPodRanges is BenchmarkFullSync and BenchmarkOneNode with pod
+// ranges: 10,000 nodes, each with one IPv4 address and a /24, half of
+// them also with a /64 (benchDesiredPods); 15,000 ranges in all.
+func BenchmarkPodRanges(b *testing.B) {
+	all, less := oneLess(benchDesiredPods(benchNodes))
+	ctx := context.Background()
+	for _, be := range benchBackends {
+		b.Run("FullSync/"+be.name, func(b *testing.B) {
+			h, r := benchHost(b, be.new)
+			var cpu cpuMeter
+			for range b.N {
+				b.StopTimer()
+				benchDo(b, h, func() error { return r.Cleanup(ctx) })
+				b.StartTimer()
+				cpu.do(b, h, func() error { return r.Apply(ctx, all) })
+			}
+			cpu.report(b)
+		})
+		for _, op := range []struct {
+			name     string
+			from, to Desired
+		}{{"add", less, all}, {"remove", all, less}} {
+			b.Run("OneNode/"+be.name+"/"+op.name, func(b *testing.B) {
+				h, r := benchHost(b, be.new)
+				var cpu cpuMeter
+				for range b.N {
+					b.StopTimer()
+					benchDo(b, h, func() error { return r.Apply(ctx, op.from) })
+					benchDo(b, h, func() error { return r.FlushConntrack(ctx) })
+					b.StartTimer()
+					cpu.do(b, h, func() error { return r.Apply(ctx, op.to) })
+				}
+				cpu.report(b)
+			})
+		}
+	}
 }
 
 // BenchmarkYurtTunnelWay applies the same nodes the way yurt-tunnel does:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -91,7 +92,8 @@ func (t *tracker) flushLogged() {
 }
 
 // staleFilter matches the conntrack entries flushConntrack deletes: TCP to
-// an address and port that a stale state redirected, whose reply comes
+// an address and port that a stale state redirected (an edge address on a
+// proxied port, or any port of an address in a pod range), whose reply comes
 // from that state's listener port (the connection was redirected, not
 // direct), unless cur redirects it to the same listener still.
 type staleFilter struct {
@@ -114,13 +116,19 @@ func newStaleFilter(stale []*state, cur *state) *staleFilter {
 
 // staleFamilies reports, per family, whether some state in stale
 // redirects a destination that cur does not redirect to the same listener.
+// It may answer true for a family where nothing is (a pod range split in
+// two, an address removed that a pod range holds): the filter then matches
+// nothing there.
 func staleFamilies(stale []*state, cur *state) (v4, v6 bool) {
 	for _, s := range stale {
-		if len(s.ports) == 0 {
+		if cur == nil || cur.proxyPort != s.proxyPort {
+			v4 = v4 || len(s.pods4) > 0 || (len(s.v4) > 0 && len(s.ports) > 0)
+			v6 = v6 || len(s.pods6) > 0 || (len(s.v6) > 0 && len(s.ports) > 0)
 			continue
 		}
-		if cur == nil || cur.proxyPort != s.proxyPort {
-			v4, v6 = v4 || len(s.v4) > 0, v6 || len(s.v6) > 0
+		v4 = v4 || slices.ContainsFunc(s.pods4, func(p netip.Prefix) bool { return !cur.holdsRange(p) })
+		v6 = v6 || slices.ContainsFunc(s.pods6, func(p netip.Prefix) bool { return !cur.holdsRange(p) })
+		if len(s.ports) == 0 {
 			continue
 		}
 		if _, gone := diffSorted(s.ports, cur.ports, cmp.Compare[uint16]); len(gone) > 0 {

@@ -35,6 +35,14 @@ func TestStaleFilter(t *testing.T) {
 	removedPort.Ports = []uint16{10250, 10255}
 	movedListener := goldenDesired
 	movedListener.ProxyPort = 10264
+	// edge-a's and edge-c's 10.244.1.0/24 and edge-a's IPv6 range go;
+	// edge-b's 10.244.2.0/24 goes, but edge-d's 10.244.2.64/26 inside
+	// it stays.
+	removedRanges := goldenDesired
+	removedRanges.PodRanges = maps.Clone(goldenDesired.PodRanges)
+	for _, n := range []string{"edge-a", "edge-b", "edge-c"} {
+		delete(removedRanges.PodRanges, n)
+	}
 
 	type dst struct {
 		addr      string
@@ -63,6 +71,20 @@ func TestStaleFilter(t *testing.T) {
 			{"10.20.0.5:10250", 10263}: true,
 			{"10.20.0.5:10250", 10264}: false, // redirected by next
 			{"10.20.0.5:10251", 10263}: false,
+			{"10.244.5.7:9100", 10263}: true,
+			{"10.244.5.7:9100", 10264}: false,
+		}},
+		{"pod ranges removed", removedRanges, map[dst]bool{
+			{"10.244.1.7:9100", 10263}:      true,
+			{"10.244.1.7:443", 10263}:       true,
+			{"[fd00:244:0:1::9]:80", 10263}: true,
+			{"10.244.2.1:9100", 10263}:      true,
+			{"10.244.2.65:9100", 10263}:     false, // edge-d's range stays
+			{"10.244.5.7:9100", 10263}:      false, // edge-f's stays
+			{"[fd00:244:0:3::9]:80", 10263}: false,
+			{"10.244.1.7:9100", 9100}:       false, // direct, not redirected
+			{"10.244.4.7:9100", 10263}:      false, // never a pod range
+			{"10.20.0.5:10250", 10263}:      false, // edge addresses unchanged
 		}},
 	} {
 		f := newStaleFilter([]*state{prev}, mustNormalize(t, tc.next))
@@ -93,6 +115,34 @@ func TestStaleFilter(t *testing.T) {
 	}
 	if f := newStaleFilter(nil, prev); f != nil {
 		t.Errorf("nothing recorded: filter %+v, want none", f)
+	}
+
+	// A range that grows over the old one, or is split into ranges that
+	// cover it, leaves nothing stale to match.
+	pfx := netip.MustParsePrefix
+	narrow := mustNormalize(t, Desired{ProxyPort: 10263, PodRanges: map[string][]netip.Prefix{"n": {pfx("10.244.2.0/24")}}})
+	wide := mustNormalize(t, Desired{ProxyPort: 10263, PodRanges: map[string][]netip.Prefix{"n": {pfx("10.244.0.0/16")}}})
+	if f := newStaleFilter([]*state{narrow}, wide); f != nil {
+		t.Errorf("pod range widened: filter %+v, want none", f)
+	}
+	split := mustNormalize(t, Desired{ProxyPort: 10263, PodRanges: map[string][]netip.Prefix{
+		"n": {pfx("10.244.2.0/25")}, "m": {pfx("10.244.2.128/25")},
+	}})
+	if f := newStaleFilter([]*state{narrow}, split); f != nil && f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, "10.244.2.200:80", 10263)) {
+		t.Error("pod range split in two: a flow both halves redirect matched")
+	}
+	// Pod ranges without proxied ports are flushed too (no ports: the
+	// edge addresses redirect nothing).
+	if f := newStaleFilter([]*state{wide}, nil); f == nil || !f.v4 || f.v6 {
+		t.Errorf("pod ranges only, cleanup: filter %+v, want IPv4 only", f)
+	} else if !f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, "10.244.7.1:22", 10263)) {
+		t.Error("pod ranges only, cleanup: a redirected flow did not match")
+	}
+	if f := newStaleFilter([]*state{wide}, narrow); f == nil {
+		t.Error("pod range narrowed: nothing stale")
+	} else if !f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, "10.244.7.1:22", 10263)) ||
+		f.MatchConntrackFlow(flow(unix.IPPROTO_TCP, "10.244.2.1:22", 10263)) {
+		t.Error("pod range narrowed: wrong flows matched")
 	}
 }
 

@@ -2,15 +2,17 @@ package netrules
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 )
 
 // Fake is an in-memory Rules for tests of the code that drives netrules
-// (the gateway's node watcher). It records what it is asked and can be
-// told to fail.
+// (the gateway's node watcher). It records what it is asked, can be told
+// to fail, and traces a connection through what it holds (Trace).
 type Fake struct {
 	mu      sync.Mutex
 	desired *Desired
+	state   *state // desired, normalized as the backends render it
 	applies int
 	flushes int
 	cleaned bool
@@ -25,14 +27,29 @@ func (f *Fake) Apply(_ context.Context, d Desired) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.applies++
-	if _, err := normalize(d); err != nil {
+	st, err := normalize(d)
+	if err != nil {
 		return err
 	}
 	if f.err != nil {
 		return f.err
 	}
-	f.desired, f.cleaned = &d, false
+	f.desired, f.state, f.cleaned = &d, st, false
 	return nil
+}
+
+// Trace follows a TCP connection to dst through the rules of the last
+// successful Apply, as the kernel would: it returns the port of the
+// transparent listener the connection is redirected to, and false if it
+// goes to dst untouched. A destination in a pod range is redirected
+// whatever its port; an edge address only on a proxied port.
+func (f *Fake) Trace(dst netip.AddrPort) (listener uint16, redirected bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.state.redirects(dst.Addr().Unmap(), dst.Port()) {
+		return 0, false
+	}
+	return f.state.proxyPort, true
 }
 
 // FlushConntrack counts the call; see Flushes.
@@ -50,7 +67,7 @@ func (f *Fake) Cleanup(context.Context) error {
 	if f.err != nil {
 		return f.err
 	}
-	f.desired, f.cleaned = nil, true
+	f.desired, f.state, f.cleaned = nil, nil, true
 	return nil
 }
 

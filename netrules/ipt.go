@@ -40,7 +40,7 @@ var _ Rules = (*iptRules)(nil)
 // newIPTRules finds the iptables commands of mode ("nft", "legacy", or ""
 // for what the host uses) and checks that the nat table works. IPv6 may
 // be unavailable (ip6tables missing, IPv6 disabled); Apply then fails only
-// if it is given IPv6 addresses.
+// if it is given IPv6 addresses or pod ranges.
 func newIPTRules(log *slog.Logger, mode string) (*iptRules, error) {
 	if mode == "" {
 		mode = detectIPTablesMode()
@@ -52,7 +52,7 @@ func newIPTRules(log *slog.Logger, mode string) (*iptRules, error) {
 			return nil, f.err
 		}
 		if f.err != nil {
-			r.log.Warn("netrules: ip6tables unusable; IPv6 edge addresses cannot be redirected", "err", f.err)
+			r.log.Warn("netrules: ip6tables unusable; IPv6 edge addresses and pod ranges cannot be redirected", "err", f.err)
 		}
 		r.fams = append(r.fams, f)
 	}
@@ -105,6 +105,7 @@ func (r *iptRules) Apply(ctx context.Context, d Desired) error {
 	if err != nil {
 		return err
 	}
+	want.logShadowed(r.log)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var errs []error
@@ -134,10 +135,10 @@ func (r *iptRules) FlushConntrack(ctx context.Context) error {
 
 func (r *iptRules) applyFamily(ctx context.Context, f *iptFamily, want *state) error {
 	if f.err != nil {
-		if len(want.addrs(f.v)) == 0 {
+		if len(want.addrs(f.v)) == 0 && len(want.pods(f.v)) == 0 {
 			return nil
 		}
-		return fmt.Errorf("redirect IPv%d edge addresses: %w", f.v, f.err)
+		return fmt.Errorf("redirect IPv%d edge addresses and pod ranges: %w", f.v, f.err)
 	}
 	ours, err := f.ours(ctx)
 	if err != nil {
@@ -202,6 +203,15 @@ func (r *iptRules) Cleanup(ctx context.Context) error {
 
 // ours returns the lines of iptables-save -t nat that mention our chains.
 func (f *iptFamily) ours(ctx context.Context) (string, error) {
+	save, err := f.saveNAT(ctx)
+	if err != nil {
+		return "", err
+	}
+	return ourSaveLines(save), nil
+}
+
+// saveNAT returns what iptables-save -t nat prints.
+func (f *iptFamily) saveNAT(ctx context.Context) (string, error) {
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, f.save, "-t", "nat")
 	cmd.Stdout = &out
@@ -210,7 +220,7 @@ func (f *iptFamily) ours(ctx context.Context) (string, error) {
 	if err := cmd.Run(); err != nil {
 		return "", iptError(f.save+" -t nat", err, stderr.String())
 	}
-	return ourSaveLines(out.String()), nil
+	return out.String(), nil
 }
 
 // run runs an iptables command with input on stdin.

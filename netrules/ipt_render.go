@@ -1,6 +1,6 @@
 package netrules
 
-// The iptables ruleset, as data: three chains of Tether's own in the nat
+// The iptables ruleset, as data: four chains of Tether's own in the nat
 // table, jumped to from PREROUTING and OUTPUT. It renders as
 // iptables-restore input (what the backend writes) and as the lines
 // `iptables-save -t nat` prints for it (what the backend compares with the
@@ -18,6 +18,7 @@ const (
 	iptChainPrerouting = "TETHER-PREROUTING"
 	iptChainOutput     = "TETHER-OUTPUT"
 	iptChainEdges      = "TETHER-EDGES"
+	iptChainPods       = "TETHER-PODS"
 	// iptChainPrefix starts the name of every chain Tether makes.
 	iptChainPrefix = "TETHER-"
 	// multiportMax is how many ports one multiport match takes.
@@ -26,7 +27,7 @@ const (
 
 // iptChains are Tether's chains in the order iptables-save lists them
 // (user chains sorted by name).
-var iptChains = []string{iptChainEdges, iptChainOutput, iptChainPrerouting}
+var iptChains = []string{iptChainEdges, iptChainOutput, iptChainPods, iptChainPrerouting}
 
 // iptJump is a rule in a built-in chain that enters one of ours.
 type iptJump struct {
@@ -54,7 +55,9 @@ type iptRule struct {
 // iptRuleList renders st's rules for one family (4 or 6), chain by chain in
 // iptables-save order: TETHER-PREROUTING and TETHER-OUTPUT send TCP to a
 // proxied port on to TETHER-EDGES, which redirects it to the listener if
-// its destination is an edge address. Each address costs one rule, shared
+// its destination is an edge address, and (when the family has pod
+// ranges) all TCP on to TETHER-PODS, which redirects it if its destination
+// is in a pod range. Each address and each range costs one rule, shared
 // by both hooks.
 func iptRuleList(st *state, family int) []iptRule {
 	var rules []iptRule
@@ -62,20 +65,35 @@ func iptRuleList(st *state, family int) []iptRule {
 	if family == 6 {
 		bits = 128
 	}
-	for _, a := range st.addrs(family) {
-		rules = append(rules, iptRule{iptChainEdges, fmt.Sprintf(
-			"-d %s -p tcp -m comment --comment %s -j REDIRECT --to-ports %d",
-			netip.PrefixFrom(a, bits), quote(marker+" "+st.owner(a)), st.proxyPort)})
-	}
-	for _, chain := range []string{iptChainOutput, iptChainPrerouting} {
-		for group := range slices.Chunk(st.ports, multiportMax) {
-			ports := make([]string, len(group))
-			for i, p := range group {
-				ports[i] = strconv.Itoa(int(p))
+	pods := st.pods(family)
+	for _, chain := range iptChains {
+		switch chain {
+		case iptChainEdges:
+			for _, a := range st.addrs(family) {
+				rules = append(rules, iptRule{chain, fmt.Sprintf(
+					"-d %s -p tcp -m comment --comment %s -j REDIRECT --to-ports %d",
+					netip.PrefixFrom(a, bits), quote(marker+" "+st.owner(a)), st.proxyPort)})
 			}
-			rules = append(rules, iptRule{chain, fmt.Sprintf(
-				"-p tcp -m multiport --dports %s -m comment --comment %s -j %s",
-				strings.Join(ports, ","), quote(marker+" proxied ports"), iptChainEdges)})
+		case iptChainPods:
+			for _, p := range pods {
+				rules = append(rules, iptRule{chain, fmt.Sprintf(
+					"-d %s -p tcp -m comment --comment %s -j REDIRECT --to-ports %d",
+					p, quote(marker+" "+st.podOwner(p.Addr())), st.proxyPort)})
+			}
+		case iptChainOutput, iptChainPrerouting:
+			for group := range slices.Chunk(st.ports, multiportMax) {
+				ports := make([]string, len(group))
+				for i, p := range group {
+					ports[i] = strconv.Itoa(int(p))
+				}
+				rules = append(rules, iptRule{chain, fmt.Sprintf(
+					"-p tcp -m multiport --dports %s -m comment --comment %s -j %s",
+					strings.Join(ports, ","), quote(marker+" proxied ports"), iptChainEdges)})
+			}
+			if len(pods) > 0 {
+				rules = append(rules, iptRule{chain, fmt.Sprintf(
+					"-p tcp -m comment --comment %s -j %s", quote(marker+" pod ranges"), iptChainPods)})
+			}
 		}
 	}
 	return rules
@@ -143,11 +161,12 @@ func renderIPTCleanup(jumps []iptJump) string {
 }
 
 // ourSaveLines keeps the lines of iptables-save output that mention one
-// of Tether's chains, in order.
+// of Tether's chains, in order; the edge's (TETHER-EDGE-*, edge_ipt.go)
+// are not the gateway's.
 func ourSaveLines(save string) string {
 	var b strings.Builder
 	for line := range strings.Lines(save) {
-		if strings.Contains(line, iptChainPrefix) {
+		if strings.Contains(line, iptChainPrefix) && !strings.Contains(line, edgeIPTChainPrefix) {
 			b.WriteString(strings.TrimRight(line, "\n") + "\n")
 		}
 	}

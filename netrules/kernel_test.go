@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -52,6 +53,8 @@ var backendCases = []backendCase{
 			{"nft", "delete", "element", "inet", "tether", "edges4", "{ 10.20.0.6 }"},
 			{"nft", "add", "element", "inet", "tether", "edges6", "{ fd00:20::77 }"},
 			{"nft", "delete", "chain", "inet", "tether", "output"},
+			{"nft", "delete", "element", "inet", "tether", "pods4", "{ 10.244.5.0/24 }"},
+			{"nft", "add", "element", "inet", "tether", "pods6", "{ fd00:244:0:7::/64 }"},
 		},
 	},
 	iptCase("nft"),
@@ -74,6 +77,8 @@ func iptCase(mode string) backendCase {
 			{"iptables-" + mode, "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "tether: routed edge traffic", "-j", iptChainPrerouting},
 			{"ip6tables-" + mode, "-t", "nat", "-I", "OUTPUT", "-m", "comment", "--comment", "tether: local edge traffic", "-j", iptChainOutput},
 			{"ip6tables-" + mode, "-t", "nat", "-A", iptChainEdges, "-d", "fd00:20::77", "-j", "RETURN"},
+			{"iptables-" + mode, "-t", "nat", "-F", iptChainPods},
+			{"ip6tables-" + mode, "-t", "nat", "-D", iptChainOutput, "-p", "tcp", "-m", "comment", "--comment", "tether: pod ranges", "-j", iptChainPods},
 		},
 	}
 }
@@ -292,6 +297,126 @@ func testBackend(t *testing.T, bc backendCase) {
 	// And a new Apply after Cleanup starts over.
 	apply(d)
 	expectListed(d)
+}
+
+// TestKernelPodRanges checks the pod range rules on every backend: TCP to
+// any port of an address in a range reaches the listener, from a routed
+// client and from the gateway host, IPv4 and IPv6; an address just outside
+// does not; ranges that repeat or nest across nodes apply; a removed range
+// stops being redirected and FlushConntrack deletes the entries of its
+// redirected connections only; Cleanup removes everything.
+func TestKernelPodRanges(t *testing.T) {
+	for _, bc := range backendCases {
+		t.Run(bc.name, func(t *testing.T) {
+			testPodRanges(t, bc)
+		})
+	}
+}
+
+func testPodRanges(t *testing.T, bc backendCase) {
+	l := newLab(t)
+	ctx := context.Background()
+	// Addresses in and just outside the ranges below are the gateway's
+	// own, where the direct listeners answer when nothing redirects;
+	// the client routes them to the gateway.
+	for _, a := range []string{
+		"10.20.63.255", "10.20.64.1", "10.20.64.200", "10.20.65.0",
+		"fd00:21::ffff:ffff:ffff:ffff", "fd00:21:0:1::1", "fd00:21:0:1::ffff", "fd00:21:0:2::",
+	} {
+		p := netip.PrefixFrom(netip.MustParseAddr(a), netip.MustParseAddr(a).BitLen()).String()
+		l.gw.Run(t, "ip", "addr", "add", p, "dev", "edges0", "nodad")
+	}
+	l.client.Run(t, "ip", "route", "add", "fd00:21::/48", "via", "fd99::1")
+	for _, p := range []uint16{9100, 443} {
+		l.serve(t, p, func(*net.TCPConn) string { return "direct" })
+	}
+	addForeignRules(t, l, bc.mode)
+	before := l.snapshot(t)
+
+	pfx := netip.MustParsePrefix
+	// An edge address of each family keeps a REDIRECT rule of each family
+	// in place without pod ranges: iptables' REDIRECT target is what
+	// turns on connection tracking in the namespace, and the test reads
+	// the entries of direct connections too.
+	base := Desired{
+		Edges:     map[string][]netip.Addr{"edge-a": {netip.MustParseAddr("10.20.0.5"), netip.MustParseAddr("fd00:20::5")}},
+		Ports:     []uint16{10250},
+		ProxyPort: labProxyPort,
+	}
+	all := base
+	all.PodRanges = map[string][]netip.Prefix{
+		"edge-a": {pfx("10.20.64.0/24"), pfx("fd00:21:0:1::/64")},
+		"edge-b": {pfx("10.20.64.128/25"), pfx("fd00:21:0:1::/64")},       // inside edge-a's, and the same
+		"edge-c": {pfx("10.20.64.0/24"), pfx("ffff:ffff:ffff:ffff::/64")}, // edge-a's again; the last /64
+	}
+	// edge-d's range starts where edge-b's ends: the kernel holds an
+	// interval end and an interval start of the same address.
+	onlyB := base
+	onlyB.PodRanges = map[string][]netip.Prefix{"edge-b": all.PodRanges["edge-b"], "edge-d": {pfx("10.20.65.0/24")}}
+
+	var r Rules
+	l.do(t, func() (err error) { r, err = bc.new(testLogger(t)); return err })
+	apply := func(d Desired) {
+		t.Helper()
+		l.do(t, func() error { return r.Apply(ctx, d) })
+		if diff := cmp.Diff(bc.render(mustNormalize(t, d)), bc.list(t, l)); diff != "" {
+			t.Fatalf("kernel holds (-want +got):\n%s", diff)
+		}
+	}
+	flushed := func(dst netip.AddrPort) {
+		t.Helper()
+		redirected, direct := conntrackEntries(t, l, dst)
+		if redirected != 0 {
+			t.Errorf("%d conntrack entries of redirected connections to %v left after FlushConntrack", redirected, dst)
+		}
+		if direct == 0 {
+			t.Errorf("FlushConntrack deleted the entries of direct connections to %v", dst)
+		}
+	}
+
+	apply(all)
+	for _, dst := range []string{"10.20.64.1:9100", "10.20.64.1:443", "10.20.64.200:9100", "[fd00:21:0:1::1]:9100", "[fd00:21:0:1::ffff]:443"} {
+		l.expectRedirected(t, ap(dst))
+	}
+	for _, dst := range []string{"10.20.63.255:9100", "10.20.65.0:443", "[fd00:21::ffff:ffff:ffff:ffff]:9100", "[fd00:21:0:2::]:443"} {
+		l.expectDirect(t, ap(dst))
+	}
+	l.expectRedirected(t, ap("10.20.0.5:10250")) // an edge address: proxied ports only
+	l.expectDirect(t, ap("10.20.0.5:9100"))
+
+	// edge-a's and edge-c's ranges go; edge-b's half of 10.20.64.0/24
+	// and its IPv6 range stay; edge-d's comes.
+	apply(onlyB)
+	l.expectDirect(t, ap("10.20.64.1:9100"))
+	l.expectRedirected(t, ap("10.20.64.200:9100"))
+	l.expectRedirected(t, ap("10.20.65.0:443"))
+	l.expectRedirected(t, ap("[fd00:21:0:1::1]:9100"))
+	l.do(t, func() error { return r.FlushConntrack(ctx) })
+	flushed(ap("10.20.64.1:9100"))
+	if n, _ := conntrackEntries(t, l, ap("10.20.64.200:9100")); n == 0 {
+		t.Error("FlushConntrack deleted the entries of connections to 10.20.64.200, still redirected")
+	}
+
+	// No ranges at all.
+	apply(base)
+	l.expectDirect(t, ap("10.20.64.200:9100"))
+	l.expectDirect(t, ap("10.20.65.0:443"))
+	l.expectDirect(t, ap("[fd00:21:0:1::1]:9100"))
+	l.do(t, func() error { return r.FlushConntrack(ctx) })
+	flushed(ap("10.20.64.200:9100"))
+	flushed(ap("10.20.65.0:443"))
+	flushed(ap("[fd00:21:0:1::1]:9100"))
+	l.expectRedirected(t, ap("10.20.0.5:10250"))
+
+	// Back, then Cleanup leaves the ruleset as it found it.
+	apply(all)
+	l.expectRedirected(t, ap("10.20.64.1:443"))
+	l.do(t, func() error { return r.Cleanup(ctx) })
+	if diff := cmp.Diff(before, l.snapshot(t)); diff != "" {
+		t.Errorf("ruleset after Cleanup differs from before Apply (-before +after):\n%s", diff)
+	}
+	l.expectDirect(t, ap("10.20.64.1:443"))
+	l.expectDirect(t, ap("[fd00:21:0:1::1]:443"))
 }
 
 func readGolden(t *testing.T, name string) string {

@@ -2,11 +2,12 @@
 // for edge nodes to the gateway's transparent listener.
 //
 // The caller describes the whole state it wants (Desired: the addresses of
-// every edge node, the proxied ports, the listener's port) and calls Apply
-// whenever that changes and on a resync timer. A backend renders the state
-// as rules of Tether's own (an nftables table, or iptables chains), compares
-// it with what the kernel holds and writes the difference in one
-// transaction. Cleanup removes everything Tether created and nothing else.
+// every edge node, the proxied ports, the edge nodes' pod ranges, the
+// listener's port) and calls Apply whenever that changes and on a resync
+// timer. A backend renders the state as rules of Tether's own (an nftables
+// table, or iptables chains), compares it with what the kernel holds and
+// writes the difference in one transaction. Cleanup removes everything
+// Tether created and nothing else.
 //
 // Rules act on the network namespace of the OS thread that calls their
 // methods: the host's, in the gateway; a test's, when the test calls them
@@ -37,6 +38,12 @@ type Desired struct {
 	Edges map[string][]netip.Addr
 	// Ports are the proxied TCP ports (e.g. 10250, 10255).
 	Ports []uint16
+	// PodRanges maps a node name to its pod ranges (spec.podCIDRs): TCP
+	// to any port of an address inside one is redirected, as an edge
+	// address on a proxied port is. IPv4 and IPv6; host bits are ignored.
+	// Ranges may repeat or nest, within a node or across nodes: what is
+	// redirected is their union (a range inside another is dropped).
+	PodRanges map[string][]netip.Prefix
 	// ProxyPort is the port of the transparent listener, e.g. 10263. The
 	// listener must listen on the wildcard address (":10263"): routed
 	// connections arrive on the address of the interface they came in on,
@@ -133,13 +140,41 @@ func (None) Backend() string                      { return KindNone }
 // state is a Desired in canonical form: what a backend renders. Addresses
 // are unmapped, sorted and unique. owners4[i] and owners6[i] name, for
 // comments, the node that claims v4[i] or v6[i] (the first by name, if
-// several do). No maps: with 10,000 nodes, sorted slices are several times
-// cheaper to build, and Apply builds one every call.
+// several do). Pod ranges are masked, sorted by address and disjoint:
+// a range inside another (or equal to it) is left out, in shadowed, and
+// podOwners4[i] and podOwners6[i] name the node of pods4[i] or pods6[i]
+// (the first by name, if several claim the same range). No maps: with
+// 10,000 nodes, sorted slices are several times cheaper to build, and
+// Apply builds one every call.
 type state struct {
-	v4, v6           []netip.Addr
-	owners4, owners6 []string
-	ports            []uint16
-	proxyPort        uint16
+	v4, v6                 []netip.Addr
+	owners4, owners6       []string
+	pods4, pods6           []netip.Prefix
+	podOwners4, podOwners6 []string
+	shadowed               []shadowedRange
+	ports                  []uint16
+	proxyPort              uint16
+}
+
+// shadowedRange is a pod range normalize left out because another range
+// (of the same node or another) holds it.
+type shadowedRange struct {
+	node   string
+	rng    netip.Prefix
+	inside netip.Prefix
+	owner  string // inside's node
+}
+
+// rangeClaim is one node's claim on one pod range.
+type rangeClaim struct {
+	hi, lo uint64 // the range's address as a number, for sorting
+	rng    netip.Prefix
+	node   string
+}
+
+func newRangeClaim(p netip.Prefix, node string) rangeClaim {
+	b := p.Addr().As16()
+	return rangeClaim{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:]), p, node}
 }
 
 // claim is one node's claim on one address.
@@ -193,7 +228,85 @@ func normalize(d Desired) (*state, error) {
 	})
 	s.v4, s.owners4 = firstClaims(c4)
 	s.v6, s.owners6 = firstClaims(c6)
+
+	// Usually one range per node and family.
+	r4 := make([]rangeClaim, 0, len(d.PodRanges))
+	r6 := make([]rangeClaim, 0, len(d.PodRanges))
+	for node, ranges := range d.PodRanges {
+		for _, p := range ranges {
+			p, err := canonRange(p)
+			if err != nil {
+				return nil, fmt.Errorf("netrules: node %s: %w", node, err)
+			}
+			if p.Addr().Is4() {
+				r4 = append(r4, newRangeClaim(p, node))
+			} else {
+				r6 = append(r6, newRangeClaim(p, node))
+			}
+		}
+	}
+	s.pods4, s.podOwners4 = s.outerRanges(r4)
+	s.pods6, s.podOwners6 = s.outerRanges(r6)
 	return s, nil
+}
+
+// canonRange returns p masked, an IPv4-mapped range as IPv4. A range of
+// every address (length 0) is refused: it would take every TCP connection
+// of the host, the gateway's own included.
+func canonRange(p netip.Prefix) (netip.Prefix, error) {
+	if !p.IsValid() {
+		return p, fmt.Errorf("unusable pod range %q", p)
+	}
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	if p.Bits() == 0 {
+		return p, fmt.Errorf("pod range %s holds every address", p)
+	}
+	return p.Masked(), nil
+}
+
+// outerRanges sorts claims (by address, the wider range first, then by
+// node) and returns the ranges no other range holds, each once, with the
+// node of each (the first by name among the nodes that claim it). The
+// ranges left out are added to s.shadowed. Two ranges either are disjoint
+// or one holds the other, so in this order a range overlaps the last one
+// kept exactly when that one holds it.
+func (s *state) outerRanges(claims []rangeClaim) ([]netip.Prefix, []string) {
+	slices.SortFunc(claims, func(x, y rangeClaim) int {
+		if x.hi != y.hi {
+			return cmp.Compare(x.hi, y.hi)
+		}
+		if x.lo != y.lo {
+			return cmp.Compare(x.lo, y.lo)
+		}
+		if c := cmp.Compare(x.rng.Bits(), y.rng.Bits()); c != 0 {
+			return c
+		}
+		return strings.Compare(x.node, y.node)
+	})
+	ranges := make([]netip.Prefix, 0, len(claims))
+	owners := make([]string, 0, len(claims))
+	for _, c := range claims {
+		if n := len(ranges); n > 0 && ranges[n-1].Overlaps(c.rng) {
+			if c.node != owners[n-1] || c.rng != ranges[n-1] {
+				s.shadowed = append(s.shadowed, shadowedRange{c.node, c.rng, ranges[n-1], owners[n-1]})
+			}
+			continue
+		}
+		ranges = append(ranges, c.rng)
+		owners = append(owners, c.node)
+	}
+	return ranges, owners
+}
+
+// logShadowed logs, at debug level, the pod ranges left out of s because
+// another range holds them.
+func (s *state) logShadowed(log *slog.Logger) {
+	for _, sh := range s.shadowed {
+		log.Debug("netrules: pod range inside another; redirected as part of it",
+			"node", sh.node, "range", sh.rng, "inside", sh.inside, "inside_node", sh.owner)
+	}
 }
 
 // firstClaims returns the addresses of sorted claims, once each, and the
@@ -233,10 +346,54 @@ func (s *state) owner(a netip.Addr) string {
 	return s.owners6[i]
 }
 
-// redirects reports whether s sends TCP to a:port to the listener.
+// podRange returns the index of the pod range that holds a among the
+// ranges of its family, and whether one does.
+func (s *state) podRange(a netip.Addr) (int, bool) {
+	ranges := s.pods(6)
+	if a.Is4() {
+		ranges = s.pods(4)
+	}
+	i, found := slices.BinarySearchFunc(ranges, a, func(p netip.Prefix, a netip.Addr) int {
+		return p.Addr().Compare(a)
+	})
+	if !found {
+		i-- // the last range that starts below a
+	}
+	return i, i >= 0 && ranges[i].Contains(a)
+}
+
+// holdsRange reports whether one of s's pod ranges holds all of p.
+func (s *state) holdsRange(p netip.Prefix) bool {
+	i, ok := s.podRange(p.Addr())
+	if !ok {
+		return false
+	}
+	if p.Addr().Is4() {
+		return s.pods4[i].Bits() <= p.Bits()
+	}
+	return s.pods6[i].Bits() <= p.Bits()
+}
+
+// podOwner returns the node of the pod range that holds a, or "".
+func (s *state) podOwner(a netip.Addr) string {
+	i, ok := s.podRange(a)
+	switch {
+	case !ok:
+		return ""
+	case a.Is4():
+		return s.podOwners4[i]
+	}
+	return s.podOwners6[i]
+}
+
+// redirects reports whether s sends TCP to a:port to the listener: a is
+// an edge address and port a proxied one, or a is in a pod range.
 func (s *state) redirects(a netip.Addr, port uint16) bool {
 	if s == nil {
 		return false
+	}
+	if _, ok := s.podRange(a); ok {
+		return true
 	}
 	_, ok := s.find(a)
 	_, pok := slices.BinarySearch(s.ports, port)
@@ -251,11 +408,21 @@ func (s *state) addrs(family int) []netip.Addr {
 	return s.v6
 }
 
-// sameAddrsPorts reports whether s and o redirect the same addresses and
-// ports to the same port.
-func (s *state) sameAddrsPorts(o *state) bool {
+// pods returns the pod ranges of the given family (4 or 6).
+func (s *state) pods(family int) []netip.Prefix {
+	if family == 4 {
+		return s.pods4
+	}
+	return s.pods6
+}
+
+// sameDestinations reports whether s and o redirect the same addresses,
+// ports and pod ranges to the same port: whether their sets hold the same
+// elements.
+func (s *state) sameDestinations(o *state) bool {
 	return o != nil && s.proxyPort == o.proxyPort && slices.Equal(s.v4, o.v4) &&
-		slices.Equal(s.v6, o.v6) && slices.Equal(s.ports, o.ports)
+		slices.Equal(s.v6, o.v6) && slices.Equal(s.ports, o.ports) &&
+		slices.Equal(s.pods4, o.pods4) && slices.Equal(s.pods6, o.pods6)
 }
 
 // diffSorted returns what is only in want (added) and only in have

@@ -118,6 +118,7 @@ func (r *nftRules) Apply(ctx context.Context, d Desired) error {
 	if err != nil {
 		return err
 	}
+	want.logShadowed(r.log)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -143,9 +144,9 @@ func (r *nftRules) FlushConntrack(ctx context.Context) error {
 }
 
 func (r *nftRules) apply(want *state) error {
-	n := len(want.v4) + len(want.v6) + len(want.ports)
+	n := len(want.v4) + len(want.v6) + len(want.ports) + 2*(len(want.pods4)+len(want.pods6))
 	if r.last != nil {
-		n += len(r.last.v4) + len(r.last.v6)
+		n += len(r.last.v4) + len(r.last.v6) + 2*(len(r.last.pods4)+len(r.last.pods6))
 	}
 	c, err := nftConn(n)
 	if err != nil {
@@ -153,7 +154,7 @@ func (r *nftRules) apply(want *state) error {
 	}
 	defer closeInBackground(c)
 	full := r.needFull || r.last == nil || r.last.proxyPort != want.proxyPort
-	checkElements := !full && (want.sameAddrsPorts(r.last) || time.Since(r.elementsChecked) >= elementCheckEvery)
+	checkElements := !full && (want.sameDestinations(r.last) || time.Since(r.elementsChecked) >= elementCheckEvery)
 	obs, err := nftObserve(c, checkElements)
 	if err != nil {
 		return err
@@ -180,7 +181,8 @@ func (r *nftRules) apply(want *state) error {
 	if full || checkElements {
 		r.elementsChecked = time.Now()
 	}
-	r.log.Debug("netrules: applied", "full", full, "ipv4", len(want.v4), "ipv6", len(want.v6), "ports", want.ports)
+	r.log.Debug("netrules: applied", "full", full, "ipv4", len(want.v4), "ipv6", len(want.v6), "ports", want.ports,
+		"pod_ranges_ipv4", len(want.pods4), "pod_ranges_ipv6", len(want.pods6))
 	return nil
 }
 
@@ -195,7 +197,7 @@ func nftWriteFull(c *nftables.Conn, st *state) error {
 		if err := c.AddSet(set, nil); err != nil {
 			return fmt.Errorf("nftables: set %s: %w", s.name, err)
 		}
-		if err := nftElements(c.SetAddElements, set, s.elements(st)); err != nil {
+		if err := nftElements(c.SetAddElements, s, set, s.elements(st)); err != nil {
 			return err
 		}
 	}
@@ -208,11 +210,17 @@ func nftWriteFull(c *nftables.Conn, st *state) error {
 	return nil
 }
 
-// nftWriteDelta queues the set elements that differ between have and want.
+// nftWriteDelta queues the set elements that differ between have and
+// want. The interval sets are compared element by element (an interval's
+// start and its end), so a range that comes or goes costs its two
+// elements, or one next to an adjacent range; a batch removes before it
+// adds, so the kernel never sees the old and the new ranges overlap.
 func nftWriteDelta(c *nftables.Conn, have, want *state) error {
 	add4, del4 := diffSorted(have.v4, want.v4, netip.Addr.Compare)
 	add6, del6 := diffSorted(have.v6, want.v6, netip.Addr.Compare)
 	addP, delP := diffSorted(have.ports, want.ports, cmp.Compare[uint16])
+	addR4, delR4 := diffKeys(setPods4.elements(have), setPods4.elements(want))
+	addR6, delR6 := diffKeys(setPods6.elements(have), setPods6.elements(want))
 	for _, f := range []struct {
 		spec           nftSetSpec
 		added, removed [][]byte
@@ -220,25 +228,28 @@ func nftWriteDelta(c *nftables.Conn, have, want *state) error {
 		{setEdges4, addrKeys(add4, 4), addrKeys(del4, 4)},
 		{setEdges6, addrKeys(add6, 16), addrKeys(del6, 16)},
 		{setPorts, portKeys(addP), portKeys(delP)},
+		{setPods4, addR4, delR4},
+		{setPods6, addR6, delR6},
 	} {
 		set := f.spec.set()
 		set.ID = 0 // the set exists; the kernel finds it by name
-		if err := nftElements(c.SetDeleteElements, set, f.removed); err != nil {
+		if err := nftElements(c.SetDeleteElements, f.spec, set, f.removed); err != nil {
 			return err
 		}
-		if err := nftElements(c.SetAddElements, set, f.added); err != nil {
+		if err := nftElements(c.SetAddElements, f.spec, set, f.added); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// nftElements queues keys to op, elemsPerMsg per message.
-func nftElements(op func(*nftables.Set, []nftables.SetElement) error, set *nftables.Set, keys [][]byte) error {
+// nftElements queues the elements of spec's set with keys to op,
+// elemsPerMsg per message.
+func nftElements(op func(*nftables.Set, []nftables.SetElement) error, spec nftSetSpec, set *nftables.Set, keys [][]byte) error {
 	for chunk := range slices.Chunk(keys, elemsPerMsg) {
 		elems := make([]nftables.SetElement, len(chunk))
 		for i, k := range chunk {
-			elems[i].Key = k
+			elems[i] = spec.setElement(k)
 		}
 		if err := op(set, elems); err != nil {
 			return fmt.Errorf("nftables: set %s: %w", set.Name, err)

@@ -72,6 +72,14 @@ func nftObserve(c *nftables.Conn, withElements bool) (*nftObserved, error) {
 		keys := make([][]byte, len(elems))
 		for i, e := range elems {
 			keys[i] = e.Key
+			if s.Interval {
+				// As rangeKeys spells them: the key, then a flag byte.
+				flag := rangeStart
+				if e.IntervalEnd {
+					flag = rangeEnd
+				}
+				keys[i] = append(slices.Clip(e.Key), flag)
+			}
 		}
 		obs.elems[s.Name] = keys
 	}
@@ -132,7 +140,7 @@ func (o *nftObserved) drift(st *state, withElements bool) string {
 	}
 	for _, spec := range nftSets {
 		s, ok := o.sets[spec.name]
-		if !ok || s.KeyType.Name != spec.keyType.Name || s.IsMap || s.Interval || s.HasTimeout {
+		if !ok || s.KeyType.Name != spec.keyType.Name || s.IsMap || s.Interval != spec.interval || s.HasTimeout {
 			return "set " + spec.name + " missing or changed"
 		}
 		if !withElements {

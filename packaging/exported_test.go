@@ -25,6 +25,7 @@ import (
 	"github.com/tether-edge/tether/edgeproxy"
 	"github.com/tether-edge/tether/edgeproxy/apiproxy"
 	"github.com/tether-edge/tether/edgeproxy/cache"
+	"github.com/tether-edge/tether/edgeproxy/edgeservice"
 	"github.com/tether-edge/tether/edgeproxy/edgetunnel"
 	"github.com/tether-edge/tether/edgeproxy/identity"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
@@ -90,6 +91,7 @@ func gatewayMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	cfg.NetRules = netrules.KindNFTables
 	cfg.EnableUpdateTrigger = true
 	cfg.DelegatedHeartbeatTaint = true
+	cfg.EdgeServices = true
 	cfg.HostsConfigMap = "kube-system/tether-hosts"
 	cfg.Replica = "metrics"
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
@@ -207,6 +209,11 @@ func edgeMetrics(t *testing.T, cp *testenv.ControlPlane) exported {
 	if _, err := edgetunnel.New(edgetunnel.Options{Gateways: cfg.Gateway, AllowPorts: cfg.AllowPorts, Registry: reg,
 		Certificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &kp.TLS, nil }}); err != nil {
 		t.Fatalf("edgetunnel.New: %v", err)
+	}
+	// --edge-services would program the host's nftables: its metrics
+	// come from the listener alone.
+	if _, err := edgeservice.New(edgeservice.Options{Index: &edgeservice.Index{}, Dialer: edgeservice.Tunnel{}, Registry: reg}); err != nil {
+		t.Fatalf("edgeservice.New: %v", err)
 	}
 	for name, f := range fromRegistry(t, reg) {
 		if have, ok := e[name]; ok {

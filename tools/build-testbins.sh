@@ -3,20 +3,22 @@
 # kube-controller-manager, kubectl (it finds tetherctl as its plugin), kubemark
 # (the kubelet's own code with a fake runtime), the kubelet, etcd,
 # Pebble (the ACME test server), promtool (the alerting rules' unit
-# tests) and helm (the chart's tests) — from their Go modules (pinned in
+# tests), Prometheus (the e2e tests' scraper, without its web UI's assets)
+# and helm (the chart's tests) — from their Go modules (pinned in
 # tools/kube, tools/etcd, tools/pebble, tools/promtool and tools/helm) into a
 # cache directory keyed by version, so a warm machine never rebuilds them.
 #
 #   tools/build-testbins.sh            build what is missing, print the bin dir
 #   TETHER_CACHE_DIR=/x tools/...      cache somewhere else (default ~/.cache/tether)
 #
-# A cold build takes about 18 minutes on 2 cores; progress is printed to stderr.
+# A cold build takes about 19 minutes on 2 cores; progress is printed to stderr.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 kube_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$here/kube/go.mod")
 etcd_version=$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' "$here/etcd/go.mod")
 pebble_version=$(awk '$1 == "require" && $2 == "github.com/letsencrypt/pebble/v2" {print $3}' "$here/pebble/go.mod")
+# promtool and Prometheus come from the same module, pinned once.
 promtool_version=$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" {print $3}' "$here/promtool/go.mod")
 helm_version=$(awk '$1 == "require" && $2 == "helm.sh/helm/v3" {print $3}' "$here/helm/go.mod")
 # helm's own build stamps its version and, from its client-go (v0.X.Y), the
@@ -27,6 +29,7 @@ kube_dir="$cache/kube-$kube_version"
 etcd_dir="$cache/etcd-$etcd_version"
 pebble_dir="$cache/pebble-$pebble_version"
 promtool_dir="$cache/promtool-$promtool_version"
+prometheus_dir="$cache/prometheus-$promtool_version"
 helm_dir="$cache/helm-$helm_version"
 mkdir -p "$cache"
 
@@ -68,12 +71,14 @@ build "$kube_dir" kubemark "$here/kube" k8s.io/kubernetes/cmd/kubemark "about a 
 build "$kube_dir" kubelet "$here/kube" k8s.io/kubernetes/cmd/kubelet "about a minute once kube-apiserver is built"
 build "$pebble_dir" pebble "$here/pebble" github.com/letsencrypt/pebble/v2/cmd/pebble "about 30 s cold"
 build "$promtool_dir" promtool "$here/promtool" github.com/prometheus/prometheus/cmd/promtool "about 5 minutes cold"
+# Without the builtinassets tag: the HTTP API works, the web UI is absent.
+build "$prometheus_dir" prometheus "$here/promtool" github.com/prometheus/prometheus/cmd/prometheus "about a minute once promtool is built"
 helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$helm_version"
 for p in chartutil lint/rules; do
 	helm_ldflags+=" -X helm.sh/helm/v3/pkg/$p.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$p.k8sVersionMinor=$helm_k8s_minor"
 done
 build "$helm_dir" helm "$here/helm" helm.sh/helm/v3/cmd/helm "about 3 minutes cold" "$helm_ldflags"
 
-printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nKUBEMARK=%s\nKUBELET=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\nHELM=%s\n' \
+printf 'KUBE_APISERVER=%s\nKUBE_PROXY=%s\nKUBE_CONTROLLER_MANAGER=%s\nKUBECTL=%s\nKUBEMARK=%s\nKUBELET=%s\nETCD=%s\nPEBBLE=%s\nPROMTOOL=%s\nPROMETHEUS=%s\nHELM=%s\n' \
 	"$kube_dir/kube-apiserver" "$kube_dir/kube-proxy" "$kube_dir/kube-controller-manager" "$kube_dir/kubectl" "$kube_dir/kubemark" "$kube_dir/kubelet" "$etcd_dir/etcd" "$pebble_dir/pebble" \
-	"$promtool_dir/promtool" "$helm_dir/helm"
+	"$promtool_dir/promtool" "$prometheus_dir/prometheus" "$helm_dir/helm"

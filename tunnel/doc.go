@@ -40,7 +40,7 @@
 //
 // # Streams the edge opens
 //
-// The edge opens streams of its own for four things only, each a request
+// The edge opens streams of its own for five things only, each a request
 // of its own kind: the gateway checks it, does it (with its own
 // credentials), and answers; the edge closes its side after the request,
 // the gateway closes the stream after the reply (a pool feed's after the
@@ -152,6 +152,27 @@
 //	pool: the sender's pool, a label value of 1 to 63 bytes
 //
 // A pool feed request is at most MaxPoolFeedRequestLen bytes.
+//
+// Services. A pod of the edge's node connects to a cloud Service the
+// operator marked for edge access (annotation tether.io/edge-access); the
+// edge asks a gateway replica for a connection to it (ServiceRequest),
+// naming the Service and its port, never an address. The gateway dials
+// one of the Service's ready endpoints on a cloud node and answers with a
+// Reply (OK, or NotMarked, NoEndpoints, DialFailed, Overloaded,
+// RateLimited, BadRequest); after OK the stream carries the connection's
+// bytes both ways (Relay), as a connect stream does the other way.
+//
+// Service request, version 1: the same fixed part, kind 0x06:
+//
+//	+---------+------+------------+--------------------------------------+
+//	| version | kind | length (2) | body: length bytes                   |
+//	| 0x01    | 0x06 |            |                                      |
+//	+---------+------+------------+--------------------------------------+
+//	body := ns-length(1) namespace name-length(1) name port(2) reserved(the rest, skipped)
+//	namespace, name: the Service's, DNS-1123 labels of 1 to 63 bytes
+//	port: the Service's port (spec.ports[].port), TCP, not 0
+//
+// A service request is at most MaxServiceRequestLen bytes.
 //
 // # Receive windows
 //

@@ -26,7 +26,7 @@ const MaxElectionReplyLen = replyFixed + maxFieldLength + 2 + MaxConfigMapLen
 
 // MaxEdgeRequestLen bounds any request an edge sends (a DelegateRequest,
 // an ElectionRequest, a probe or a PoolFeedRequest).
-const MaxEdgeRequestLen = max(MaxDelegateRequestLen, MaxElectionRequestLen, MaxProbeRequestLen, MaxPoolFeedRequestLen)
+const MaxEdgeRequestLen = max(MaxDelegateRequestLen, MaxElectionRequestLen, MaxProbeRequestLen, MaxPoolFeedRequestLen, MaxServiceRequestLen)
 
 // ElectionOp is what an ElectionRequest asks of the gateway.
 type ElectionOp uint8
@@ -195,12 +195,14 @@ type EdgeRequest struct {
 	Delegate *DelegateRequest
 	Election *ElectionRequest
 	PoolFeed *PoolFeedRequest
+	Service  *ServiceRequest
 	// Probe: a liveness probe (probe.go), answered with an OK Reply.
 	Probe bool
 }
 
 // ReadEdgeRequest reads one request of a kind an edge may send: a
-// DelegateRequest, an ElectionRequest, a PoolFeedRequest or a probe. It reads exactly the
+// DelegateRequest, an ElectionRequest, a PoolFeedRequest, a ServiceRequest
+// or a probe. It reads exactly the
 // request's bytes and never more than MaxEdgeRequestLen; a request of
 // another kind (a connect Request) is an ErrBadHeader.
 func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
@@ -218,6 +220,8 @@ func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
 		limit = MaxProbeRequestLen
 	case kindPoolFeed:
 		limit = MaxPoolFeedRequestLen
+	case kindService:
+		limit = MaxServiceRequestLen
 	default:
 		return EdgeRequest{}, fmt.Errorf("%w: kind %d is no request of an edge", ErrBadHeader, kind)
 	}
@@ -235,6 +239,12 @@ func ReadEdgeRequest(rd io.Reader) (EdgeRequest, error) {
 		return EdgeRequest{}, fmt.Errorf("read request body: %w", err)
 	}
 	switch kind {
+	case kindService:
+		r, err := parseServiceBody(body)
+		if err != nil {
+			return EdgeRequest{}, err
+		}
+		return EdgeRequest{Service: &r}, nil
 	case kindPoolFeed:
 		r, err := parsePoolFeedBody(body)
 		if err != nil {

@@ -21,6 +21,7 @@ const (
 	kindElection = 3 // the edge asks the gateway to write its pool's record (ElectionRequest)
 	kindProbe    = 4 // the edge asks whether the gateway still knows the connection (probe.go)
 	kindPoolFeed = 5 // the edge, its pool's leader, asks for the pool's signed feed (PoolFeedRequest)
+	kindService  = 6 // the edge asks the gateway to connect a pod to a marked cloud Service (ServiceRequest)
 )
 
 const (
@@ -215,7 +216,7 @@ const RateLimited Code = 16
 
 var codeNames = [...]string{"ok", "not_allowed", "dial_failed", "timeout", "overloaded", "bad_request",
 	"not_leader", "leader_expired", "not_in_pool", "other_pool", "unknown_node", "bad_lease", "unavailable",
-	"conflict", "bad_record", "not_holder", "rate_limited"}
+	"conflict", "bad_record", "not_holder", "rate_limited", "not_marked", "no_endpoints"}
 
 // String is the code's metric label ("not_allowed", ...).
 func (c Code) String() string { return enumName(codeNames[:], uint8(c), "code") }

@@ -113,7 +113,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	if Conflict.String() != "conflict" || NotHolder.String() != "not_holder" {
 		t.Errorf("names: %q %q", Conflict, NotHolder)
 	}
-	for _, c := range slices.Concat(Codes(), DelegateCodes(), ElectionCodes()) {
+	for _, c := range slices.Concat(Codes(), DelegateCodes(), ElectionCodes(), ServiceCodes()) {
 		var buf bytes.Buffer
 		in := Reply{Code: c, Message: "because " + c.String()}
 		if err := WriteReply(&buf, in); err != nil {
@@ -144,7 +144,7 @@ func TestCodeString(t *testing.T) {
 	if Conflict.String() != "conflict" || NotHolder.String() != "not_holder" {
 		t.Errorf("names: %q %q", Conflict, NotHolder)
 	}
-	for _, c := range slices.Concat(Codes(), DelegateCodes(), ElectionCodes()) {
+	for _, c := range slices.Concat(Codes(), DelegateCodes(), ElectionCodes(), ServiceCodes()) {
 		if n := c.String(); strings.HasPrefix(n, "code_") {
 			t.Errorf("code %d has no name", uint8(c))
 		} else {
@@ -152,7 +152,7 @@ func TestCodeString(t *testing.T) {
 		}
 	}
 	if len(seen) != len(codeNames) {
-		t.Errorf("Codes, DelegateCodes and ElectionCodes name %d codes, %d are defined", len(seen), len(codeNames))
+		t.Errorf("Codes, DelegateCodes, ElectionCodes and ServiceCodes name %d codes, %d are defined", len(seen), len(codeNames))
 	}
 }
 

@@ -188,31 +188,44 @@ func writeTable(w io.Writer, gws []gatewayStatus, now time.Time) {
 	writeRefusals(w, gws)
 }
 
-// writeRefusals prints the addresses edge nodes claim that a gateway does
-// not route to them, once per claim with the replicas that refuse it.
+// writeRefusals prints the addresses and pod ranges edge nodes claim that
+// a gateway does not route to them, once per claim with the replicas that
+// refuse it.
 func writeRefusals(w io.Writer, gws []gatewayStatus) {
-	type key struct{ addr, node, reason, holder string }
-	replicas := map[key][]string{}
+	addrs, pods := map[refusalKey][]string{}, map[refusalKey][]string{}
 	for _, g := range gws {
 		for _, r := range g.AddressRefusals {
-			k := key{r.Addr.String(), r.Node, r.Reason, r.Holder}
-			replicas[k] = append(replicas[k], g.Replica)
+			k := refusalKey{r.Addr.String(), r.Node, r.Reason, r.Holder}
+			addrs[k] = append(addrs[k], g.Replica)
+		}
+		for _, r := range g.PodRangeRefusals {
+			k := refusalKey{r.Prefix.String(), r.Node, r.Reason, r.With}
+			pods[k] = append(pods[k], g.Replica)
 		}
 	}
+	writeRefusalTable(w, addrs, "address claims not routed (a node claims an address that is not uniquely its own edge address)",
+		"ADDRESS\tCLAIMED BY\tREASON\tROUTED TO\tREPLICAS", "none")
+	writeRefusalTable(w, pods, "pod ranges not routed (a Node's spec.podCIDRs that is not uniquely its own inside --edge-pod-cidrs)",
+		"RANGE\tNODE\tREASON\tOVERLAPS\tREPLICAS", "-")
+}
+
+type refusalKey struct{ what, node, reason, other string }
+
+func writeRefusalTable(w io.Writer, replicas map[refusalKey][]string, title, header, noOther string) {
 	if len(replicas) == 0 {
 		return
 	}
-	keys := slices.SortedFunc(maps.Keys(replicas), func(a, b key) int {
-		return cmp.Or(cmp.Compare(a.addr, b.addr), cmp.Compare(a.node, b.node), cmp.Compare(a.reason, b.reason))
+	keys := slices.SortedFunc(maps.Keys(replicas), func(a, b refusalKey) int {
+		return cmp.Or(cmp.Compare(a.what, b.what), cmp.Compare(a.node, b.node), cmp.Compare(a.reason, b.reason))
 	})
-	fmt.Fprintf(w, "\n%d address claims not routed (a node claims an address that is not uniquely its own edge address):\n", len(keys))
-	tw := newTable(w, false, "ADDRESS\tCLAIMED BY\tREASON\tROUTED TO\tREPLICAS", "")
+	fmt.Fprintf(w, "\n%d %s:\n", len(keys), title)
+	tw := newTable(w, false, header, "")
 	for _, k := range keys {
-		holder := k.holder
-		if holder == "" {
-			holder = "none"
+		other := k.other
+		if other == "" {
+			other = noOther
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.addr, k.node, k.reason, holder, strings.Join(replicas[k], ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.what, k.node, k.reason, other, strings.Join(replicas[k], ","))
 	}
 	tw.Flush()
 }

@@ -37,7 +37,8 @@ import (
 // edgetunnel.Client, the edge tunnel of tether-edge, with its own node
 // client certificate, its own UDP socket per connection, the real
 // keepalives, reconnect backoff and stream protocol. Relayed connections
-// are answered by a stand-in kubelet in this process (standInKubelet). The
+// are answered by a stand-in kubelet in this process (standInKubelet), and
+// with the scrape phase those to pods by a /metrics server (podMetrics). The
 // parent drives it over HTTP on a unix socket (agentServer).
 const agentArg = "__scalebench_agent"
 
@@ -52,6 +53,10 @@ type agentConfig struct {
 	KubeletCACert, KubeletCAKey []byte
 	GatewayCACert               []byte
 	LogLevel                    string `json:"logLevel"`
+	// ScrapePods, with the scrape phase, is --scrape-pods: every edge
+	// then knows its pod range and its pods of scrapeLayout, and serves
+	// them /metrics (scrape.go). 0: no pods.
+	ScrapePods int `json:"scrapePods"`
 }
 
 // edgeName and edgeAddr are simulated edge i's node name and InternalIP:
@@ -102,7 +107,8 @@ type agent struct {
 	log     *slog.Logger
 	gwRoots *x509.CertPool
 	kubelet *standInKubelet
-	edges   []*simEdge // index i-1 for edge-i
+	metrics *podMetrics // nil without pods
+	edges   []*simEdge  // index i-1 for edge-i
 
 	mu sync.Mutex // start and stop
 }
@@ -113,6 +119,7 @@ type simEdge struct {
 	name string
 	addr netip.Addr
 	cert *tls.Certificate
+	pods *staticPods // nil without pods
 
 	client *edgetunnel.Client // nil while stopped
 	cancel context.CancelFunc
@@ -136,6 +143,13 @@ func newAgent(cfg agentConfig, log *slog.Logger) (*agent, error) {
 	if a.kubelet, err = startStandInKubelet(kubeletCA); err != nil {
 		return nil, err
 	}
+	var pods []*staticPods
+	if cfg.ScrapePods > 0 {
+		if a.metrics, err = startPodMetrics(); err != nil {
+			return nil, err
+		}
+		pods = edgePods(cfg.Edges, cfg.ScrapePods)
+	}
 	// Every edge's own node client certificate (CN=system:node:edge-<i>,
 	// O=system:nodes) and its stand-in kubelet's serving certificate (one
 	// key for all of those), issued up front so that neither a cold start
@@ -153,6 +167,9 @@ func newAgent(cfg agentConfig, log *slog.Logger) (*agent, error) {
 				return err
 			}
 			e := &simEdge{i: i, name: edgeName(i), addr: edgeAddr(i), cert: &kp.TLS}
+			if pods != nil {
+				e.pods = pods[i-1]
+			}
 			a.edges[i-1] = e
 			return a.kubelet.issue(e.addr, servingKey)
 		})
@@ -195,13 +212,18 @@ func (a *agent) startEdges(idx []int, gateways []string) error {
 		if e.client != nil {
 			continue
 		}
+		var pods edgetunnel.PodSource // a nil *staticPods is no nil interface
+		if e.pods != nil {
+			pods = e.pods
+		}
 		c, err := edgetunnel.New(edgetunnel.Options{
 			Gateways:    gateways,
 			RootCAs:     func() *x509.CertPool { return a.gwRoots },
 			Certificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return e.cert, nil },
 			AllowPorts:  []uint16{world.KubeletPort},
 			LocalAddrs:  fixedAddrs{e.addr},
-			Dialer:      a.kubelet,
+			Pods:        pods,
+			Dialer:      edgeDialer{kubelet: a.kubelet, metrics: a.metrics},
 			Logger:      a.log.With("node", e.name),
 		})
 		if err != nil {
@@ -250,6 +272,7 @@ type agentStats struct {
 	// (edgetunnel.Client.Disconnects).
 	Disconnects map[string]int64 `json:"disconnects"`
 	Relayed     int64            `json:"relayed"` // connections the stand-in kubelet accepted
+	Scraped     int64            `json:"scraped"` // pods' /metrics answered (scrape phase)
 	Goroutines  int              `json:"goroutines"`
 	HeapMiB     float64          `json:"heapMiB"`
 }
@@ -280,6 +303,9 @@ func (a *agent) stats() agentStats {
 		if up {
 			st.Connected++
 		}
+	}
+	if a.metrics != nil {
+		st.Scraped = a.metrics.served.Load()
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -144,6 +144,9 @@ func (b *bench) startGateway(ctx context.Context, i int) (*gwProc, error) {
 			// The heartbeats phase's election records are written once,
 			// with an hour's lease, for leaders that never renew them.
 			"--pool-lease-duration", "1h")
+		if b.o.phases.has("scrape") {
+			b.gwArgs[i] = append(b.gwArgs[i], "--edge-pod-cidrs", podRanges.String())
+		}
 		b.gwArgs[i] = append(b.gwArgs[i], b.o.gatewayArgs...)
 	}
 	started := time.Now()
@@ -284,7 +287,11 @@ func (b *bench) connectedAtEnd(ctx context.Context) int {
 
 // createFleet creates the Nodes of the simulated edges.
 func (b *bench) createFleet(ctx context.Context) error {
-	note("creating %d Nodes (edge-1..edge-%d, pools of %d, InternalIPs from %s)", b.o.edges, b.o.edges, poolSize, addrAt(edgeBase, 1))
+	ranges := ""
+	if b.o.phases.has("scrape") {
+		ranges = fmt.Sprintf(", pod ranges from %s", podRange(1))
+	}
+	note("creating %d Nodes (edge-1..edge-%d, pools of %d, InternalIPs from %s%s)", b.o.edges, b.o.edges, poolSize, addrAt(edgeBase, 1), ranges)
 	start := time.Now()
 	var done int64
 	var mu sync.Mutex
@@ -297,7 +304,11 @@ func (b *bench) createFleet(ctx context.Context) error {
 	defer stop()
 	err := benchkit.Parallel(ctx, b.o.createParallel, b.o.edges, func(k int) error {
 		i := k + 1
-		if err := createNode(ctx, b.admin, edgeName(i), edgeAddr(i), poolOf(i)); err != nil {
+		var pods netip.Prefix
+		if b.o.phases.has("scrape") {
+			pods = podRange(i)
+		}
+		if err := createNode(ctx, b.admin, edgeName(i), edgeAddr(i), poolOf(i), pods); err != nil {
 			return err
 		}
 		mu.Lock()
@@ -313,8 +324,9 @@ func (b *bench) createFleet(ctx context.Context) error {
 }
 
 // createNode creates an edge Node with its InternalIP, as a kubelet
-// registers one (status included in the create).
-func createNode(ctx context.Context, c kubernetes.Interface, name string, addr netip.Addr, pool string) error {
+// registers one (status included in the create), and, if valid, the pod
+// range pods in spec.podCIDRs, as the control plane's node IPAM writes it.
+func createNode(ctx context.Context, c kubernetes.Interface, name string, addr netip.Addr, pool string, pods netip.Prefix) error {
 	n := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
 			world.EdgeLabel: "true", world.PoolLabel: pool, corev1.LabelHostname: name,
@@ -326,6 +338,9 @@ func createNode(ctx context.Context, c kubernetes.Interface, name string, addr n
 			},
 			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: world.KubeletPort}},
 		},
+	}
+	if pods.IsValid() {
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = pods.String(), []string{pods.String()}
 	}
 	created, err := c.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
 	if err != nil {
@@ -360,6 +375,9 @@ func startAgent(ctx context.Context, s *testenv.Session, w *world.World, h *test
 		KubeletCACert: w.KubeletCA.CertPEM,
 		GatewayCACert: w.GatewayCA.CertPEM,
 		LogLevel:      o.agentLogLevel,
+	}
+	if o.phases.has("scrape") {
+		cfg.ScrapePods = o.scrapePods
 	}
 	if cfg.ClusterCAKey, err = testenv.MarshalKeyPEM(w.ClusterCA.Key); err != nil {
 		return nil, nil, err

@@ -82,7 +82,7 @@ func (b *bench) churn(ctx context.Context, res *results) error {
 						return
 					}
 					addr := addrAt(churnBase, k+1)
-					if err := createNode(ctx, b.admin, churnName(k), addr, "churn"); err != nil {
+					if err := createNode(ctx, b.admin, churnName(k), addr, "churn", netip.Prefix{}); err != nil {
 						fail(err)
 						continue
 					}

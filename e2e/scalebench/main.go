@@ -26,6 +26,13 @@
 //     addresses, through the gateway's DNAT and transparent listener;
 //     before the cold start the same against a gateway with one edge
 //     connected;
+//   - scrape (only when named in --phases): a real Prometheus on the
+//     cloud client host scrapes --scrape-pods pods spread over the fleet,
+//     by pod IP through the gateway (--edge-pod-cidrs; every edge Node
+//     then has a pod range of its own), every --scrape-interval for
+//     --scrape-duration after every target is up: scrape durations from
+//     Prometheus, the gateway's CPU per scrape, in all and above its CPU
+//     without scrapes measured before and after (scrape.go);
 //   - storm: kill -9 the gateway and start it again: time until every edge
 //     is registered again, peak RSS, registrations per second, datagrams
 //     dropped for a full receive buffer in the gateway's namespace (as in
@@ -46,8 +53,10 @@
 //     routing errors meanwhile, time until the restarted one has every
 //     edge again.
 //
-// It asserts nothing; the last line it prints is machine-readable:
+// It asserts nothing; the last line it prints is machine-readable, after
+// the scrape phase's line when it ran:
 //
+//	scrape: pods=<n> up=<targets up at the end> scrapes=<in the window> failed=<n> scrape_p50_ms=<ms> scrape_p99_ms=<ms> gateway_cpu_pct=<in the window> gateway_cpu_ms_per_scrape=<ms> gateway_net_cpu_ms_per_scrape=<ms above the baseline> baseline_cpu_pct=<gateway without scrapes: before and after, mean> edges=<the fleet>
 //	scale: edges=<connected at end> rss_mib=<gateway steady RSS> idle_cpu_pct=<gateway> cold_s=<cold start> restart_s=<storm> route_p99_ms=<N connected> route_p99_1_ms=<one edge> hb_per_s=<delegated renewals written/s> hb_lost=<n> cold_edges=<n> storm_edges=<n> hb_edges=<n> replica_edges=<n> replica_s=<restarted replica has every edge> replica_route_failed=<n>
 //
 // (a figure of a phase not run is -1; edges= is counted at the end of the
@@ -102,9 +111,19 @@ type options struct {
 	createParallel int
 	loadgenCPUs    string
 	gatewayCPUs    string
+	scrapePods     int
+	scrapeInterval time.Duration
+	scrapeDuration time.Duration
+	scrapeBaseline time.Duration
 }
 
-var allPhases = []string{"cold", "steady", "routing", "storm", "heartbeats", "churn", "replicas"}
+// allPhases are the phases, in the order they run; defaultPhases those
+// run unless --phases names others. The scrape phase needs Prometheus
+// (make testbins) and several minutes: it runs only when named.
+var (
+	allPhases     = []string{"cold", "steady", "routing", "scrape", "storm", "heartbeats", "churn", "replicas"}
+	defaultPhases = slices.DeleteFunc(slices.Clone(allPhases), func(p string) bool { return p == "scrape" })
+)
 
 func main() {
 	if len(os.Args) == 3 && os.Args[1] == agentArg {
@@ -114,10 +133,10 @@ func main() {
 		}
 		return
 	}
-	o := options{phases: phaseSet(allPhases)}
+	o := options{phases: phaseSet(defaultPhases)}
 	flag.StringVar(&o.binDir, "bin-dir", "", "`dir` holding tether-gateway, as make build leaves it in bin; empty builds it from this tree into a temporary directory")
 	flag.IntVar(&o.edges, "edges", 10000, "`n` simulated edge nodes (Nodes edge-1..edge-n, in pools of 10)")
-	flag.Var(&o.phases, "phases", "comma-separated `phases` to run, in this order: "+strings.Join(allPhases, ",")+" (cold always runs: it connects the fleet)")
+	flag.Var(&o.phases, "phases", "comma-separated `phases` to run, in this order: "+strings.Join(allPhases, ",")+" (cold always runs: it connects the fleet; scrape runs only when named)")
 	flag.DurationVar(&o.steady, "steady", time.Minute, "steady phase: measure this `duration` of keepalives only")
 	flag.DurationVar(&o.settle, "settle", 30*time.Second, "steady phase: wait at least this `duration` after every edge registered before measuring; a new QUIC connection's path MTU discovery sends a probe each way with each of its first four keepalives, about 20 s")
 	flag.DurationVar(&o.settleMax, "settle-max", 3*time.Minute, "steady phase: then wait, up to this `duration` in all, until the edges' liveness probes fall under one a second per 2,000 edges. Edges that connected while the gateway was loaded carry RTT estimates of seconds from their handshakes; quic-go stretches their keepalives to 1.5 PTO, and they probe, until the estimates decay: three minutes after a cold start of 10,000, 14 probes/s were left")
@@ -131,6 +150,10 @@ func main() {
 	flag.DurationVar(&o.churnDuration, "churn-duration", time.Minute, "churn: for this `duration`")
 	flag.IntVar(&o.churnProbe, "churn-probe", 5, "churn: probe the DNS answer and DNAT of every `n`th added node")
 	flag.IntVar(&o.replicaEdges, "replica-edges", 3000, "replicas: `n` edges (at most --edges; 0: all) dial the 3 replicas, a QUIC connection to each. Measured on a 2-core machine: 3,000 registered on every replica; 10,000 (30,000 connections and their load generator) stalled at 2,755 after 3 minutes")
+	flag.IntVar(&o.scrapePods, "scrape-pods", 1000, "scrape: `n` pods spread over the fleet (one every edges/n edges; several an edge when n > --edges), each scraped on its declared port")
+	flag.DurationVar(&o.scrapeInterval, "scrape-interval", 15*time.Second, "scrape: Prometheus's scrape_interval")
+	flag.DurationVar(&o.scrapeDuration, "scrape-duration", 3*time.Minute, "scrape: measure this `duration` once every target is up")
+	flag.DurationVar(&o.scrapeBaseline, "scrape-baseline", 30*time.Second, "scrape: measure the gateway's CPU for this `duration` without scrapes, the fleet connected, before Prometheus starts and again after it stops")
 	flag.StringVar(&o.outDir, "out", "", benchplot.Help("scalebench"))
 	flag.StringVar(&o.profileDir, "profile", "", "write the gateway's CPU profile of each phase, and its heap and goroutines after the steady phase, into `dir` (from its --profiling endpoint, which the bench always turns on)")
 	flag.StringVar(&o.logDir, "log-dir", "", "copy the logs of the gateway(s) and the load generator into `dir` at the end")
@@ -149,6 +172,12 @@ func main() {
 	if o.edges < 1 || o.edges > maxEdges || o.steady <= 0 || o.settle < 0 || o.settleMax < o.settle || o.route <= 0 || o.routeConc < 1 || o.hbOffline < 0 ||
 		o.hbInterval <= 0 || o.hbDuration <= 0 || o.churnRate < 1 || o.churnDuration <= 0 || o.churnProbe < 1 || o.replicaEdges < 0 {
 		fmt.Fprintf(os.Stderr, "scalebench: --edges must be 1..%d; durations, --route-conc, --churn-rate and --churn-probe positive; --settle-max at least --settle\n", maxEdges)
+		os.Exit(2)
+	}
+	if o.phases.has("scrape") && (o.edges > maxPodEdges || o.scrapePods < 1 || o.scrapePods > maxPodsPerEdge*o.edges ||
+		o.scrapeInterval < time.Second || o.scrapeDuration <= 0 || o.scrapeBaseline <= 0) {
+		fmt.Fprintf(os.Stderr, "scalebench: the scrape phase needs --edges at most %d (a /24 pod range each in %s), --scrape-pods 1..%d per edge, --scrape-interval at least 1s, durations positive\n",
+			maxPodEdges, podRanges, maxPodsPerEdge)
 		os.Exit(2)
 	}
 	if o.replicaEdges == 0 || o.replicaEdges > o.edges {
@@ -208,6 +237,7 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 		{"cold", b.cold},
 		{"steady", b.steadyState},
 		{"routing", b.routeAll},
+		{"scrape", b.scrape},
 		{"storm", b.storm},
 		{"heartbeats", b.heartbeats},
 		{"churn", b.churn},

@@ -23,6 +23,7 @@ type results struct {
 	cold                               *regResult
 	steady                             *steadyResult
 	storm                              *stormResult
+	scrape                             *scrapeResult
 	hb                                 *hbPhase
 	churn                              *churnResult
 	replicas                           *replicaResult

@@ -101,6 +101,7 @@ func printResults(o options, r *results) {
 			}
 		}
 	}
+	printScrape(o, r.scrape)
 	if s := r.storm; s != nil {
 		fmt.Printf("restart storm (kill -9, start again):\n")
 		row("registered", fmt.Sprintf("%d of %d", s.reg.reached, s.reg.want))
@@ -117,6 +118,9 @@ func printResults(o options, r *results) {
 		fmt.Printf("\nstopped early: %v\n", r.failed)
 	}
 	fmt.Printf("\nload average at the end: %s\n", world.LoadAvg())
+	if r.scrape != nil {
+		fmt.Println(scrapeSummary(o, r.scrape))
+	}
 	fmt.Println(summary(r))
 }
 
@@ -228,4 +232,58 @@ func (r *results) routeBaseline() *routeResult {
 		return r.routeOneBeside
 	}
 	return r.routeOne
+}
+
+func printScrape(o options, x *scrapeResult) {
+	if x == nil {
+		return
+	}
+	fmt.Printf("scrape fan-out (Prometheus on the client host, kubernetes_sd role pod, every %v, by pod IP through the gateway):\n", o.scrapeInterval)
+	row("stands in for the edges", "the load generator: the edge tunnel's allow list over an in-memory list of each node's pods, one /metrics server for all pods;")
+	row("", "the real edge's pod lookup (nodepods) and real pods are not measured here")
+	row("pods, on edges", fmt.Sprintf("%d on %d of %d (a /24 each in %s, port %d, %d B of text format each)", x.pods, x.edges, o.edges, podRanges, scrapePort, len(metricsBody)))
+	up := "NOT all up before the window"
+	if x.allUp {
+		up = fmt.Sprintf("%s s after Prometheus started", secs(x.upAt))
+	}
+	row("targets found / every one up", fmt.Sprintf("%d / %s", x.discovered, up))
+	if x.firstErr != "" {
+		row("first scrape error seen", x.firstErr)
+	}
+	if x.window <= 0 {
+		row("window", "not measured")
+		return
+	}
+	row("window", fmt.Sprintf("%s s, between two baselines of %s s", secs(x.window), secs(x.baseline)))
+	row("scrapes in the window (Prometheus's samples)", fmt.Sprintf("%d (%.1f/s), %d failed; up at the end %d of %d", x.scrapes, float64(x.scrapes)/x.window.Seconds(), x.failed, x.upEnd, x.pods))
+	row("  /metrics answered by the load generator", fmt.Sprint(x.served))
+	row("scrape duration (scrape_duration_seconds)", fmt.Sprintf("p50 %s ms, p99 %s ms, max %s ms", ms(benchkit.Pct(x.durations, 50)), ms(benchkit.Pct(x.durations, 99)), ms(benchkit.Pct(x.durations, 100))))
+	row(fmt.Sprintf("  scrapes over %v", slowScrape), fmt.Sprintf("%d, in %d distinct seconds of the window, at most %d in one", x.slow, x.slowSeconds, x.slowWorst))
+	row("edges' tunnel connections ended meanwhile", noticed(x.ended))
+	row("gateway connections relayed and closed", fmt.Sprintf("%.0f in the window; %.0f open at its end (Prometheus keeps them alive)", x.relayed, x.active))
+	gross, net := x.cpuPerScrape()
+	after := "not measured"
+	if x.baseAfter >= 0 {
+		after = fmt.Sprintf("%.1f%%", x.baseAfter)
+	}
+	row("gateway CPU without scrapes (baseline)", fmt.Sprintf("%.1f%% of a core (before Prometheus %.1f%%, after it %s)", x.baselinePct, x.baseBefore, after))
+	row("gateway CPU in the window", fmt.Sprintf("%.1f%% of a core, %.1f s", x.cpuPct(), x.cpu.Seconds()))
+	row("gateway garbage collections a minute", fmt.Sprintf("%.1f before, %.1f in the window, %.1f after", x.gcPerMin[0], x.gcPerMin[1], x.gcPerMin[2]))
+	row("gateway CPU per scrape", fmt.Sprintf("%.3f ms (CPU in the window ÷ scrapes); %.3f ms above the baselines' mean", gross, net))
+	row("load generator / Prometheus CPU", fmt.Sprintf("%.1f%% / %.1f%% of a core", 100*x.agentCPU.Seconds()/x.window.Seconds(), 100*x.promCPU.Seconds()/x.window.Seconds()))
+}
+
+// scrapeSummary is the scrape phase's machine-readable line.
+func scrapeSummary(o options, x *scrapeResult) string {
+	p50, p99 := -1.0, -1.0
+	if len(x.durations) > 0 {
+		p50, p99 = float64(benchkit.Pct(x.durations, 50))/float64(time.Millisecond), float64(benchkit.Pct(x.durations, 99))/float64(time.Millisecond)
+	}
+	gross, net := x.cpuPerScrape()
+	cpuPct := -1.0
+	if x.window > 0 {
+		cpuPct = x.cpuPct()
+	}
+	return fmt.Sprintf("scrape: pods=%d up=%d scrapes=%d failed=%d scrape_p50_ms=%.2f scrape_p99_ms=%.2f gateway_cpu_pct=%.1f gateway_cpu_ms_per_scrape=%.3f gateway_net_cpu_ms_per_scrape=%.3f baseline_cpu_pct=%.1f edges=%d",
+		x.pods, x.upEnd, x.scrapes, x.failed, p50, p99, cpuPct, gross, net, x.baselinePct, o.edges)
 }

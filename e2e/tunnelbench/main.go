@@ -5,6 +5,12 @@
 //
 //   - tunnel: the cloud client host to the edge's stand-in kubelet by the
 //     node's address, routed via the gateway, through the QUIC tunnel;
+//   - pod: the same stand-in server at a pod address of the edge node
+//     (issue 31, pod.go): a network namespace linked to the edge host as
+//     a CNI does, holding an address of the Node's spec.podCIDRs, and a
+//     Pod object bound to the node declaring the port; the client routes
+//     the pod range to the gateway (--edge-pod-cidrs), and the edge dials
+//     the pod after its allow list of the node's pods;
 //   - direct: the same client to the same kind of stand-in (same TLS, same
 //     handler) on another cloud host, without Tether;
 //   - bare quic-go: one stream over loopback UDP in this process with
@@ -25,7 +31,8 @@
 // and CPU per byte, and new connections, all time-bounded (--wan-time);
 // then a link cut (heal time; a request in flight across a short cut) and
 // a NAT rebinding during a download. The last line printed sums it up in
-// a machine-readable form (wan: ...). The text output and SVG plots of
+// a machine-readable form (wan: ...; its pod_* fields, last, put the pod
+// mode beside the tunnel's, tunnel/pod, from the clean measurement). The text output and SVG plots of
 // the head-of-line p99 and the bulk throughput in each link scenario,
 // Tether beside Konnectivity, are written into --out.
 //
@@ -83,6 +90,7 @@ type options struct {
 	wanTime      time.Duration
 	holClients   int
 	konnectivity bool
+	pod          bool
 	tcpCC        string
 	outDir       string
 }
@@ -103,6 +111,7 @@ func main() {
 	flag.DurationVar(&o.wanTime, "wan-time", 5*time.Second, "`duration` of each time-bounded measurement of a shaped scenario, per mode: head-of-line, bulk, and new connections (half sequential, half concurrent); also of the clean head-of-line one")
 	flag.IntVar(&o.holClients, "hol-clients", 8, "`clients` making new-connection requests during the head-of-line measurement")
 	flag.StringVar(&o.outDir, "out", "", benchplot.Help("tunnelbench"))
+	flag.BoolVar(&o.pod, "pod", true, "also measure the pod mode: the same stand-in server at a pod address of the edge node, reached through --edge-pod-cidrs and the edge's allow list of its node's pods (the edge then runs its apiserver proxy, through which it reads them), taking turns with the other modes")
 	flag.BoolVar(&o.konnectivity, "konnectivity", true, "also measure Konnectivity (apiserver-network-proxy, built from its module by tools/build-konnectivity.sh) in the same world")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection, bare quic-go and Konnectivity, on a clean\nand on shaped WAN links (delay, loss, rate), through a link cut and a NAT rebinding, in network\nnamespaces on this machine (needs root). The last line printed is machine-readable (wan: ...).\n\n")
@@ -172,25 +181,50 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 	testenv.Binaries(s)
 	w := world.New(s, bins, world.Options{Gateways: gateways, Sites: []testenv.SiteSpec{
 		{Name: "site-a", Hosts: hosts, LAN: netip.MustParsePrefix("192.168.1.0/24")},
-	}}, logf)
-	start := func(i int, bins world.Binaries) (gw *testenv.Host, edge *world.Edge, pids []int) {
+	}, PodCIDRs: o.pod}, logf)
+	if o.pod {
+		w.ApplyEdgeRBAC(s)
+	}
+	// start starts a gateway and an edge; with pod, the gateway routes
+	// the edge pod ranges, the edge reads its node's pods through its
+	// apiserver proxy (no node pool: nothing else runs beside), and the
+	// client routes the edge's pod range to that gateway.
+	start := func(i int, bins world.Binaries, pod bool) (gw *testenv.Host, edge *world.Edge, pids []int) {
 		gw, edge = w.Gateways[i], w.Edges[i]
 		w.Bins = bins
 		// Debug logging writes a line per connection on both sides; a
 		// deployment runs at info.
-		g := w.StartGateway(s, gw, "--netrules", "nftables", "--log-level", "info")
-		e := w.StartEdge(s, edge, "--log-level", "info")
+		gwArgs, edgeArgs := []string{"--netrules", "nftables", "--log-level", "info"}, []string{"--log-level", "info"}
+		if pod {
+			gwArgs = append(gwArgs, "--edge-pod-cidrs", world.EdgePodCIDRs.String())
+			edgeArgs = append(append(w.ProxyArgs(edge), "--pool-listen="), edgeArgs...)
+		}
+		g := w.StartGateway(s, gw, gwArgs...)
+		e := w.StartEdge(s, edge, edgeArgs...)
 		w.RouteVia(s, netip.PrefixFrom(edge.Host.Addr, 32), gw)
+		if pod {
+			w.RouteVia(s, edge.PodCIDR, gw)
+		}
 		if prof != nil && bins == prof.bins { // only the profiling build has the hook
 			prof.procs = []profiled{{"gateway", g.Process}, {"edge", e.Process}}
 		}
 		return gw, edge, []int{g.Process.Pid, e.Process.Pid}
 	}
-	gw, edge, pids := start(0, bins)
+	gw, edge, pids := start(0, bins, o.pod)
 	modes := []mode{{name: "tunnel", desc: fmt.Sprintf("client → %s → QUIC → %s → kubelet %s", gw.Label, edge.Name, edge.Kubelet.Addr),
 		url: edge.KubeletURL(""), pids: pids, profiled: prof != nil}}
+	if o.pod {
+		note("starting the stand-in pod on %s (pod range %s)", edge.Name, edge.PodCIDR)
+		url, err := startPod(ctx, s, w, edge)
+		if err != nil {
+			return err
+		}
+		modes = append(modes, mode{name: podMode, desc: fmt.Sprintf("client → %s (--edge-pod-cidrs %s) → QUIC → %s → pod %s (in %s's range %s)",
+			gw.Label, world.EdgePodCIDRs, edge.Name, strings.TrimPrefix(url, "https://"), edge.Name, edge.PodCIDR),
+			url: url, pids: pids, profiled: prof != nil})
+	}
 	if o.baseline != "" {
-		bgw, bedge, bpids := start(1, base)
+		bgw, bedge, bpids := start(1, base, false)
 		modes = append(modes, mode{name: "baseline", desc: fmt.Sprintf("the same through %s and %s, running the binaries in %s", bgw.Label, bedge.Name, o.baseline),
 			url: bedge.KubeletURL(""), pids: bpids})
 	}
@@ -235,6 +269,13 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 	note("world ready in %v", time.Since(setup).Round(time.Second))
 	b := &bench{o: o, client: newClient(w.Client.DialContext, w.KubeletCA.Pool()), prof: prof}
 	wb := &wanBench{bench: b, w: w, gw: gw, edge: edge, tun: modes[0], d: o.wanTime, k: konn}
+	if o.pod {
+		// The gateway routes the range once it has read the Node, the
+		// edge dials the pod once its informers have synced.
+		if _, err := wb.working(ctx, modes[1], time.Minute); err != nil {
+			return err
+		}
+	}
 	for _, m := range modes {
 		switch m.name {
 		case konnMode:
@@ -287,6 +328,7 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 			fmt.Println()
 			printTable(o, modes, res)
 			printTargets(o, res)
+			sum.clean = res
 			fromMeasure(sr, o, modes, res)
 		} else {
 			phase("%s: shaping the site's uplink: %s", sc.name, sc.desc)
@@ -319,7 +361,7 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 		note("%v", err)
 	}
 	fmt.Printf("load average at the end: %s\n", world.LoadAvg())
-	fmt.Println(wanLine(sum))
+	fmt.Println(wanLine(o, sum))
 	return nil
 }
 

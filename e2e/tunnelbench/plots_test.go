@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fixedSummary: clean, rtt80-loss1 and rtt80-loss3 measured (Konnectivity
@@ -74,11 +75,44 @@ func TestCharts(t *testing.T) {
 	}
 }
 
-// TestWANLine: the wan: line keeps its keys and order.
+// TestWANLine: the wan: line keeps its keys and order; the pod fields
+// come last, tunnel/pod, "-" where a mode was not measured.
 func TestWANLine(t *testing.T) {
-	_, s := fixedSummary(t)
+	o, s := fixedSummary(t)
+	o.conc = 32
 	want := "wan: hol_p99_ms_1pct=250.0/900.0 hol_p99_ms_3pct=400.0/2500.0 bulk_mbs_clean=300.0/250.0 bulk_mbs_1pct=8.0/3.0 cpu_ns_per_byte=0.00/- heal_s=- nat_rebind=-"
-	if got := wanLine(s); got != want {
-		t.Errorf("wanLine:\n got %s\nwant %s", got, want)
+	noPod := " pod_seq_rps=-/- pod_seq_p50_ms=-/- pod_seq_p99_ms=-/- pod_conc_rps=-/- pod_conc_p50_ms=-/- pod_conc_p99_ms=-/- pod_seq_relay_us=-/- pod_conc_relay_us=-/-"
+	if got := wanLine(o, s); got != want+noPod {
+		t.Errorf("wanLine:\n got %s\nwant %s", got, want+noPod)
+	}
+
+	// One run of each: n requests in one second, half of them at p50,
+	// the slowest n/50+1 at p99, the rest between.
+	run := func(n int, p50, p99 time.Duration) rateResult {
+		r := rateResult{reqs: n, elapsed: time.Second}
+		for i := range n {
+			switch {
+			case i < n/2:
+				r.lat = append(r.lat, p50)
+			case i < n-n/50-1:
+				r.lat = append(r.lat, (p50+p99)/2)
+			default:
+				r.lat = append(r.lat, p99)
+			}
+		}
+		return r
+	}
+	res := func(seq, conc rateResult, relay time.Duration) result {
+		return result{seq: seq, conc: conc,
+			seqCPU:  cpuUse{tether: relay * time.Duration(seq.reqs)},
+			concCPU: cpuUse{tether: relay / 2 * time.Duration(conc.reqs)}}
+	}
+	s.clean = map[string][]result{
+		tetherMode: {res(run(100, 2*time.Millisecond, 4*time.Millisecond), run(200, 20*time.Millisecond, 50*time.Millisecond), 1600*time.Microsecond)},
+		podMode:    {res(run(90, 2*time.Millisecond, 5*time.Millisecond), run(180, 22*time.Millisecond, 60*time.Millisecond), 1700*time.Microsecond)},
+	}
+	withPod := " pod_seq_rps=100/90 pod_seq_p50_ms=2.00/2.00 pod_seq_p99_ms=4.00/5.00 pod_conc_rps=200/180 pod_conc_p50_ms=20.00/22.00 pod_conc_p99_ms=50.00/60.00 pod_seq_relay_us=1600/1700 pod_conc_relay_us=800/850"
+	if got := wanLine(o, s); got != want+withPod {
+		t.Errorf("wanLine with the pod mode:\n got %s\nwant %s", got, want+withPod)
 	}
 }

@@ -195,14 +195,25 @@ func printTargets(o options, res map[string][]result) {
 	}
 	if base, ok := res["baseline"]; ok {
 		fmt.Printf("\ntunnel against --baseline (same world, interleaved runs), on the medians:\n")
-		all := slices.Clone(cols)
-		for _, c := range cpuColumns(o) {
-			c.head = "CPU " + c.head
-			all = append(all, c)
-		}
-		for _, c := range all {
-			t, b := median(tun, c.f), median(base, c.f)
-			fmt.Printf("  %-16s %10.*f -> %10.*f  (%+.0f%%)\n", c.head, c.prec, b, c.prec, t, 100*(t-b)/b)
-		}
+		printVersus(o, base, tun)
+	}
+	if pod, ok := res[podMode]; ok {
+		fmt.Printf("\npod against tunnel (the same stand-in by a pod address and by the node's, same gateway and edge,\n")
+		fmt.Printf("interleaved runs), on the medians: tunnel -> pod:\n")
+		printVersus(o, tun, pod)
+	}
+}
+
+// printVersus prints every column's median of a and b side by side, with
+// b's difference from a.
+func printVersus(o options, a, b []result) {
+	all := columns(o)
+	for _, c := range cpuColumns(o) {
+		c.head = "CPU " + c.head
+		all = append(all, c)
+	}
+	for _, c := range all {
+		va, vb := median(a, c.f), median(b, c.f)
+		fmt.Printf("  %-16s %10.*f -> %10.*f  (%+.0f%%)\n", c.head, c.prec, va, c.prec, vb, 100*(vb-va)/va)
 	}
 }

@@ -139,6 +139,9 @@ type summary struct {
 	scen  map[string]*scenResult
 	cut   *cutResult
 	nat   *natResult
+	// clean is the full measurement's results (every mode's runs), for
+	// the pod fields of the last line.
+	clean map[string][]result
 }
 
 func (s summary) fig(scen, mode string) *figures {
@@ -263,7 +266,7 @@ func secs(d time.Duration) string {
 }
 
 // wanLine is the machine-readable last line.
-func wanLine(s summary) string {
+func wanLine(o options, s summary) string {
 	hol := func(sc string) string {
 		return pair(s.fig(sc, tetherMode), s.fig(sc, konnMode), hasHOL, func(f *figures) float64 { return f.holP99 }, 1)
 	}
@@ -283,5 +286,33 @@ func wanLine(s summary) string {
 		nat = s.nat.verdict
 	}
 	return fmt.Sprintf("wan: hol_p99_ms_1pct=%s hol_p99_ms_3pct=%s bulk_mbs_clean=%s bulk_mbs_1pct=%s cpu_ns_per_byte=%s heal_s=%s nat_rebind=%s",
-		hol("rtt80-loss1"), hol("rtt80-loss3"), bulk("clean"), bulk("rtt80-loss1"), cpu, heal, nat)
+		hol("rtt80-loss1"), hol("rtt80-loss3"), bulk("clean"), bulk("rtt80-loss1"), cpu, heal, nat) + podFields(o, s)
+}
+
+// podFields are the pod mode's fields of the last line: each is
+// tunnel/pod (the node's address against a pod's, through the same
+// gateway and edge), medians of the clean measurement, "-" for what was
+// not measured; conc is the concurrent measurement (--conc clients),
+// relay_us the CPU of tether-gateway and tether-edge per request.
+func podFields(o options, s summary) string {
+	cols, cpuCols := columns(o), cpuColumns(o)
+	fields := []struct {
+		name string
+		c    column
+	}{
+		{"pod_seq_rps", cols[0]}, {"pod_seq_p50_ms", cols[1]}, {"pod_seq_p99_ms", cols[2]},
+		{"pod_conc_rps", cols[3]}, {"pod_conc_p50_ms", cols[4]}, {"pod_conc_p99_ms", cols[5]},
+		{"pod_seq_relay_us", cpuCols[0]}, {"pod_conc_relay_us", cpuCols[2]},
+	}
+	one := func(rs []result, c column) string {
+		if len(rs) == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.*f", c.prec, median(rs, c.f))
+	}
+	var b strings.Builder
+	for _, f := range fields {
+		fmt.Fprintf(&b, " %s=%s/%s", f.name, one(s.clean[tetherMode], f.c), one(s.clean[podMode], f.c))
+	}
+	return b.String()
 }

@@ -71,7 +71,8 @@ type RealKubelet struct {
 
 // RealKubeletOptions configure StartRealKubelet.
 type RealKubeletOptions struct {
-	// PodCIDR is the range of the node's pods; default 10.88.0.0/24.
+	// PodCIDR is the range of the node's pods; default the Node's
+	// (Edge.PodCIDR, with Options.PodCIDRs), else 10.88.0.0/24.
 	PodCIDR netip.Prefix
 }
 
@@ -103,6 +104,9 @@ func (w *World) StartRealKubelet(t testenv.T, e *Edge, opts RealKubeletOptions) 
 	k := &RealKubelet{Edge: e, Dir: dir, ManifestDir: filepath.Join(dir, "manifests"), w: w}
 	if err := os.MkdirAll(k.ManifestDir, 0o755); err != nil {
 		t.Fatalf("%v", err)
+	}
+	if !opts.PodCIDR.IsValid() {
+		opts.PodCIDR = e.PodCIDR
 	}
 	k.Runtime = testenv.StartContainerd(t, e.Host, testenv.ContainerdOptions{Dir: runtimeDir, PodCIDR: opts.PodCIDR})
 

@@ -60,6 +60,24 @@ type Options struct {
 	// apiserver reaches kubelets by InternalIP with a client certificate
 	// of KubeletClientCA and verifies them by KubeletCA.
 	RealKubelets []string
+	// PodCIDRs gives every edge Node a pod range of its own, EdgePodCIDR
+	// of its place in the world (10.244.1.0/24, 10.244.2.0/24, ...),
+	// in spec.podCIDRs (see Edge.PodCIDR). Sites may share a LAN; pod
+	// ranges never repeat.
+	PodCIDRs bool
+}
+
+// EdgePodCIDRs holds every edge's pod range (Options.PodCIDRs): the
+// cluster's pod range as an operator gives it to the gateway.
+var EdgePodCIDRs = netip.MustParsePrefix("10.244.0.0/16")
+
+// EdgePodCIDR is the pod range of the i-th edge of a world (from 0):
+// 10.244.<i+1>.0/24, inside EdgePodCIDRs.
+func EdgePodCIDR(i int) netip.Prefix {
+	if i < 0 || i > 254 {
+		panic(fmt.Sprintf("world: no pod range for edge %d", i))
+	}
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i + 1), 0}), 24)
 }
 
 // World is the running world.
@@ -85,6 +103,7 @@ type World struct {
 
 	gatewayKubeconfig string
 	procs             map[*testenv.Host]*exec.Cmd
+	podCIDRs          bool
 }
 
 // Edge is an edge node of the world.
@@ -98,6 +117,12 @@ type Edge struct {
 	// Kubelet is the stand-in kubelet; nil on a node of
 	// Options.RealKubelets.
 	Kubelet *Kubelet
+	// PodCIDR is the Node's spec.podCIDRs (Options.PodCIDRs), written by
+	// the admin when it made the Node, before any kubelet ran there: as
+	// kube-controller-manager's node IPAM does, never the node's own
+	// credential. A real kubelet's pods get addresses in it. Zero without
+	// Options.PodCIDRs.
+	PodCIDR netip.Prefix
 }
 
 // Binaries are the programs under test.
@@ -146,7 +171,7 @@ func New(t testenv.T, bins Binaries, opts Options, logf func(string, ...any)) *W
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	w := &World{Dir: dir, Bins: bins, procs: map[*testenv.Host]*exec.Cmd{}}
+	w := &World{Dir: dir, Bins: bins, procs: map[*testenv.Host]*exec.Cmd{}, podCIDRs: opts.PodCIDRs}
 
 	cloud := []string{"apiserver", "client"}
 	for i := 1; i <= opts.Gateways; i++ {
@@ -189,10 +214,14 @@ func New(t testenv.T, bins Binaries, opts Options, logf func(string, ...any)) *W
 		for _, h := range site.Hosts {
 			standIn := !slices.Contains(opts.RealKubelets, h.Label)
 			e := w.addEdge(t, ctx, site, h, standIn)
+			pods := ""
+			if e.PodCIDR.IsValid() {
+				pods = ", pods " + e.PodCIDR.String()
+			}
 			if standIn {
-				logf("edge node %s at %s in %s (LAN %s, NAT %s), stand-in kubelet on :%d", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr, KubeletPort)
+				logf("edge node %s at %s in %s (LAN %s, NAT %s%s), stand-in kubelet on :%d", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr, pods, KubeletPort)
 			} else {
-				logf("edge node %s at %s in %s (LAN %s, NAT %s), for a real kubelet", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr)
+				logf("edge node %s at %s in %s (LAN %s, NAT %s%s), for a real kubelet", e.Name, h.Addr, site.Name, site.LAN, site.PublicAddr, pods)
 			}
 		}
 	}
@@ -230,6 +259,11 @@ func (w *World) addEdge(t testenv.T, ctx context.Context, site *testenv.Site, h 
 		Name:   name,
 		Labels: map[string]string{EdgeLabel: "true", PoolLabel: site.Name, corev1.LabelHostname: name},
 	}}
+	if w.podCIDRs {
+		e.PodCIDR = EdgePodCIDR(len(w.Edges))
+		node.Spec.PodCIDR = e.PodCIDR.String()
+		node.Spec.PodCIDRs = []string{e.PodCIDR.String()}
+	}
 	created, err := w.CP.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create node %s: %v", name, err)

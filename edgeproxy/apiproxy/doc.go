@@ -7,6 +7,11 @@
 // Lease renewed locally, pod and node status writes queued and replayed
 // in order when the cloud is back (package writequeue).
 //
+// With PodOptions it also serves the node's pods on a listener of their
+// own (tether-edge's --pod-api-listen, podapi.go): relayed with each
+// pod's own token, never as the node, and offline answered only with
+// what that token's identity read online (package podcache).
+//
 // README.md describes the data flow, how a request is classified, the
 // behaviour of each kind of request online and offline, and the
 // invariants.

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/podcache"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/filter"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
@@ -69,22 +70,31 @@ type edgeSpec struct {
 	pool Pool
 	// components are the cached components (DefaultComponents if nil).
 	components []string
+	// pods runs the pod listener (TLS, a certificate of ca for
+	// 127.0.0.1) at edge.PodAddr, as tether-edge's --pod-api-listen.
+	pods bool
+	// podService are the addresses the kubelet sees as default/kubernetes'
+	// cluster IPs (spec.pods only; none: the Service unchanged).
+	podService []string
 }
 
 // edge is a running proxy, built from the same packages and in the same
 // way as edgeproxy.Run does.
 type edge struct {
-	t      testing.TB
-	spec   edgeSpec
-	Addr   string // 127.0.0.1:port in spec.net
-	Ups    *upstream.Upstreams
-	Store  *cache.Store
-	Proxy  *Proxy
-	Topo   *filter.Filter // spec.topology only
-	Reg    *prometheus.Registry
-	cancel context.CancelFunc
-	done   sync.WaitGroup
-	logs   *lockedBuffer
+	t    testing.TB
+	spec edgeSpec
+	Addr string // 127.0.0.1:port in spec.net
+	// PodAddr is the pod listener's address (spec.pods only).
+	PodAddr  string
+	PodCache *podcache.Cache
+	Ups      *upstream.Upstreams
+	Store    *cache.Store
+	Proxy    *Proxy
+	Topo     *filter.Filter // spec.topology only
+	Reg      *prometheus.Registry
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+	logs     *lockedBuffer
 	// records are the proxy's log records, for tests of what an
 	// operator is told.
 	records *logRecords
@@ -154,9 +164,28 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 	if components == nil {
 		components = DefaultComponents
 	}
+	var pods *PodOptions
+	var podLn net.Listener
+	if spec.pods {
+		if e.PodCache, err = podcache.Open(filepath.Join(spec.dataDir, podcache.FileName), podcache.Options{Logger: log}); err != nil {
+			t.Fatal(err)
+		}
+		pods = &PodOptions{Transport: e.Ups.PodTransport(), Cache: e.PodCache}
+		kp, err := spec.ca.ServerCert("pod-api", "127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if podLn, err = spec.net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		e.PodAddr = podLn.Addr().String()
+		pods.Addresses, pods.Port = spec.podService, int32(podLn.Addr().(*net.TCPAddr).Port)
+		podLn = tls.NewListener(podLn, &tls.Config{Certificates: []tls.Certificate{kp.TLS}, NextProtos: []string{"h2", "http/1.1"}})
+	}
 	e.Proxy, err = New(Options{Upstream: up, Store: e.Store, NodeName: spec.node, Components: components,
 		HeldWatchRecheck: 2 * time.Second, ReleaseJitter: 100 * time.Millisecond,
-		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents, Pool: spec.pool})
+		Logger: log.With("part", "apiproxy"), Registerer: e.Reg, Topology: topo, TopologyComponents: DefaultTopologyComponents, Pool: spec.pool,
+		Pods: pods})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,9 +197,13 @@ func startEdge(t testing.TB, spec edgeSpec) *edge {
 	if e.Topo != nil {
 		e.Topo.Start(ctx)
 	}
-	for _, run := range []func(context.Context) error{
+	runs := []func(context.Context) error{
 		e.Ups.Run, e.Proxy.Run, func(ctx context.Context) error { return e.Proxy.Serve(ctx, ln) },
-	} {
+	}
+	if podLn != nil {
+		runs = append(runs, func(ctx context.Context) error { return e.Proxy.ServePods(ctx, podLn) })
+	}
+	for _, run := range runs {
 		e.done.Add(1)
 		go func() {
 			defer e.done.Done()
@@ -202,6 +235,9 @@ func (e *edge) stop() {
 		e.spec.offline.release()
 	}
 	e.Store.Close()
+	if e.PodCache != nil {
+		e.PodCache.Close()
+	}
 	e.cancel = nil
 }
 

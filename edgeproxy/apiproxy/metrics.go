@@ -34,6 +34,10 @@ type metrics struct {
 	// Service-account tokens (token.go): kept online, served and refused
 	// offline.
 	tokensStored, tokensServed, tokensRefused *prometheus.CounterVec
+	// The pod listener (podapi.go): requests by how served, and pods'
+	// answers that could not be kept for offline use.
+	podRequests      *prometheus.CounterVec
+	podCacheFailures prometheus.Counter
 }
 
 // The queue's metrics (queue_length, queue_replayed_total) are package
@@ -71,10 +75,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		tokensRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_apiserver_tokens_refused_offline_total",
 			Help: "Token requests refused offline, by component and reason: missing, other_uid, expired or unreadable."},
 			[]string{"component", "reason"}),
+		podRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tether_edge_pod_api_requests_total",
+			Help: "Requests of pods on the pod API listener, by how served: cloud, cache, refused or error."},
+			[]string{"served"}),
+		podCacheFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tether_edge_pod_api_cache_failures_total",
+			Help: "Pods' read answers relayed but not kept for offline use (too large, or the disk write failed)."}),
 	}
 	m.bytesUp, m.bytesDown = m.bytes.WithLabelValues("up"), m.bytes.WithLabelValues("down")
 	return m, promreg.Register(reg, m.requests, m.hits, m.misses, m.bytes, m.watchesOpen, m.cacheFailures, m.delegated, m.poolWatchesEnded,
-		m.tokensStored, m.tokensServed, m.tokensRefused)
+		m.tokensStored, m.tokensServed, m.tokensRefused, m.podRequests, m.podCacheFailures)
 }
 
 // countingReader counts the bytes read through it.

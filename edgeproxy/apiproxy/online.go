@@ -50,7 +50,7 @@ func (p *Proxy) forwardRead(w http.ResponseWriter, r *http.Request, req request,
 	var body []byte
 	if req.filtered {
 		// Filters run before the cache: it holds what the client got.
-		if body = p.relayFiltered(w, resp); !cacheIt {
+		if body = p.relayFiltered(w, resp, req.filter); !cacheIt {
 			body = nil
 		}
 	} else {
@@ -232,7 +232,7 @@ func (p *Proxy) forwardWatch(w http.ResponseWriter, r *http.Request, req request
 	}
 	var tw *topoWatch
 	if req.filtered {
-		tw = &topoWatch{p: p, gvr: req.GVR, scope: req.scope, codec: objCodec{proto: mt == runtime.ContentTypeProtobuf},
+		tw = &topoWatch{p: p, filter: req.filter, gvr: req.GVR, scope: req.scope, codec: objCodec{proto: mt == runtime.ContentTypeProtobuf},
 			wc: wc, write: send, hwm: localapi.ParseRV(r.URL.Query().Get("resourceVersion")), sent: map[string]uint64{}}
 		ctx, cancel := context.WithCancel(r.Context())
 		done := make(chan struct{})

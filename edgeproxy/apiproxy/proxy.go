@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
 
+	"github.com/tether-edge/tether/edgeproxy/apiproxy/podcache"
 	"github.com/tether-edge/tether/edgeproxy/apiproxy/writequeue"
 	"github.com/tether-edge/tether/edgeproxy/cache"
 	"github.com/tether-edge/tether/edgeproxy/upstream"
@@ -68,6 +69,9 @@ type Options struct {
 	// the node pool's replica, and takes the node's Lease renewals to the
 	// pool leader while the cloud is unreachable.
 	Pool Pool
+	// Pods, when set, serves pods of the node with their own credentials
+	// (PodHandler, podapi.go).
+	Pods *PodOptions
 	// HeldWatchRecheck is how often a watch held open after its
 	// upstream broke looks whether the cloud answers again though the
 	// health checks never failed, and how often a watch served from the
@@ -128,6 +132,13 @@ type Proxy struct {
 	lastGet sync.Map
 
 	tokenLog tokenLog // token requests whose miss was logged (token.go)
+
+	// The pod listener (podapi.go); podCache is nil when it is off.
+	podCache   *podcache.Cache
+	podRT      http.RoundTripper // counting bytes
+	podReverse *httputil.ReverseProxy
+	podIDs     podIdentities
+	podService *kubernetesService // the kubelet's view of default/kubernetes; nil: unchanged
 }
 
 // New builds the proxy; Run replays queued writes, Serve serves clients.
@@ -180,6 +191,19 @@ func New(o Options) (*Proxy, error) {
 		ErrorHandler: p.proxyError, ErrorLog: errLog}
 	p.upgrade = &httputil.ReverseProxy{Rewrite: rewrite, Transport: &countingTransport{rt: p.up.UpgradeTransport(), m: p.m},
 		FlushInterval: -1, ErrorHandler: p.proxyError, ErrorLog: errLog}
+	if o.Pods != nil {
+		if o.Pods.Transport == nil || o.Pods.Cache == nil {
+			return nil, errors.New("apiproxy: Pods needs a Transport and a Cache")
+		}
+		p.podCache, p.podRT = o.Pods.Cache, &countingTransport{rt: o.Pods.Transport, m: p.m}
+		p.podReverse = p.newPodReverse()
+		if len(o.Pods.Addresses) > 0 {
+			p.podService = &kubernetesService{ips: o.Pods.Addresses, port: o.Pods.Port}
+		}
+		if err := p.loadPodIdentities(); err != nil {
+			return nil, fmt.Errorf("apiproxy: pod identities: %w", err)
+		}
+	}
 	return p, nil
 }
 
@@ -211,12 +235,18 @@ func (p *Proxy) Run(ctx context.Context) error { return p.queue.Run(ctx) }
 // Serve serves clients on ln until ctx ends; requests in flight (held
 // watches too) end with ctx.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	return serveHTTP(ctx, ln, p, p.log, "apiserver proxy")
+}
+
+// serveHTTP serves h on ln until ctx ends; requests in flight end with
+// ctx.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logger, what string) error {
 	srv := &http.Server{
-		Handler:           p,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       90 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	done := make(chan struct{})
 	go func() {
@@ -233,7 +263,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
-	return fmt.Errorf("apiserver proxy: %w", err)
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // startReadWait bounds how long a read of a cached component waits, at
@@ -270,7 +300,7 @@ func (p *Proxy) waitKnown(r *http.Request, req request) {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, req request) string {
 	healthy := p.up.Healthy()
 	pool := req.pool && p.pool.Serves(req.GVR, healthy)
-	if req.filtered && (healthy || pool) && !p.topo.WaitSynced(r.Context(), topologySyncWait) {
+	if req.filtered && (healthy || pool) && !req.filter.WaitSynced(r.Context(), topologySyncWait) {
 		topologyNotSynced(w)
 		return servedRefused
 	}

@@ -58,8 +58,11 @@ type request struct {
 	// whose reads are not cached and that is not one of the defaults.
 	label string
 	// filtered: a get, list or watch of EndpointSlices or Endpoints by a
-	// topology component, filtered before the cache (topology.go).
+	// topology component, or of Services by the kubelet while the pod
+	// listener is on, filtered before the cache by filter (topology.go,
+	// podservice.go).
 	filtered bool
+	filter   Topology
 	// pool: a list or watch that the node pool's replica answers while
 	// it serves the resource (viapool.go).
 	pool bool
@@ -95,7 +98,13 @@ func (p *Proxy) classify(r *http.Request) request {
 	}
 	req.cacheWrites = p.cached[req.comp]
 	cacheable := cacheable(req.Request, r)
-	req.filtered = cacheable && p.topo != nil && p.topoComps[req.comp] && (req.GVR == endpointSlicesGVR || req.GVR == endpointsGVR)
+	switch {
+	case !cacheable:
+	case p.topo != nil && p.topoComps[req.comp] && (req.GVR == endpointSlicesGVR || req.GVR == endpointsGVR):
+		req.filtered, req.filter = true, p.topo
+	case p.podService != nil && in == nil && req.comp == "kubelet" && req.GVR == servicesGVR:
+		req.filtered, req.filter = true, p.podService
+	}
 	cached := cacheable && (caches || req.filtered)
 	req.pool = cached && p.pool != nil && (in == nil || !in.NotFromPool) &&
 		(req.Verb == localapi.VerbList || req.Verb == localapi.VerbWatch)

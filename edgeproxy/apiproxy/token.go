@@ -131,6 +131,7 @@ func tokenKeyOf(contentType string, body []byte, req request) (cache.TokenKey, e
 func (p *Proxy) keepToken(req request, key cache.TokenKey, contentType string, answer []byte) {
 	t, err := tokenOf(key, contentType, answer, p.clock.Now())
 	if err == nil {
+		p.indexToken(t) // the pod listener's ledger, in memory
 		err = p.store.PutToken(req.comp, t)
 	}
 	if err != nil {
@@ -272,6 +273,7 @@ func (wc *watchCacher) podDeleted(o *localapi.Object) {
 		}
 	}
 	wc.p.store.ForgetTokens(o.UID)
+	wc.p.podIDs.forgetUID(o.UID)
 }
 
 // tokenLog remembers the requests whose miss was logged, so that the

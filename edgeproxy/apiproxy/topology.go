@@ -102,7 +102,7 @@ func (c objCodec) encode(obj runtime.Object) ([]byte, error) {
 
 // filterBody filters a get or list answer of endpoints, and records the
 // unfiltered objects for later re-sending.
-func (p *Proxy) filterBody(contentType string, body []byte) ([]byte, error) {
+func (p *Proxy) filterBody(contentType string, body []byte, f Topology) ([]byte, error) {
 	c := objCodec{proto: mediaType(contentType) == runtime.ContentTypeProtobuf}
 	obj, err := c.decode(body)
 	if err != nil {
@@ -115,14 +115,14 @@ func (p *Proxy) filterBody(contentType string, body []byte) ([]byte, error) {
 		}
 		for _, it := range items {
 			p.topoObjs.put(it.DeepCopyObject())
-			p.topo.Apply(it)
+			f.Apply(it)
 		}
 		if err := meta.SetList(obj, items); err != nil {
 			return nil, err
 		}
 	} else {
 		p.topoObjs.put(obj.DeepCopyObject())
-		p.topo.Apply(obj)
+		f.Apply(obj)
 	}
 	b, err := c.encode(obj)
 	if err == nil && !c.proto {
@@ -133,7 +133,7 @@ func (p *Proxy) filterBody(contentType string, body []byte) ([]byte, error) {
 
 // relayFiltered reads a whole get or list answer, filters it and writes
 // it to the client; it returns the filtered body for the cache.
-func (p *Proxy) relayFiltered(w http.ResponseWriter, resp *http.Response) []byte {
+func (p *Proxy) relayFiltered(w http.ResponseWriter, resp *http.Response, f Topology) []byte {
 	mt := mediaType(resp.Header.Get("Content-Type"))
 	if resp.StatusCode != http.StatusOK || (mt != runtime.ContentTypeJSON && mt != runtime.ContentTypeProtobuf) {
 		p.relay(w, resp, clientOnly)
@@ -144,7 +144,7 @@ func (p *Proxy) relayFiltered(w http.ResponseWriter, resp *http.Response) []byte
 		err = errors.New("answer too large to filter")
 	}
 	if err == nil {
-		body, err = p.filterBody(resp.Header.Get("Content-Type"), body)
+		body, err = p.filterBody(resp.Header.Get("Content-Type"), body, f)
 	}
 	if err != nil {
 		p.log.Warn("topology filter failed", "err", err)
@@ -240,11 +240,12 @@ func (s *topoObjects) affected(gvr schema.GroupVersionResource, c filter.Change,
 // and, when the filter's state changes, sends the affected objects again
 // as MODIFIED.
 type topoWatch struct {
-	p     *Proxy
-	gvr   schema.GroupVersionResource
-	scope cache.Scope
-	codec objCodec
-	wc    *watchCacher
+	p      *Proxy
+	filter Topology
+	gvr    schema.GroupVersionResource
+	scope  cache.Scope
+	codec  objCodec
+	wc     *watchCacher
 
 	mu    sync.Mutex // held while writing to the client and caching what was written
 	write func([]byte) error
@@ -327,7 +328,7 @@ func (tw *topoWatch) filterEvent(ev []byte) ([]byte, error) {
 // encodeEvent filters obj and encodes it as an event of the stream; it
 // records what was sent and returns whether it differs from the last.
 func (tw *topoWatch) encodeEvent(typ string, obj runtime.Object) ([]byte, bool, error) {
-	tw.p.topo.Apply(obj)
+	tw.filter.Apply(obj)
 	b, err := tw.codec.encode(obj)
 	if err != nil {
 		return nil, false, err
@@ -383,7 +384,7 @@ func (tw *topoWatch) resend(c filter.Change) error {
 
 // run re-sends on every change of the filter's state until ctx ends.
 func (tw *topoWatch) run(ctx context.Context) {
-	ch, stop := tw.p.topo.Subscribe()
+	ch, stop := tw.filter.Subscribe()
 	defer stop()
 	for {
 		select {

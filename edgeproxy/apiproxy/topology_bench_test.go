@@ -62,7 +62,7 @@ func BenchmarkFilterEvent(b *testing.B) {
 			b.Run(fmt.Sprintf("keys=%s/%s", keys, c.name), func(b *testing.B) {
 				st := benchState{keys: keys}
 				p := &Proxy{topo: benchTopology{filter.Topology{Node: "node-7", Services: st, Pools: st}}, log: slog.New(slog.DiscardHandler)}
-				tw := &topoWatch{p: p, gvr: endpointSlicesGVR, codec: objCodec{proto: c.proto}, sent: map[string]uint64{},
+				tw := &topoWatch{p: p, filter: p.topo, gvr: endpointSlicesGVR, codec: objCodec{proto: c.proto}, sent: map[string]uint64{},
 					write: func(ev []byte) error { _, err := io.Discard.Write(ev); return err }}
 				b.ReportAllocs()
 				b.SetBytes(int64(len(c.ev)))

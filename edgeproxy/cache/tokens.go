@@ -293,3 +293,28 @@ const (
 	tokenDroppedPodDeleted = "pod_deleted"
 	tokenDroppedCap        = "bound"
 )
+
+// Tokens returns every token stored, of every component (the pod
+// listener's ledger of identities is built from them at start).
+func (s *Store) Tokens() ([]Token, error) {
+	var out []Token
+	err := s.db.View(func(tx *bolt.Tx) error {
+		tb := tx.Bucket(bucketTokens)
+		if tb == nil {
+			return nil
+		}
+		return tb.ForEachBucket(func(comp []byte) error {
+			return tb.Bucket(comp).ForEach(func(_, v []byte) error {
+				var t Token
+				if json.Unmarshal(v, &t) == nil { // copies the bytes
+					out = append(out, t)
+				}
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read cache: %w", err)
+	}
+	return out, nil
+}

@@ -36,9 +36,25 @@ type Options struct {
 	// Certificate supplies the node's client certificate for each new
 	// connection (tether-edge gives package identity's Cert.GetClientCertificate).
 	Certificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
-	// AllowPorts are the destination ports the edge dials.
+	// AllowPorts are the ports the edge dials on its own addresses and
+	// loopback.
 	AllowPorts []uint16
+	// Pods, if set, knows the node's pod ranges and pods: the edge then
+	// also dials the pods of this node, on the ports AllowPodPorts or
+	// their tether.io/tunnel-ports annotation allow. nil: pods are not
+	// dialled.
+	Pods PodSource
+	// AllowPodPorts is --allow-pod-ports (ParsePodPorts); "" is
+	// "declared".
+	AllowPodPorts string
 
+	// MaxServiceStreams bounds the service streams (DialService) the edge
+	// has open toward one gateway replica; more are tried on the next
+	// replica, or refused as Overloaded. It should not exceed the
+	// gateways' --max-service-streams-per-edge: past it, a service stream
+	// would wait for a place the edge's heartbeats, elections and pool
+	// feed need. Default DefaultMaxServiceStreams (256).
+	MaxServiceStreams int
 	// MaxStreams bounds the streams being relayed at once, over all
 	// gateways; more are refused as Overloaded. Default Limits.MaxStreams
 	// (1024).
@@ -79,6 +95,7 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	o.Limits.MaxStreams = cmpOr(o.Limits.MaxStreams, 1024)
 	o.MaxStreams = cmpOr(o.MaxStreams, int(o.Limits.MaxStreams))
+	o.MaxServiceStreams = cmpOr(o.MaxServiceStreams, DefaultMaxServiceStreams)
 	o.HeaderTimeout = cmpOr(o.HeaderTimeout, 5*time.Second)
 	o.DialTimeout = cmpOr(o.DialTimeout, 5*time.Second)
 	o.HeartbeatTimeout = cmpOr(o.HeartbeatTimeout, 5*time.Second)
@@ -150,11 +167,18 @@ func New(o Options) (*Client, error) {
 	if len(o.AllowPorts) == 0 {
 		return nil, errors.New("no allowed ports")
 	}
+	podPorts := DefaultPodPorts
+	if o.AllowPodPorts != "" {
+		if podPorts, err = ParsePodPorts(o.AllowPodPorts); err != nil {
+			return nil, fmt.Errorf("allowed pod ports: %w", err)
+		}
+	}
 	c := &Client{
 		opts:     o,
 		targets:  targets,
 		quicConf: tunnel.QUICConfig(o.Limits),
-		allow:    &allowList{ports: slices.Clone(o.AllowPorts), src: o.LocalAddrs, clock: o.Clock, log: o.Logger},
+		allow: &allowList{ports: slices.Clone(o.AllowPorts), src: o.LocalAddrs, clock: o.Clock, log: o.Logger,
+			pods: o.Pods, podPorts: podPorts},
 		slots:    make(chan struct{}, o.MaxStreams),
 		dialer:   o.Dialer,
 		clock:    o.Clock,
@@ -216,8 +240,9 @@ func (c *Client) reconcile(ctx context.Context, want map[netip.AddrPort]endpoint
 		rctx, cancel := context.WithCancel(ctx)
 		r := &replica{
 			c: c, ep: ep, cancel: cancel, done: make(chan struct{}), rotate: make(chan struct{}, 1),
-			log:   c.log.With("gateway", addr.String()),
-			since: c.clock.Now(),
+			serviceSlots: make(chan struct{}, c.opts.MaxServiceStreams),
+			log:          c.log.With("gateway", addr.String()),
+			since:        c.clock.Now(),
 		}
 		c.replicas[addr] = r
 		r.log.Info("gateway replica added", "entry", ep.target.String())

@@ -27,6 +27,9 @@ type replica struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	rotate chan struct{} // Client.Rotate: hand over to a new connection
+	// serviceSlots holds one token per service stream open toward this
+	// replica (DialService).
+	serviceSlots chan struct{}
 	// draining counts connections handed over and still relaying; run
 	// waits for them before it is done.
 	draining sync.WaitGroup

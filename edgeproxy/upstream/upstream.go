@@ -62,6 +62,7 @@ type Upstreams struct {
 	rt      http.RoundTripper // HTTP/2
 	reads   http.RoundTripper // HTTP/1.1 for gets and lists (Reads)
 	upgrade http.RoundTripper // HTTP/1.1
+	pod     *podTransport     // pods' requests: no credential of the node
 	health  HealthOptions
 	clock   clock.WithTicker
 	log     *slog.Logger
@@ -113,6 +114,7 @@ func New(o Options) (*Upstreams, error) {
 	}
 	u.pools = newPools(o)
 	u.rt, u.reads, u.upgrade = &u.pools.h2, &u.pools.reads, &u.pools.h1
+	u.pod = newPodTransport(o)
 	if o.BearerToken != "" {
 		u.rt = &bearer{token: o.BearerToken, rt: u.rt}
 		u.reads = &bearer{token: o.BearerToken, rt: u.reads}
@@ -449,4 +451,40 @@ func (u *Upstreams) Status() []statusapi.Upstream {
 		s.mu.Unlock()
 	}
 	return out
+}
+
+// PodTransport carries requests of pods (tether-edge's pod listener) to
+// the same servers, verified by the same roots, with the pod's own
+// Authorization header and no credential of the node: no client
+// certificate (kube-apiserver tries x509 before bearer tokens, so a
+// connection that showed the node's certificate would run every pod
+// request as the node) and no bearer token of the node. Protocol upgrades
+// go over HTTP/1.1, everything else over HTTP/2 where the server agrees.
+func (u *Upstreams) PodTransport() http.RoundTripper { return u.pod }
+
+// podTransport routes upgrades to its HTTP/1.1 transport.
+type podTransport struct {
+	h2, h1 *http.Transport
+}
+
+func newPodTransport(o Options) *podTransport {
+	tlsConf := &tls.Config{}
+	if o.TLS != nil {
+		tlsConf = o.TLS.Clone()
+	}
+	tlsConf.Certificates, tlsConf.GetClientCertificate = nil, nil
+	o.TLS = tlsConf
+	h2, h1 := newTransports(o)
+	return &podTransport{h2: h2, h1: h1}
+}
+
+func (t *podTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	for _, c := range r.Header.Values("Connection") {
+		for _, tok := range strings.Split(c, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return t.h1.RoundTrip(r)
+			}
+		}
+	}
+	return t.h2.RoundTrip(r)
 }

@@ -292,3 +292,69 @@ func withClientCert(t *testing.T, srv *httptest.Server) (u *Upstreams, use func(
 	}
 	return u, use
 }
+
+// TestPodTransportNoClientCert: the pods' transport shows the server no
+// client certificate and adds no credential of the node, whatever the
+// node's transports present; the pod's own Authorization header passes.
+func TestPodTransportNoClientCert(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cn := "none"
+		if len(r.TLS.PeerCertificates) > 0 {
+			cn = r.TLS.PeerCertificates[0].Subject.CommonName
+		}
+		fmt.Fprintf(w, "%s|%s", cn, r.Header.Get("Authorization"))
+	}))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	srv.StartTLS()
+	defer srv.Close()
+	ca := testenv.MustCA(t, "upstream-test")
+	kp, err := ca.ClientCert("system:node:edge-1", "system:nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	for _, o := range []Options{
+		{TLS: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{kp.TLS}}},
+		{TLS: &tls.Config{RootCAs: roots, GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &kp.TLS, nil }}},
+		{TLS: &tls.Config{RootCAs: roots}, BearerToken: "node-token"},
+	} {
+		o.Servers = []string{srv.URL}
+		u, err := New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ask := func(rt http.RoundTripper, auth string, upgrade bool) string {
+			t.Helper()
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/namespaces/a/configmaps", nil)
+			if auth != "" {
+				req.Header.Set("Authorization", auth)
+			}
+			if upgrade {
+				req.Header.Set("Connection", "Upgrade")
+				req.Header.Set("Upgrade", "SPDY/3.1")
+			}
+			resp, err := rt.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return string(b)
+		}
+		if got := ask(u.Transport(), "", false); got == "none|" {
+			t.Fatalf("the node's transport presents no credential (%q): the test proves nothing", got)
+		}
+		for _, upgrade := range []bool{false, true} {
+			if got := ask(u.PodTransport(), "Bearer pod-token", upgrade); got != "none|Bearer pod-token" {
+				t.Errorf("pod transport (upgrade %v): the server saw %q, want no client certificate and the pod's token", upgrade, got)
+			}
+			if got := ask(u.PodTransport(), "", upgrade); got != "none|" {
+				t.Errorf("pod transport without a token (upgrade %v): the server saw %q, want no credential", upgrade, got)
+			}
+		}
+		u.PodTransport().(*podTransport).h2.CloseIdleConnections()
+		u.PodTransport().(*podTransport).h1.CloseIdleConnections()
+		u.Rotate()
+	}
+}

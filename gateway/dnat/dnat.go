@@ -171,6 +171,11 @@ func (r *Reconciler) desired(s *nodewatch.Snapshot) netrules.Desired {
 			d.Edges[name] = addrs
 		}
 	}
+	// Pod ranges (nodewatch.ResolvePods), on every TCP port: the edge
+	// decides which of its pods' ports it dials.
+	if pods := s.Pods.ByNode(); len(pods) > 0 {
+		d.PodRanges = pods
+	}
 	return d
 }
 

@@ -304,3 +304,31 @@ func TestVIPForgedAnnotationReplaced(t *testing.T) {
 		t.Errorf("rules for %v, want %v", d.Edges, want)
 	}
 }
+
+// TestRulesForRoutedPodRanges: the pod ranges the snapshot routes are
+// redirected, on every port, and nothing of a refused range.
+func TestRulesForRoutedPodRanges(t *testing.T) {
+	fake := &netrules.Fake{}
+	r, _ := start(t, Options{Rules: fake, Mode: nodewatch.ModeNodeIP, Ports: []uint16{10250}, ProxyPort: 10263})
+	s := snapshot(
+		nodewatch.Node{Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{a1}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}},
+		nodewatch.Node{Name: "edge-2", Edge: true, InternalIPs: []netip.Addr{a2}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}},
+		nodewatch.Node{Name: "cloud-1", InternalIPs: []netip.Addr{c1}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}},
+	)
+	s.Pods = nodewatch.ResolvePods(s.Nodes, nodewatch.PodPolicy{Ranges: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}, nil, nil)
+	r.Update(s)
+	testenv.Eventually(t, "rules applied", func() bool { _, ok := fake.Desired(); return ok })
+	d, _ := fake.Desired()
+	want := map[string][]netip.Prefix{"edge-1": {netip.MustParsePrefix("10.244.1.0/24")}}
+	if !maps.EqualFunc(d.PodRanges, want, slices.Equal) {
+		t.Errorf("pod ranges %v, want only edge-1's (edge-2's overlaps a cloud node's)", d.PodRanges)
+	}
+	for _, tc := range []struct {
+		dst        string
+		redirected bool
+	}{{"10.244.1.7:9100", true}, {"10.244.1.7:22", true}, {"10.244.0.7:9100", false}} {
+		if _, got := fake.Trace(netip.MustParseAddrPort(tc.dst)); got != tc.redirected {
+			t.Errorf("%s redirected: %v, want %v", tc.dst, got, tc.redirected)
+		}
+	}
+}

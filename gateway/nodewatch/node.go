@@ -81,6 +81,11 @@ type Node struct {
 	// tether.io/registered-addresses annotation: those the Node registered
 	// with, or that the operator pinned.
 	Registered []netip.Addr
+	// PodCIDRs are the node's pod ranges (spec.podCIDRs, or spec.podCIDR
+	// when that is all there is), masked: set by the control plane (node
+	// IPAM) or the operator, never by the node (node-admission.yaml).
+	// Pods' status IPs, which the node writes, are never read.
+	PodCIDRs []netip.Prefix
 }
 
 // Reach returns the addresses that reach the node in the given mode: for an
@@ -101,7 +106,7 @@ func (n Node) Reach(mode Mode) []netip.Addr {
 func (n Node) Equal(o Node) bool {
 	return n.Name == o.Name && n.Edge == o.Edge && n.Pool == o.Pool &&
 		n.VIP == o.VIP && slices.Equal(n.InternalIPs, o.InternalIPs) && slices.Equal(n.ExternalIPs, o.ExternalIPs) &&
-		slices.Equal(n.Registered, o.Registered)
+		slices.Equal(n.Registered, o.Registered) && slices.Equal(n.PodCIDRs, o.PodCIDRs)
 }
 
 // fromObject converts a Node object. The returned warning is non-empty when
@@ -142,7 +147,31 @@ func fromObject(obj *corev1.Node, edge labels.Selector) (n Node, warning string)
 			}
 		}
 	}
+	n.PodCIDRs, w = podCIDRs(obj.Spec)
+	warning = join(warning, w)
 	return n, warning
+}
+
+// podCIDRs returns the parsed, masked, de-duplicated pod ranges of spec.
+func podCIDRs(spec corev1.NodeSpec) (out []netip.Prefix, warning string) {
+	list := spec.PodCIDRs
+	if len(list) == 0 && spec.PodCIDR != "" {
+		list = []string{spec.PodCIDR}
+	}
+	for _, s := range list {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || p.Addr().Zone() != "" {
+			warning = join(warning, fmt.Sprintf("invalid pod range %q", s))
+			continue
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		if p = p.Masked(); p.IsValid() && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out, warning
 }
 
 // addresses returns the parsed, de-duplicated addresses of one type.

@@ -11,6 +11,9 @@ type Snapshot struct {
 	// Set in every snapshot the watcher publishes; read it through
 	// Routing.
 	Routes *Routes
+	// Pods says which edge node each pod range reaches (ResolvePods);
+	// nil routes none. Set in every snapshot the watcher publishes.
+	Pods *PodRoutes
 	// Version increases with every published change; the empty snapshot
 	// returned before the first sync has Version 0.
 	Version uint64

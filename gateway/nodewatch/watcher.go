@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -52,6 +53,9 @@ type Options struct {
 	// Policy decides which addresses edge nodes may be reached at (mode,
 	// ranges); the zero Policy is node-ip mode with no range limit.
 	Policy Policy
+	// PodPolicy decides which pod ranges of edge nodes are routed; the
+	// zero PodPolicy routes none.
+	PodPolicy PodPolicy
 	// GatewayHost returns the gateway host's own addresses, which are
 	// never routed to an edge; nil skips that check (tests on loopback).
 	GatewayHost func() ([]netip.Addr, error)
@@ -71,8 +75,9 @@ type Watcher struct {
 	*metrics // its address refusals; the Watcher is their Collector
 	// Touched only by the publisher: the gateway host's addresses as last
 	// read, and the refusals of the last published snapshot.
-	local   []netip.Addr
-	refused map[Refusal]bool
+	local      []netip.Addr
+	refused    map[Refusal]bool
+	podRefused map[PodRefusal]bool
 
 	snap   atomic.Pointer[Snapshot]
 	synced chan struct{} // closed once the first snapshot is published
@@ -99,16 +104,17 @@ func New(client kubernetes.Interface, opts Options) *Watcher {
 		opts.HostCheckEvery = 30 * time.Second
 	}
 	w := &Watcher{
-		client:  client,
-		edge:    opts.EdgeSelector,
-		log:     opts.Logger,
-		resync:  opts.ResyncPeriod,
-		opts:    opts,
-		synced:  make(chan struct{}),
-		kick:    make(chan struct{}, 1),
-		nodes:   make(map[string]Node),
-		refused: map[Refusal]bool{},
-		metrics: newMetrics(),
+		client:     client,
+		edge:       opts.EdgeSelector,
+		log:        opts.Logger,
+		resync:     opts.ResyncPeriod,
+		opts:       opts,
+		synced:     make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		nodes:      make(map[string]Node),
+		refused:    map[Refusal]bool{},
+		podRefused: map[PodRefusal]bool{},
+		metrics:    newMetrics(),
 	}
 	if w.edge == nil {
 		w.edge = DefaultEdgeSelector()
@@ -195,6 +201,7 @@ func trim(obj any) (any, error) {
 			Labels:          n.Labels,
 			Annotations:     n.Annotations,
 		},
+		Spec:   corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 		Status: corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}, nil
 }
@@ -275,10 +282,12 @@ func (w *Watcher) publishLoop(ctx context.Context) {
 		if w.dirty || hostChanged || snap.Version == 0 {
 			nodes := maps.Clone(w.nodes)
 			routes := Resolve(nodes, w.opts.Policy, w.local, snap.Routes)
-			snap = &Snapshot{Nodes: nodes, Routes: routes, Version: snap.Version + 1}
+			pods := ResolvePods(nodes, w.opts.PodPolicy, w.local, routes)
+			snap = &Snapshot{Nodes: nodes, Routes: routes, Pods: pods, Version: snap.Version + 1}
 			w.dirty = false
 			w.snap.Store(snap)
 			w.reportRefusals(routes)
+			w.reportPodRefusals(pods)
 		}
 		subs := slices.Clone(w.subs)
 		w.mu.Unlock()
@@ -322,25 +331,53 @@ func (w *Watcher) readHost() bool {
 // reportRefusals logs and counts the refusals of routes that the previous
 // snapshot did not have, logs the ones that ended, and sets the gauges.
 func (w *Watcher) reportRefusals(routes *Routes) {
-	now := make(map[Refusal]bool, len(routes.Refused()))
-	counts := map[Reason]int{}
-	for _, r := range routes.Refused() {
-		now[r] = true
-		counts[r.Reason]++
-		if w.refused[r] {
-			continue
-		}
-		w.refusalsTotal.WithLabelValues(string(r.Reason)).Inc()
-		w.log.Warn("not routing an address an edge node claims", "node", r.Node, "address", r.Addr,
-			"reason", string(r.Reason), "holder", r.Holder)
-	}
-	for r := range w.refused {
-		if !now[r] {
+	w.refused = report(w.refused, routes.Refused(), Reasons(), w.refusalsNow, w.refusalsTotal,
+		func(r Refusal) Reason { return r.Reason },
+		func(r Refusal) {
+			w.log.Warn("not routing an address an edge node claims", "node", r.Node, "address", r.Addr,
+				"reason", string(r.Reason), "holder", r.Holder)
+		},
+		func(r Refusal) {
 			w.log.Info("address refusal ended", "node", r.Node, "address", r.Addr, "reason", string(r.Reason))
+		})
+}
+
+// reportPodRefusals does for pod ranges what reportRefusals does for
+// addresses.
+func (w *Watcher) reportPodRefusals(pods *PodRoutes) {
+	w.podRefused = report(w.podRefused, pods.Refused(), PodReasons(), w.podRefusalsNow, w.podRefusalsTotal,
+		func(r PodRefusal) Reason { return r.Reason },
+		func(r PodRefusal) {
+			w.log.Warn("not routing an edge node's pod range", "node", r.Node, "range", r.Prefix,
+				"reason", string(r.Reason), "with", r.With)
+		},
+		func(r PodRefusal) {
+			w.log.Info("pod range refusal ended", "node", r.Node, "range", r.Prefix, "reason", string(r.Reason))
+		})
+}
+
+// report counts and logs (began) each refusal of refused that was not in
+// before, logs (ended) each of before that is gone, sets the gauge per
+// reason, and returns the refusals now in force.
+func report[R comparable](before map[R]bool, refused []R, reasons []Reason, gauge *prometheus.GaugeVec,
+	total *prometheus.CounterVec, reason func(R) Reason, began, ended func(R)) map[R]bool {
+	now := make(map[R]bool, len(refused))
+	counts := map[Reason]int{}
+	for _, r := range refused {
+		now[r] = true
+		counts[reason(r)]++
+		if !before[r] {
+			total.WithLabelValues(string(reason(r))).Inc()
+			began(r)
 		}
 	}
-	w.refused = now
-	for _, reason := range Reasons() {
-		w.refusalsNow.WithLabelValues(string(reason)).Set(float64(counts[reason]))
+	for r := range before {
+		if !now[r] {
+			ended(r)
+		}
 	}
+	for _, rs := range reasons {
+		gauge.WithLabelValues(string(rs)).Set(float64(counts[rs]))
+	}
+	return now
 }

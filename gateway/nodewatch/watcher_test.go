@@ -109,6 +109,7 @@ func TestTrim(t *testing.T) {
 		addr(corev1.NodeInternalIP, "10.0.0.1"))
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"big"}, SizeBytes: 1 << 30}}
 	n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
+	n.Spec.PodCIDR, n.Spec.PodCIDRs = "10.244.1.0/24", []string{"10.244.1.0/24", "fd10::/64"}
 	out, err := trim(n)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func TestTrim(t *testing.T) {
 	}
 	a, _ := fromObject(n, DefaultEdgeSelector())
 	b, _ := fromObject(tn, DefaultEdgeSelector())
-	if !a.Equal(b) {
+	if !a.Equal(b) || len(b.PodCIDRs) != 2 {
 		t.Errorf("trimmed node converts to %+v, untrimmed to %+v", b, a)
 	}
 	var _ runtime.Object = tn
@@ -226,6 +227,58 @@ func TestWatcherAddressClaims(t *testing.T) {
 	s = waitFor(t, got, func(s *Snapshot) bool { _, ok := s.Routing(ModeNodeIP).Owner(ip("10.1.0.11")); return !ok })
 	if n := metric(t, w, "tether_gateway_address_refusals", "reason=gateway_host"); n != 2 {
 		t.Errorf("gateway_host refusals now: %v, want both claims (%+v)", n, s.Routing(ModeNodeIP).Refused())
+	}
+}
+
+// TestWatcherPodRanges: a published snapshot carries the pod ranges the
+// policy routes; a range the control plane gives a second edge is taken
+// from both, counted once, and given back when the second edge loses it.
+func TestWatcherPodRanges(t *testing.T) {
+	withPods := func(n *corev1.Node, cidrs ...string) *corev1.Node {
+		n.Spec.PodCIDRs = cidrs
+		return n
+	}
+	client := fake.NewClientset(
+		withPods(node("edge-a", map[string]string{EdgeLabel: "true"}, nil, addr(corev1.NodeInternalIP, "192.168.1.10")), "10.244.1.0/24"),
+		withPods(node("edge-b", map[string]string{EdgeLabel: "true"}, nil, addr(corev1.NodeInternalIP, "192.168.1.10")), "10.244.2.0/24"),
+	)
+	w := New(client, Options{PodPolicy: PodPolicy{Ranges: pfx("10.244.0.0/16")}})
+	got := make(chan *Snapshot, 100)
+	w.Subscribe(func(s *Snapshot) { got <- s })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	s := next(t, got)
+	if n, _, _ := s.Pods.Owner(ip("10.244.2.9")); n != "edge-b" {
+		t.Fatalf("owner of 10.244.2.9 after sync: %q, want edge-b", n)
+	}
+	nodes := client.CoreV1().Nodes()
+	b, _ := nodes.Get(ctx, "edge-b", metav1.GetOptions{})
+	b.Spec.PodCIDRs = []string{"10.244.1.0/24"}
+	if _, err := nodes.Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s = waitFor(t, got, func(s *Snapshot) bool { return len(s.Pods.Refused()) == 2 })
+	if n, _, ok := s.Pods.Owner(ip("10.244.1.9")); ok {
+		t.Errorf("a contested range still reaches %s", n)
+	}
+	if n := metric(t, w, "tether_gateway_pod_range_refusals", "reason=conflict"); n != 2 {
+		t.Errorf("pod range conflicts now: %v, want 2", n)
+	}
+	b.Spec.PodCIDRs = []string{"10.244.3.0/24"}
+	if _, err := nodes.Update(ctx, b, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s = waitFor(t, got, func(s *Snapshot) bool { return len(s.Pods.Refused()) == 0 })
+	if n, _, _ := s.Pods.Owner(ip("10.244.1.9")); n != "edge-a" {
+		t.Errorf("owner of 10.244.1.9 after the contest ended: %q, want edge-a", n)
+	}
+	if n := metric(t, w, "tether_gateway_pod_range_refusals_total", "reason=conflict"); n != 2 {
+		t.Errorf("pod range conflicts counted %v times, want 2 (one per claimant)", n)
 	}
 }
 

@@ -335,7 +335,11 @@ func (p *Proxy) route(tc *net.TCPConn, listenPort uint16) (_ target, reason stri
 	}
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	if r, ok := routes.addr(dst.Addr()); ok {
-		return target{node: r.node, dest: netip.AddrPortFrom(r.dial, dst.Port()), conn: tc, by: "address"}, "", nil
+		by := "address"
+		if r.pod {
+			by = "pod range"
+		}
+		return target{node: r.node, dest: netip.AddrPortFrom(r.dial, dst.Port()), conn: tc, by: by}, "", nil
 	}
 
 	tc.SetReadDeadline(time.Now().Add(p.opts.PeekTimeout))

@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -344,6 +345,45 @@ func TestProxyRoutesByOriginalDestination(t *testing.T) {
 				t.Fatalf("edge asked to dial %v", last.Dest)
 			}
 		})
+	}
+}
+
+// TestProxyRoutesPodAddress: a connection to an address in an edge's pod
+// range reaches that edge, which is asked to dial the pod address itself
+// on the original port; an address in no routed range is refused.
+func TestProxyRoutesPodAddress(t *testing.T) {
+	e := newEnv(t)
+	ln, err := net.Listen("tcp", "127.0.9.5:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "pod") })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	podAddr := ln.Addr().(*net.TCPAddr).AddrPort()
+	n := e.snap.Nodes["edge-1"]
+	n.PodCIDRs = prefixes("127.0.9.0/24")
+	e.snap.Nodes["edge-1"] = n
+	e.snap.Pods = nodewatch.ResolvePods(e.snap.Nodes, nodewatch.PodPolicy{Ranges: prefixes("127.0.0.0/8")}, nil, nil)
+	edge := e.edge("edge-1", edgetest.AllowPorts(podAddr.Port()))
+
+	var dst atomic.Value
+	dst.Store(podAddr)
+	_, addr := e.proxy(Options{Mode: nodewatch.ModeNodeIP, OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
+		return dst.Load().(netip.AddrPort), nil
+	}})
+	if body := get(t, e.client(addr), "http://unrelated.example/"); body != "pod" {
+		t.Fatalf("body %q", body)
+	}
+	reqs := edge.Requests()
+	if last := reqs[len(reqs)-1]; last.Dest != podAddr {
+		t.Fatalf("edge asked to dial %v, want the pod address %v", last.Dest, podAddr)
+	}
+	// Outside every routed range, with no name to route by: reset.
+	dst.Store(netip.AddrPortFrom(netip.MustParseAddr("127.0.10.5"), podAddr.Port()))
+	expectReset(t, addr, "GET / HTTP/1.1\r\nHost: unrelated.example\r\n\r\n")
+	if got := len(edge.Requests()); got != len(reqs) {
+		t.Errorf("the edge got %d more requests for an address in no range", got-len(reqs))
 	}
 }
 

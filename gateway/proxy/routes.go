@@ -12,6 +12,7 @@ import (
 type route struct {
 	node string
 	dial netip.Addr
+	pod  bool // dial is an address in the node's pod range
 }
 
 // routes is an immutable index built from one nodewatch Snapshot.
@@ -22,6 +23,11 @@ type routes struct {
 	byAddr map[netip.Addr]route
 	// byName maps each edge node's name to the node.
 	byName map[string]route
+	// pods are the edge nodes' pod ranges (nodewatch.ResolvePods): an
+	// address in one, not in byAddr, reaches that node, which dials the
+	// pod address itself (pod addresses are unique in the cluster, in
+	// either mode).
+	pods *nodewatch.PodRoutes
 	// zones are the DNS zones a name may carry after the node name,
 	// lowercase and without leading or trailing dots.
 	zones []string
@@ -49,6 +55,7 @@ func buildRoutes(snap *nodewatch.Snapshot, mode nodewatch.Mode, zones []string) 
 	rt := &routes{
 		byAddr: make(map[netip.Addr]route, rs.Len()),
 		byName: make(map[string]route),
+		pods:   snap.Pods,
 		zones:  zones,
 	}
 	for name, n := range snap.Nodes {
@@ -68,10 +75,17 @@ func buildRoutes(snap *nodewatch.Snapshot, mode nodewatch.Mode, zones []string) 
 	return rt
 }
 
-// addr returns the route of a destination address.
+// addr returns the route of a destination address: a node's own address
+// (or VIP) first, then the pod range that holds it.
 func (rt *routes) addr(a netip.Addr) (route, bool) {
-	r, ok := rt.byAddr[a.Unmap()]
-	return r, ok
+	a = a.Unmap()
+	if r, ok := rt.byAddr[a]; ok {
+		return r, true
+	}
+	if node, _, ok := rt.pods.Owner(a); ok {
+		return route{node: node, dial: a, pod: true}, true
+	}
+	return route{}, false
 }
 
 // name returns the route of a host name as a client wrote it in SNI or a

@@ -10,7 +10,8 @@
 // A client is admitted when its address lies in an allowed range
 // (--allowed-sources, by default the ranges a VPC uses: RFC 1918, IPv6
 // unique local, loopback) and is none of the edges': not in
-// --edge-cidrs, not an address of an edge Node (nodewatch), not the
+// --edge-cidrs, not an address of an edge Node (nodewatch) nor in its
+// routed pod range (--edge-pod-cidrs), not the
 // address an edge's tunnel comes from (its NAT's public address, which
 // every other host of that shop shares). The edges' addresses win over
 // the allowed ranges, except loopback: an edge or Node on loopback runs on
@@ -52,10 +53,11 @@ const (
 	ReasonEdgeRange  = "edge_range"  // in --edge-cidrs
 	ReasonEdgeNode   = "edge_node"   // an address of an edge Node
 	ReasonEdgeTunnel = "edge_tunnel" // where an edge's tunnel comes from
+	ReasonEdgePod    = "edge_pod"    // in an edge Node's routed pod range
 )
 
 // Reasons are the refusal reasons, for metrics.
-var Reasons = []string{ReasonNotAllowed, ReasonEdgeRange, ReasonEdgeNode, ReasonEdgeTunnel}
+var Reasons = []string{ReasonNotAllowed, ReasonEdgeRange, ReasonEdgeNode, ReasonEdgeTunnel, ReasonEdgePod}
 
 // Defaults for Options.
 const (
@@ -96,6 +98,7 @@ type Filter struct {
 	metrics *metrics
 
 	nodes atomic.Pointer[map[netip.Addr]struct{}] // edge Nodes' addresses
+	pods  atomic.Pointer[nodewatch.PodRoutes]     // edge Nodes' routed pod ranges
 
 	peersMu sync.Mutex // serializes refreshes of peers
 	peers   atomic.Pointer[peerSet]
@@ -171,6 +174,7 @@ func (f *Filter) Update(snap *nodewatch.Snapshot) {
 		}
 	}
 	f.nodes.Store(&addrs)
+	f.pods.Store(snap.Pods)
 }
 
 // Check returns why a client at a is refused, or "" when it is admitted.
@@ -200,6 +204,9 @@ func (f *Filter) Check(a netip.Addr) string {
 	}
 	if _, ok := ps.addrs[a]; ok {
 		return ReasonEdgeTunnel
+	}
+	if _, _, ok := f.pods.Load().Owner(a); ok {
+		return ReasonEdgePod
 	}
 	return f.allowedReason(a)
 }

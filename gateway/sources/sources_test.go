@@ -40,11 +40,14 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Update(&nodewatch.Snapshot{Nodes: map[string]nodewatch.Node{
-		"edge-1":  {Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{netip.MustParseAddr("10.20.0.5")}, ExternalIPs: []netip.Addr{netip.MustParseAddr("172.16.3.3")}},
+	nodes := map[string]nodewatch.Node{
+		"edge-1": {Name: "edge-1", Edge: true, InternalIPs: []netip.Addr{netip.MustParseAddr("10.20.0.5")}, ExternalIPs: []netip.Addr{netip.MustParseAddr("172.16.3.3")},
+			PodCIDRs: prefixes(t, "10.244.1.0/24")},
 		"edge-lo": {Name: "edge-lo", Edge: true, InternalIPs: []netip.Addr{netip.MustParseAddr("127.0.0.2")}},
-		"cloud-1": {Name: "cloud-1", InternalIPs: []netip.Addr{netip.MustParseAddr("10.0.0.7")}},
-	}})
+		"cloud-1": {Name: "cloud-1", InternalIPs: []netip.Addr{netip.MustParseAddr("10.0.0.7")}, PodCIDRs: prefixes(t, "10.244.0.0/24")},
+	}
+	f.Update(&nodewatch.Snapshot{Nodes: nodes,
+		Pods: nodewatch.ResolvePods(nodes, nodewatch.PodPolicy{Ranges: prefixes(t, "10.244.0.0/16")}, nil, nil)})
 	for _, c := range []struct {
 		addr, want string
 	}{
@@ -66,6 +69,8 @@ func TestCheck(t *testing.T) {
 		{"172.16.3.3", ReasonEdgeNode},       // an edge Node's ExternalIP
 		{"10.9.9.9", ReasonEdgeTunnel},       // where an edge's tunnel comes from (a VPN)
 		{"203.0.113.7", ReasonEdgeTunnel},    // a site's NAT: never allowed anyway
+		{"10.244.1.9", ReasonEdgePod},        // an edge pod
+		{"10.244.0.9", ""},                   // a cloud pod, in the same cluster CIDR
 	} {
 		if got := f.Check(netip.MustParseAddr(c.addr)); got != c.want {
 			t.Errorf("Check(%s) = %q, want %q", c.addr, got, c.want)

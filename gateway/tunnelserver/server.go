@@ -48,11 +48,13 @@
 // retired certificate in the moment before its tunnel closes.
 //
 // The gateway opens one stream per proxied TCP connection. An edge may
-// open streams of four kinds only, liveness probes (always answered OK:
+// open streams of five kinds only, liveness probes (always answered OK:
 // see the tunnel package doc), delegated heartbeats (when
 // Options.Heartbeats is set), election record writes (when
-// Options.Elections is) and pool feeds (when Options.PoolFeeds is): at
-// most tunnel.MaxStreamsToGateway at once (QUIC's MaxIncomingStreams).
+// Options.Elections is), pool feeds (when Options.PoolFeeds is) and
+// edge pods' connections to cloud Services (when Options.Services is):
+// at most tunnel.MaxStreamsToGateway at once, Options.ServiceStreams more
+// with Services (QUIC's MaxIncomingStreams).
 // Each must bring its request (tunnel.ReadEdgeRequest) within
 // edgeRequestTimeout; a malformed one, or one of a kind no handler
 // serves, is answered with tunnel.BadRequest. The handler is told the
@@ -147,6 +149,12 @@ type Options struct {
 	Elections  Elections
 	// PoolFeeds, if set, serves the pools' signed feeds to their leaders.
 	PoolFeeds PoolFeeds
+	// Services, if set, connects edge pods to marked cloud Services; an
+	// edge may then open ServiceStreams streams more, and a relayed one
+	// ends after StreamIdle without a byte either way (0: never).
+	Services       Services
+	ServiceStreams int
+	StreamIdle     time.Duration
 	// Retired, if set, says which node certificates are retired (see the
 	// package doc).
 	Retired Retired
@@ -189,6 +197,16 @@ type PoolFeeds interface {
 	ServePoolFeed(ctx context.Context, sender string, req tunnel.PoolFeedRequest, w io.Writer, reply func(tunnel.Reply) error) error
 }
 
+// Services connects edge pods to the cloud Services marked for them
+// (package gateway/edgeservices).
+type Services interface {
+	// Connect answers req from sender, the node named by the edge's
+	// verified client certificate: a connection to an endpoint and an OK
+	// reply, or no connection and a refusal. done, set with a connection,
+	// is called once the relay ends.
+	Connect(ctx context.Context, sender string, req tunnel.ServiceRequest) (conn net.Conn, rep tunnel.Reply, done func())
+}
+
 // poolFeedWriteTimeout bounds one write of a pool feed: a leader that
 // reads nothing for that long is ended.
 const poolFeedWriteTimeout = 30 * time.Second
@@ -223,6 +241,8 @@ type Server struct {
 	heartbeats Heartbeats
 	elections  Elections
 	poolFeeds  PoolFeeds
+	services   Services
+	streamIdle time.Duration
 	retired    Retired
 
 	wg     sync.WaitGroup // connection handlers
@@ -283,6 +303,10 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 	// probes, delegated heartbeats, election record writes and pool
 	// feeds.
 	cfg.MaxIncomingStreams = tunnel.MaxStreamsToGateway
+	if opts.Services != nil {
+		// And the edge pods' connections to cloud Services.
+		cfg.MaxIncomingStreams += int64(max(opts.ServiceStreams, 0))
+	}
 	s := &Server{
 		reg:   reg,
 		udp:   uc,
@@ -301,6 +325,8 @@ func Listen(addr string, reg *registry.Registry, opts Options) (*Server, error) 
 		heartbeats: opts.Heartbeats,
 		elections:  opts.Elections,
 		poolFeeds:  opts.PoolFeeds,
+		services:   opts.Services,
+		streamIdle: opts.StreamIdle,
 		retired:    opts.Retired,
 	}
 	if s.grace <= 0 {
@@ -492,7 +518,7 @@ func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, rem
 	qs.SetReadDeadline(time.Now().Add(edgeRequestTimeout))
 	req, err := tunnel.ReadEdgeRequest(qs)
 	if err == nil && ((req.Delegate != nil && s.heartbeats == nil) || (req.Election != nil && s.elections == nil) ||
-		(req.PoolFeed != nil && s.poolFeeds == nil)) {
+		(req.PoolFeed != nil && s.poolFeeds == nil) || (req.Service != nil && s.services == nil)) {
 		err = fmt.Errorf("%w: this gateway serves no such request", tunnel.ErrBadHeader)
 	}
 	if err != nil {
@@ -517,6 +543,10 @@ func (s *Server) serveEdgeStream(ctx context.Context, qs *quic.Stream, node, rem
 	s.edgeStreams.WithLabelValues(streamServed).Inc()
 	if req.PoolFeed != nil {
 		s.servePoolFeed(ctx, qs, node, *req.PoolFeed, log)
+		return
+	}
+	if req.Service != nil {
+		s.serveService(ctx, qs, node, *req.Service, log)
 		return
 	}
 	hctx, cancel := context.WithTimeout(ctx, edgeHandleTimeout)
@@ -569,6 +599,42 @@ func (s *Server) servePoolFeed(ctx context.Context, qs *quic.Stream, node string
 	}
 	qs.CancelRead(0)
 }
+
+// serveService connects an edge pod to a cloud Service and relays; the
+// dial is bounded by edgeHandleTimeout, the relay by the stream idle
+// timeout.
+func (s *Server) serveService(ctx context.Context, qs *quic.Stream, node string, req tunnel.ServiceRequest, log *slog.Logger) {
+	hctx, cancel := context.WithTimeout(ctx, edgeHandleTimeout)
+	conn, rep, done := s.services.Connect(hctx, node, req)
+	cancel()
+	if conn == nil {
+		s.reply(qs, func(w io.Writer) error { return tunnel.WriteReply(w, rep) }, log)
+		return
+	}
+	defer done()
+	qs.SetWriteDeadline(time.Now().Add(edgeRequestTimeout))
+	if err := tunnel.WriteReply(qs, rep); err != nil {
+		log.Debug("write reply to service stream", "err", err)
+		conn.Close()
+		qs.CancelRead(0)
+		qs.CancelWrite(0)
+		return
+	}
+	qs.SetDeadline(time.Time{})
+	tc, ok := conn.(tunnel.Conn)
+	if !ok {
+		tc = closeWriter{conn}
+	}
+	if err := tunnel.Relay(tc, qs, tunnel.RelayOptions{Idle: s.streamIdle}); err != nil {
+		log.Debug("service relay ended", "service", req.String(), "err", err)
+	}
+}
+
+// closeWriter is a net.Conn without a half-close: ending the write side
+// closes it.
+type closeWriter struct{ net.Conn }
+
+func (c closeWriter) CloseWrite() error { return c.Conn.Close() }
 
 // deadlineWriter writes to a stream, each write within
 // poolFeedWriteTimeout.

@@ -111,6 +111,7 @@ type (
 	Services                   = Typed[*corev1.Service, *corev1.ServiceList]
 	Endpoints                  = Typed[*corev1.Endpoints, *corev1.EndpointsList]
 	Nodes                      = Typed[*corev1.Node, *corev1.NodeList]
+	Pods                       = Typed[*corev1.Pod, *corev1.PodList]
 	EndpointSlices             = Typed[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList]
 	Leases                     = Typed[*coordinationv1.Lease, *coordinationv1.LeaseList]
 	CertificateSigningRequests = Typed[*certificatesv1.CertificateSigningRequest, *certificatesv1.CertificateSigningRequestList]
@@ -138,6 +139,12 @@ func (c *Client) Endpoints(namespace string) *Endpoints {
 func (c *Client) Nodes() *Nodes {
 	return newTyped(c.core, "nodes", "",
 		func() *corev1.Node { return &corev1.Node{} }, func() *corev1.NodeList { return &corev1.NodeList{} })
+}
+
+// Pods in namespace ("": all).
+func (c *Client) Pods(namespace string) *Pods {
+	return newTyped(c.core, "pods", namespace,
+		func() *corev1.Pod { return &corev1.Pod{} }, func() *corev1.PodList { return &corev1.PodList{} })
 }
 
 // EndpointSlices in namespace ("": all).

@@ -35,6 +35,7 @@ var rules = []rule{
 	{"poolstore/feed", []string{"..."}, "the signed feed's contract is a leaf: the gateway signs with it and the edge verifies with it, without the pool's store, bbolt or serving", nil},
 	{"internal/statusapi", []string{"..."}, "the /status contract is a leaf: the programs fill it and its readers import it alone", nil},
 	{"internal/localapi", []string{"gateway/...", "edgeproxy/...", "poolstore/...", "internal/cli"}, "serving kube-apiserver reads from a local store is one engine that the offline cache and the pool replica both use: it knows neither program nor either store", nil},
+	{"internal/edgeaccess", []string{"..."}, "the edge-access mark is a leaf: the gateway and tether-edge read it alike", nil},
 	{"internal/promreg", []string{"..."}, "registering a part's metrics is a leaf: every layer may import it", nil},
 	{"internal/component", []string{"..."}, "the parts' lifecycle (run, stop in order, ready, status) is a leaf: both programs build on it and it knows none of their parts", nil},
 	{"cmd/tetherctl", []string{"gateway/...", "edgeproxy/..."}, "tetherctl reads the programs' /status through internal/statusapi: " +

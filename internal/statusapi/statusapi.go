@@ -29,6 +29,9 @@ type Gateway struct {
 	// AddressRefusals are the addresses edge nodes claim that this replica
 	// does not route to them, with the reason.
 	AddressRefusals []AddressRefusal `json:"addressRefusals,omitempty"`
+	// PodRangeRefusals are the pod ranges of edge nodes that this replica
+	// does not route to them, with the reason.
+	PodRangeRefusals []PodRangeRefusal `json:"podRangeRefusals,omitempty"`
 }
 
 // ConnectedEdge is one edge connected to a gateway replica.
@@ -57,6 +60,18 @@ type AddressRefusal struct {
 	// Holder is, for a conflict, the node the address goes to; "" when it
 	// goes to none.
 	Holder string `json:"holder,omitempty"`
+}
+
+// PodRangeRefusal is one pod range of an edge node (spec.podCIDRs) that
+// the gateway does not route to it.
+type PodRangeRefusal struct {
+	Prefix netip.Prefix `json:"prefix"`
+	Node   string       `json:"node"`
+	// Reason is one of gateway/nodewatch's PodReasons: conflict,
+	// cloud_node, gateway_host, outside_ranges, too_wide.
+	Reason string `json:"reason"`
+	// With names, for a conflict or a cloud node, the other node.
+	With string `json:"with,omitempty"`
 }
 
 // Edge is what tether-edge's /status serves.

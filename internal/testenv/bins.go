@@ -28,6 +28,9 @@ type Bins struct {
 	Pebble string
 	// Helm lints, renders and installs packaging/helm/tether.
 	Helm string
+	// Prometheus is the server (StartPrometheus), built without its web
+	// UI's assets: its HTTP API is all the tests use.
+	Prometheus string
 }
 
 var (
@@ -116,9 +119,10 @@ func parseBins(out []byte) (Bins, error) {
 		Kubectl:               values["KUBECTL"],
 		Pebble:                values["PEBBLE"],
 		Helm:                  values["HELM"],
+		Prometheus:            values["PROMETHEUS"],
 	}
 	var errs []error
-	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "KUBEMARK", "KUBELET", "KUBECTL", "ETCD", "PEBBLE", "HELM"} {
+	for _, key := range []string{"KUBE_APISERVER", "KUBE_PROXY", "KUBE_CONTROLLER_MANAGER", "KUBEMARK", "KUBELET", "KUBECTL", "ETCD", "PEBBLE", "HELM", "PROMETHEUS"} {
 		if values[key] == "" {
 			errs = append(errs, fmt.Errorf("no %s= line", key))
 		}

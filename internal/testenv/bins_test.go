@@ -10,7 +10,7 @@ func TestParseBins(t *testing.T) {
 		"KUBE_CONTROLLER_MANAGER=/c/kube/kube-controller-manager\nKUBEMARK=/c/kube/kubemark\nKUBELET=/c/kube/kubelet\n" +
 		"KUBECTL=/c/kube/kubectl\n" +
 		"ETCD=/c/etcd/etcd\nPEBBLE=/c/pebble/pebble\n" +
-		"HELM=/c/helm/helm\n"
+		"HELM=/c/helm/helm\nPROMETHEUS=/c/prometheus/prometheus\n"
 	b, err := parseBins([]byte(out))
 	if err != nil {
 		t.Fatal(err)
@@ -25,6 +25,7 @@ func TestParseBins(t *testing.T) {
 		Kubectl:               "/c/kube/kubectl",
 		Pebble:                "/c/pebble/pebble",
 		Helm:                  "/c/helm/helm",
+		Prometheus:            "/c/prometheus/prometheus",
 	}
 	if b != want {
 		t.Errorf("parseBins = %+v, want %+v", b, want)

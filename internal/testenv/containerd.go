@@ -46,7 +46,8 @@ type ContainerdOptions struct {
 	// Dir holds containerd's root and state, its socket, runc's state and
 	// the CNI configuration; it must exist.
 	Dir string
-	// PodCIDR is the range the CNI bridge gives pods (host-local IPAM);
+	// PodCIDR is the range the CNI bridge gives pods (host-local IPAM,
+	// with a default route through the bridge, as a cluster's CNI gives);
 	// default 10.88.0.0/24.
 	PodCIDR netip.Prefix
 }
@@ -211,7 +212,7 @@ func (c *Containerd) writeFiles(opts ContainerdOptions) (string, error) {
   "name": "tether-test",
   "plugins": [{
     "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}
   }]
 }
 `, opts.PodCIDR.Masked(), filepath.Join(c.Dir, "cni-ipam"))

@@ -14,8 +14,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
-// KubeProxy is a real kube-proxy (from Binaries) running in nftables mode
-// on a Host, started by StartKubeProxy.
+// KubeProxy is a real kube-proxy (from Binaries) running on a Host, in
+// nftables mode (StartKubeProxy) or another (StartKubeProxyMode).
 type KubeProxy struct {
 	Host *Host
 	// Node is the node it serves (hostnameOverride).
@@ -31,6 +31,14 @@ type KubeProxy struct {
 // kube-proxy); the cleanup stops it, and the namespace takes the rules
 // with it.
 func StartKubeProxy(t T, h *Host, node, server string) *KubeProxy {
+	t.Helper()
+	return StartKubeProxyMode(t, h, node, server, "nftables")
+}
+
+// StartKubeProxyMode is StartKubeProxy in the given mode: "nftables" or
+// "iptables" (its rules then are nat chains KUBE-* of the host's
+// iptables, nft-compat on Debian).
+func StartKubeProxyMode(t T, h *Host, node, server, mode string) *KubeProxy {
 	t.Helper()
 	bins := Binaries(t)
 	dir, err := os.MkdirTemp("", "tether-kube-proxy-")
@@ -50,7 +58,7 @@ func StartKubeProxy(t T, h *Host, node, server string) *KubeProxy {
 	config := filepath.Join(dir, "kube-proxy.yaml")
 	if err := os.WriteFile(config, fmt.Appendf(nil, `apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: nftables
+mode: %s
 hostnameOverride: %s
 clientConnection:
   kubeconfig: %s
@@ -60,9 +68,12 @@ conntrack:
 nftables:
   minSyncPeriod: 0s
   syncPeriod: 30s
+iptables:
+  minSyncPeriod: 0s
+  syncPeriod: 30s
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
-`, node, kubeconfig), 0o644); err != nil {
+`, mode, node, kubeconfig), 0o644); err != nil {
 		t.Fatalf("kube-proxy on %s: %v", h, err)
 	}
 	cmd := h.Start(t, bins.KubeProxy, "--config", config, "--v=2")
