@@ -454,6 +454,9 @@ func printNotes(ctx context.Context, w *world.World, gw *testenv.Host, edge *wor
 			}
 		}
 	}
+	if o.service {
+		printServiceCounters(ctx, gw, edge)
+	}
 	if prof != nil {
 		fmt.Printf("CPU profiles of the first run: %s (e.g. go tool pprof -top %s/tether-gateway-seq.pprof)\n", o.profileDir, o.profileDir)
 	}

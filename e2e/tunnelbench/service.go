@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -105,5 +106,60 @@ func openPodDirect(s *testenv.Session, e *world.Edge) error {
 func dialTo(h *testenv.Host, addr netip.AddrPort) func(context.Context, string, string) (net.Conn, error) {
 	return func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return h.DialContext(ctx, network, net.JoinHostPort(addr.Addr().String(), strconv.Itoa(int(addr.Port()))))
+	}
+}
+
+// svcCounters are the counters printed after the run, which tell that
+// the service mode's connections took the service path and what was
+// refused: tether-edge's and tether-gateway's.
+var svcCounters = []string{
+	"tether_edge_service_streams_total", "tether_edge_service_refusals_total",
+	"tether_gateway_edge_service_streams_total", "tether_gateway_edge_service_refusals_total",
+}
+
+// nonZero is the samples of the counter name in a Prometheus text
+// exposition whose value is not zero, as "name{labels} value", in the
+// exposition's order; "name: none" when there is none.
+func nonZero(exposition, name string) []string {
+	var out []string
+	for _, line := range strings.Split(exposition, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err != nil || v == 0 {
+			continue
+		}
+		out = append(out, line)
+	}
+	if len(out) == 0 {
+		return []string{name + ": none"}
+	}
+	return out
+}
+
+// printServiceCounters prints the non-zero samples of svcCounters from
+// e's and gw's /metrics.
+func printServiceCounters(ctx context.Context, gw *testenv.Host, e *world.Edge) {
+	edgeM, err := world.Get(ctx, e.Host, world.EdgeAdmin("/metrics"))
+	if err != nil {
+		fmt.Printf("service counters: %s /metrics: %v\n", e.Name, err)
+		return
+	}
+	gwM, err := world.Get(ctx, gw, world.GatewayAdmin(gw, "/metrics"))
+	if err != nil {
+		fmt.Printf("service counters: %s /metrics: %v\n", gw.Label, err)
+		return
+	}
+	fmt.Printf("service counters (%s, %s; every request of the service mode, warm-ups included):\n", e.Name, gw.Label)
+	for _, name := range svcCounters {
+		m := edgeM
+		if strings.HasPrefix(name, "tether_gateway_") {
+			m = gwM
+		}
+		for _, l := range nonZero(m, name) {
+			fmt.Printf("  %s\n", l)
+		}
 	}
 }
