@@ -11,6 +11,17 @@
 //     Pod object bound to the node declaring the port; the client routes
 //     the pod range to the gateway (--edge-pod-cidrs), and the edge dials
 //     the pod after its allow list of the node's pods;
+//   - service: the other way (issue 31, service.go): a client in that
+//     pod's namespace on the edge host to a cloud Service marked
+//     tether.io/edge-access, by its ClusterIP: the edge's rules (table
+//     inet tether-edge) redirect it to tether-edge's service listener,
+//     which opens a service stream to the gateway, which dials the
+//     Service's endpoint, the direct mode's stand-in on a cloud host
+//     (a cloud Node, its EndpointSlice and the Service written by the
+//     admin; no kube-proxy: the ClusterIP is only the rules' match);
+//   - pod-direct: the same client in the pod's namespace to the same
+//     stand-in by its address, the edge host forwarding and the site
+//     router masquerading as for the site's own hosts, without Tether;
 //   - direct: the same client to the same kind of stand-in (same TLS, same
 //     handler) on another cloud host, without Tether;
 //   - bare quic-go: one stream over loopback UDP in this process with
@@ -32,7 +43,9 @@
 // then a link cut (heal time; a request in flight across a short cut) and
 // a NAT rebinding during a download. The last line printed sums it up in
 // a machine-readable form (wan: ...; its pod_* fields, last, put the pod
-// mode beside the tunnel's, tunnel/pod, from the clean measurement). The text output and SVG plots of
+// mode beside the tunnel's, tunnel/pod, from the clean measurement; its
+// svc_* fields then the service mode beside pod-direct, pod-direct/service).
+// The text output and SVG plots of
 // the head-of-line p99 and the bulk throughput in each link scenario,
 // Tether beside Konnectivity, are written into --out.
 //
@@ -63,6 +76,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -91,6 +105,7 @@ type options struct {
 	holClients   int
 	konnectivity bool
 	pod          bool
+	service      bool
 	tcpCC        string
 	outDir       string
 }
@@ -112,6 +127,7 @@ func main() {
 	flag.IntVar(&o.holClients, "hol-clients", 8, "`clients` making new-connection requests during the head-of-line measurement")
 	flag.StringVar(&o.outDir, "out", "", benchplot.Help("tunnelbench"))
 	flag.BoolVar(&o.pod, "pod", true, "also measure the pod mode: the same stand-in server at a pod address of the edge node, reached through --edge-pod-cidrs and the edge's allow list of its node's pods (the edge then runs its apiserver proxy, through which it reads them), taking turns with the other modes")
+	flag.BoolVar(&o.service, "service", true, "also measure the service mode: a client in a pod network namespace on the edge host (as --pod builds it) to a cloud Service marked tether.io/edge-access, by its ClusterIP, through the edge's rules, tether-edge's service listener and the gateway (both run with --edge-services), against pod-direct, the same client to the same stand-in by its address routed out of the site without Tether, taking turns with the other modes")
 	flag.BoolVar(&o.konnectivity, "konnectivity", true, "also measure Konnectivity (apiserver-network-proxy, built from its module by tools/build-konnectivity.sh) in the same world")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "Usage: tunnelbench [flags]\n\nBenchmarks the Tether tunnel against a direct connection, bare quic-go and Konnectivity, on a clean\nand on shaped WAN links (delay, loss, rate), through a link cut and a NAT rebinding, in network\nnamespaces on this machine (needs root). The last line printed is machine-readable (wan: ...).\n\n")
@@ -181,15 +197,17 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 	testenv.Binaries(s)
 	w := world.New(s, bins, world.Options{Gateways: gateways, Sites: []testenv.SiteSpec{
 		{Name: "site-a", Hosts: hosts, LAN: netip.MustParsePrefix("192.168.1.0/24")},
-	}, PodCIDRs: o.pod}, logf)
-	if o.pod {
+	}, PodCIDRs: o.pod || o.service}, logf)
+	if o.pod || o.service {
 		w.ApplyEdgeRBAC(s)
 	}
 	// start starts a gateway and an edge; with pod, the gateway routes
 	// the edge pod ranges, the edge reads its node's pods through its
 	// apiserver proxy (no node pool: nothing else runs beside), and the
-	// client routes the edge's pod range to that gateway.
-	start := func(i int, bins world.Binaries, pod bool) (gw *testenv.Host, edge *world.Edge, pids []int) {
+	// client routes the edge's pod range to that gateway. With svc, both
+	// run with --edge-services (the edge reads the Services and its pod
+	// ranges through its apiserver proxy).
+	start := func(i int, bins world.Binaries, pod, svc bool) (gw *testenv.Host, edge *world.Edge, pids []int) {
 		gw, edge = w.Gateways[i], w.Edges[i]
 		w.Bins = bins
 		// Debug logging writes a line per connection on both sides; a
@@ -197,6 +215,12 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 		gwArgs, edgeArgs := []string{"--netrules", "nftables", "--log-level", "info"}, []string{"--log-level", "info"}
 		if pod {
 			gwArgs = append(gwArgs, "--edge-pod-cidrs", world.EdgePodCIDRs.String())
+		}
+		if svc {
+			gwArgs = append(gwArgs, "--edge-services", "--service-streams-per-second", strconv.Itoa(svcRate))
+			edgeArgs = append(edgeArgs, "--edge-services")
+		}
+		if pod || svc {
 			edgeArgs = append(append(w.ProxyArgs(edge), "--pool-listen="), edgeArgs...)
 		}
 		g := w.StartGateway(s, gw, gwArgs...)
@@ -210,21 +234,27 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 		}
 		return gw, edge, []int{g.Process.Pid, e.Process.Pid}
 	}
-	gw, edge, pids := start(0, bins, o.pod)
+	gw, edge, pids := start(0, bins, o.pod, o.service)
 	modes := []mode{{name: "tunnel", desc: fmt.Sprintf("client → %s → QUIC → %s → kubelet %s", gw.Label, edge.Name, edge.Kubelet.Addr),
 		url: edge.KubeletURL(""), pids: pids, profiled: prof != nil}}
-	if o.pod {
+	var podHost *testenv.Host
+	var podURL string
+	if o.pod || o.service {
 		note("starting the stand-in pod on %s (pod range %s)", edge.Name, edge.PodCIDR)
-		url, err := startPod(ctx, s, w, edge)
+		url, h, err := startPod(ctx, s, w, edge)
 		if err != nil {
 			return err
 		}
+		podHost, podURL = h, url
+	}
+	if o.pod {
+		url := podURL
 		modes = append(modes, mode{name: podMode, desc: fmt.Sprintf("client → %s (--edge-pod-cidrs %s) → QUIC → %s → pod %s (in %s's range %s)",
 			gw.Label, world.EdgePodCIDRs, edge.Name, strings.TrimPrefix(url, "https://"), edge.Name, edge.PodCIDR),
 			url: url, pids: pids, profiled: prof != nil})
 	}
 	if o.baseline != "" {
-		bgw, bedge, bpids := start(1, base, false)
+		bgw, bedge, bpids := start(1, base, false, false)
 		modes = append(modes, mode{name: "baseline", desc: fmt.Sprintf("the same through %s and %s, running the binaries in %s", bgw.Label, bedge.Name, o.baseline),
 			url: bedge.KubeletURL(""), pids: bpids})
 	}
@@ -237,7 +267,8 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 	}
 	note("TCP congestion control on the gateway and edge hosts: %s (quic-go: its own NewReno)", cc)
 	// The direct reference: the same stand-in server on another cloud host.
-	ref := world.StartKubelet(s, w.Topo.Cloud("apiserver"), "direct-ref", w.KubeletCA)
+	refHost := w.Topo.Cloud("apiserver")
+	ref := world.StartKubelet(s, refHost, "direct-ref", w.KubeletCA)
 	bq, err := newLoopbackQUIC(s)
 	if err != nil {
 		return err
@@ -263,17 +294,42 @@ func run(ctx context.Context, s *testenv.Session, o options, out *benchplot.Out)
 	}
 	modes = append(modes,
 		mode{name: "direct", desc: "client → stand-in on the apiserver host " + ref.Addr, url: "https://" + ref.Addr},
+	)
+	if o.service {
+		addr, err := startService(ctx, w, refHost)
+		if err != nil {
+			return err
+		}
+		if err := openPodDirect(s, edge); err != nil {
+			return err
+		}
+		note("marked Service %s at %s, its endpoint the stand-in %s on Node %s", svcName, addr, ref.Addr, cloudNodeName)
+		roots := w.KubeletCA.Pool()
+		modes = append(modes,
+			mode{name: svcMode, desc: fmt.Sprintf("pod %s on %s → ClusterIP %s (tether.io/edge-access) → tether-edge :%d → QUIC → %s (--service-streams-per-second %d) → stand-in %s",
+				podHost.Addr, edge.Name, addr, edgeServicePort, gw.Label, svcRate, ref.Addr),
+				url: "https://" + ref.Addr, pids: pids, profiled: prof != nil, client: newClient(dialTo(podHost, addr), roots)},
+			mode{name: podDirectMode, desc: fmt.Sprintf("pod %s on %s → %s → site router (NAT) → stand-in %s", podHost.Addr, edge.Name, edge.Name, ref.Addr),
+				url: "https://" + ref.Addr, client: newClient(podHost.DialContext, roots)},
+		)
+	}
+	modes = append(modes,
 		mode{name: "bare-quic", desc: "one quic-go stream over loopback UDP in this process, no relay", bulkOnly: true, bare: bq},
 		mode{name: "quic-path", desc: fmt.Sprintf("the same from %s to %s, over the tunnel's path (NAT, routers)", edge.Name, gw.Label), bulkOnly: true, bare: pq},
 	)
 	note("world ready in %v", time.Since(setup).Round(time.Second))
 	b := &bench{o: o, client: newClient(w.Client.DialContext, w.KubeletCA.Pool()), prof: prof}
 	wb := &wanBench{bench: b, w: w, gw: gw, edge: edge, tun: modes[0], d: o.wanTime, k: konn}
-	if o.pod {
-		// The gateway routes the range once it has read the Node, the
-		// edge dials the pod once its informers have synced.
-		if _, err := wb.working(ctx, modes[1], time.Minute); err != nil {
-			return err
+	for _, m := range modes {
+		// pod: the gateway routes the range once it has read the Node,
+		// the edge dials the pod once its informers have synced.
+		// service: the edge redirects the ClusterIP once it has read the
+		// Service, the gateway dials the endpoint once it has read the
+		// EndpointSlice and the Node.
+		if m.name == podMode || m.name == svcMode {
+			if _, err := wb.working(ctx, m, time.Minute); err != nil {
+				return err
+			}
 		}
 	}
 	for _, m := range modes {
@@ -397,6 +453,9 @@ func printNotes(ctx context.Context, w *world.World, gw *testenv.Host, edge *wor
 				fmt.Printf("tunnel round trip (smoothed, %s /status): %.2f ms\n", gw.Label, e.RTTMillis)
 			}
 		}
+	}
+	if o.service {
+		printServiceCounters(ctx, gw, edge)
 	}
 	if prof != nil {
 		fmt.Printf("CPU profiles of the first run: %s (e.g. go tool pprof -top %s/tether-gateway-seq.pprof)\n", o.profileDir, o.profileDir)

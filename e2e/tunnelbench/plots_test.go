@@ -76,14 +76,16 @@ func TestCharts(t *testing.T) {
 }
 
 // TestWANLine: the wan: line keeps its keys and order; the pod fields
-// come last, tunnel/pod, "-" where a mode was not measured.
+// come after them, tunnel/pod, then the service fields, pod-direct/
+// service, "-" where a mode was not measured and for pod-direct's relay.
 func TestWANLine(t *testing.T) {
 	o, s := fixedSummary(t)
 	o.conc = 32
 	want := "wan: hol_p99_ms_1pct=250.0/900.0 hol_p99_ms_3pct=400.0/2500.0 bulk_mbs_clean=300.0/250.0 bulk_mbs_1pct=8.0/3.0 cpu_ns_per_byte=0.00/- heal_s=- nat_rebind=-"
 	noPod := " pod_seq_rps=-/- pod_seq_p50_ms=-/- pod_seq_p99_ms=-/- pod_conc_rps=-/- pod_conc_p50_ms=-/- pod_conc_p99_ms=-/- pod_seq_relay_us=-/- pod_conc_relay_us=-/-"
-	if got := wanLine(o, s); got != want+noPod {
-		t.Errorf("wanLine:\n got %s\nwant %s", got, want+noPod)
+	noSvc := " svc_seq_rps=-/- svc_seq_p50_ms=-/- svc_seq_p99_ms=-/- svc_conc_rps=-/- svc_conc_p50_ms=-/- svc_conc_p99_ms=-/- svc_seq_relay_us=-/- svc_conc_relay_us=-/-"
+	if got := wanLine(o, s); got != want+noPod+noSvc {
+		t.Errorf("wanLine:\n got %s\nwant %s", got, want+noPod+noSvc)
 	}
 
 	// One run of each: n requests in one second, half of them at p50,
@@ -112,7 +114,34 @@ func TestWANLine(t *testing.T) {
 		podMode:    {res(run(90, 2*time.Millisecond, 5*time.Millisecond), run(180, 22*time.Millisecond, 60*time.Millisecond), 1700*time.Microsecond)},
 	}
 	withPod := " pod_seq_rps=100/90 pod_seq_p50_ms=2.00/2.00 pod_seq_p99_ms=4.00/5.00 pod_conc_rps=200/180 pod_conc_p50_ms=20.00/22.00 pod_conc_p99_ms=50.00/60.00 pod_seq_relay_us=1600/1700 pod_conc_relay_us=800/850"
-	if got := wanLine(o, s); got != want+withPod {
-		t.Errorf("wanLine with the pod mode:\n got %s\nwant %s", got, want+withPod)
+	if got := wanLine(o, s); got != want+withPod+noSvc {
+		t.Errorf("wanLine with the pod mode:\n got %s\nwant %s", got, want+withPod+noSvc)
+	}
+
+	// The service mode beside pod-direct, which has no relay CPU.
+	s.clean[podDirectMode] = []result{res(run(300, time.Millisecond, 3*time.Millisecond), run(600, 10*time.Millisecond, 30*time.Millisecond), 0)}
+	s.clean[svcMode] = []result{res(run(150, 3*time.Millisecond, 8*time.Millisecond), run(400, 25*time.Millisecond, 70*time.Millisecond), 1200*time.Microsecond)}
+	withSvc := " svc_seq_rps=300/150 svc_seq_p50_ms=1.00/3.00 svc_seq_p99_ms=3.00/8.00 svc_conc_rps=600/400 svc_conc_p50_ms=10.00/25.00 svc_conc_p99_ms=30.00/70.00 svc_seq_relay_us=-/1200 svc_conc_relay_us=-/600"
+	if got := wanLine(o, s); got != want+withPod+withSvc {
+		t.Errorf("wanLine with the pod and service modes:\n got %s\nwant %s", got, want+withPod+withSvc)
+	}
+}
+
+// TestVersusLine: a line of the comparisons (tunnel -> pod, pod-direct ->
+// service) gives both medians and the difference, or "-" and none when
+// the first is zero (pod-direct's relay CPU).
+func TestVersusLine(t *testing.T) {
+	for _, tc := range []struct {
+		c      column
+		va, vb float64
+		want   string
+	}{
+		{column{head: "seq req/s"}, 400, 300, "  seq req/s               400 ->        300  (-25%)"},
+		{column{head: "seq p99", prec: 2}, 4, 5, "  seq p99                4.00 ->       5.00  (+25%)"},
+		{column{head: "CPU seq relay", tether: true}, 0, 1600, "  CPU seq relay             - ->       1600"},
+	} {
+		if got := versusLine(tc.c, tc.va, tc.vb); got != tc.want {
+			t.Errorf("versusLine(%q, %v, %v) =\n%q\nwant\n%q", tc.c.head, tc.va, tc.vb, got, tc.want)
+		}
 	}
 }

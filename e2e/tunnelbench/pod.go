@@ -41,10 +41,11 @@ const (
 // there; then a Pod object bound to e declaring that port, with the
 // status a kubelet would write (Running, podIPs), written by the admin.
 // The edge's allow list reads exactly that pod. It returns the
-// stand-in's URL, https://<pod address>:<port>.
-func startPod(ctx context.Context, s *testenv.Session, w *world.World, e *world.Edge) (string, error) {
+// stand-in's URL, https://<pod address>:<port>, and the pod's namespace
+// (the service mode's client runs there).
+func startPod(ctx context.Context, s *testenv.Session, w *world.World, e *world.Edge) (string, *testenv.Host, error) {
 	if !e.PodCIDR.IsValid() {
-		return "", fmt.Errorf("edge %s has no pod range (world.Options.PodCIDRs)", e.Name)
+		return "", nil, fmt.Errorf("edge %s has no pod range (world.Options.PodCIDRs)", e.Name)
 	}
 	gwAddr, podAddr := nth(e.PodCIDR, podGatewayNum), nth(e.PodCIDR, podHostNum)
 	h := testenv.NewHost(s, e.Name+"-pod")
@@ -61,7 +62,7 @@ func startPod(ctx context.Context, s *testenv.Session, w *world.World, e *world.
 	c := w.CP.Client.CoreV1()
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
 	if _, err := c.ServiceAccounts("default").Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("create service account default: %w", err)
+		return "", nil, fmt.Errorf("create service account default: %w", err)
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: podName, Namespace: "default", Labels: map[string]string{"app": podName}},
@@ -77,7 +78,7 @@ func startPod(ctx context.Context, s *testenv.Session, w *world.World, e *world.
 	}
 	created, err := c.Pods("default").Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("create pod %s: %w", podName, err)
+		return "", nil, fmt.Errorf("create pod %s: %w", podName, err)
 	}
 	now := metav1.NewTime(time.Now())
 	created.Status = corev1.PodStatus{
@@ -93,9 +94,9 @@ func startPod(ctx context.Context, s *testenv.Session, w *world.World, e *world.
 		},
 	}
 	if _, err := c.Pods("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return "", fmt.Errorf("set the status of pod %s: %w", podName, err)
+		return "", nil, fmt.Errorf("set the status of pod %s: %w", podName, err)
 	}
-	return "https://" + k.Addr, nil
+	return "https://" + k.Addr, h, nil
 }
 
 // nth is the n-th address of p.

@@ -202,10 +202,17 @@ func printTargets(o options, res map[string][]result) {
 		fmt.Printf("interleaved runs), on the medians: tunnel -> pod:\n")
 		printVersus(o, tun, pod)
 	}
+	if svc, ok := res[svcMode]; ok {
+		fmt.Printf("\nservice against pod-direct (a client in the edge pod's namespace to the same cloud stand-in by a marked\n")
+		fmt.Printf("Service's ClusterIP through tether-edge and the gateway, and by its address through the site's NAT, interleaved\n")
+		fmt.Printf("runs; relay: pod-direct has none), on the medians: pod-direct -> service:\n")
+		printVersus(o, res[podDirectMode], svc)
+	}
 }
 
 // printVersus prints every column's median of a and b side by side, with
-// b's difference from a.
+// b's difference from a; "-" for a and the difference where a is zero
+// (a's relay CPU when a has no relay).
 func printVersus(o options, a, b []result) {
 	all := columns(o)
 	for _, c := range cpuColumns(o) {
@@ -213,7 +220,16 @@ func printVersus(o options, a, b []result) {
 		all = append(all, c)
 	}
 	for _, c := range all {
-		va, vb := median(a, c.f), median(b, c.f)
-		fmt.Printf("  %-16s %10.*f -> %10.*f  (%+.0f%%)\n", c.head, c.prec, va, c.prec, vb, 100*(vb-va)/va)
+		fmt.Println(versusLine(c, median(a, c.f), median(b, c.f)))
 	}
+}
+
+// versusLine is one line of printVersus: column c's medians va and vb,
+// with vb's difference from va; "-" for va and no difference where va
+// is zero.
+func versusLine(c column, va, vb float64) string {
+	if va == 0 {
+		return fmt.Sprintf("  %-16s %10s -> %10.*f", c.head, "-", c.prec, vb)
+	}
+	return fmt.Sprintf("  %-16s %10.*f -> %10.*f  (%+.0f%%)", c.head, c.prec, va, c.prec, vb, 100*(vb-va)/va)
 }

@@ -286,7 +286,7 @@ func wanLine(o options, s summary) string {
 		nat = s.nat.verdict
 	}
 	return fmt.Sprintf("wan: hol_p99_ms_1pct=%s hol_p99_ms_3pct=%s bulk_mbs_clean=%s bulk_mbs_1pct=%s cpu_ns_per_byte=%s heal_s=%s nat_rebind=%s",
-		hol("rtt80-loss1"), hol("rtt80-loss3"), bulk("clean"), bulk("rtt80-loss1"), cpu, heal, nat) + podFields(o, s)
+		hol("rtt80-loss1"), hol("rtt80-loss3"), bulk("clean"), bulk("rtt80-loss1"), cpu, heal, nat) + podFields(o, s) + svcFields(o, s)
 }
 
 // podFields are the pod mode's fields of the last line: each is
@@ -295,24 +295,46 @@ func wanLine(o options, s summary) string {
 // not measured; conc is the concurrent measurement (--conc clients),
 // relay_us the CPU of tether-gateway and tether-edge per request.
 func podFields(o options, s summary) string {
+	return versusFields(o, s, "pod", tetherMode, podMode)
+}
+
+// svcFields are the service mode's fields of the last line, after the
+// pod ones: each is pod-direct/service (a client in the edge pod's
+// namespace to the same cloud stand-in by its address through the
+// site's NAT, and by a marked Service's ClusterIP through tether-edge
+// and the gateway), as podFields; pod-direct's relay_us is "-" (no
+// relay on its path).
+func svcFields(o options, s summary) string {
+	return versusFields(o, s, "svc", podDirectMode, svcMode)
+}
+
+// versusFields are the fields <prefix>_seq_rps, ... <prefix>_conc_relay_us,
+// each a/b: the medians of modes a and b in the clean measurement, "-"
+// for a mode not measured and for relay CPU where a mode's is zero (a
+// mode without tether-gateway and tether-edge).
+func versusFields(o options, s summary, prefix, a, b string) string {
 	cols, cpuCols := columns(o), cpuColumns(o)
 	fields := []struct {
 		name string
 		c    column
 	}{
-		{"pod_seq_rps", cols[0]}, {"pod_seq_p50_ms", cols[1]}, {"pod_seq_p99_ms", cols[2]},
-		{"pod_conc_rps", cols[3]}, {"pod_conc_p50_ms", cols[4]}, {"pod_conc_p99_ms", cols[5]},
-		{"pod_seq_relay_us", cpuCols[0]}, {"pod_conc_relay_us", cpuCols[2]},
+		{"seq_rps", cols[0]}, {"seq_p50_ms", cols[1]}, {"seq_p99_ms", cols[2]},
+		{"conc_rps", cols[3]}, {"conc_p50_ms", cols[4]}, {"conc_p99_ms", cols[5]},
+		{"seq_relay_us", cpuCols[0]}, {"conc_relay_us", cpuCols[2]},
 	}
 	one := func(rs []result, c column) string {
 		if len(rs) == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.*f", c.prec, median(rs, c.f))
+		v := median(rs, c.f)
+		if c.tether && v == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.*f", c.prec, v)
 	}
-	var b strings.Builder
+	var sb strings.Builder
 	for _, f := range fields {
-		fmt.Fprintf(&b, " %s=%s/%s", f.name, one(s.clean[tetherMode], f.c), one(s.clean[podMode], f.c))
+		fmt.Fprintf(&sb, " %s_%s=%s/%s", prefix, f.name, one(s.clean[a], f.c), one(s.clean[b], f.c))
 	}
-	return b.String()
+	return sb.String()
 }
