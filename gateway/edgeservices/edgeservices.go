@@ -49,7 +49,7 @@ const (
 // Defaults of Options.
 const (
 	DefaultMaxPerEdge  = 256
-	DefaultPerSecond   = 100
+	DefaultPerSecond   = 1000
 	DefaultDialTimeout = 5 * time.Second
 )
 
