@@ -73,15 +73,16 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-# bench-tunnel measures the tunnel (to the node's address, and to a pod's
-# address, --pod) against a direct connection, bare quic-go
+# bench-tunnel measures the tunnel (to the node's address, to a pod's
+# address, --pod, and from a pod to a marked cloud Service, --service)
+# against a direct connection, bare quic-go
 # and Konnectivity (built once by tools/build-konnectivity.sh) in namespaces
 # on this machine, on a clean and on shaped WAN links, through a link cut and
 # a NAT rebinding (issues 9, 19), and prints tables and a last `wan:` line; it
 # writes that text and SVG plots of the head-of-line p99 and the bulk
 # throughput per link scenario, Tether beside Konnectivity, into
 # tunnelbench-<date>/ (--out). It needs root and takes about 10 minutes.
-# BENCH_TUNNEL_FLAGS: see --help (--scenarios, --runs, --wan-time, --pod, --out).
+# BENCH_TUNNEL_FLAGS: see --help (--scenarios, --runs, --wan-time, --pod, --service, --out).
 .PHONY: bench-tunnel
 BENCH_TUNNEL_FLAGS ?=
 bench-tunnel: build testbins
