@@ -386,20 +386,9 @@ func observeEdge(c *nftables.Conn) (*edgeObserved, error) {
 		if strings.HasPrefix(s.Comment, marker) {
 			obs.owned = true
 		}
-		elems, err := c.GetSetElements(s)
+		keys, err := setKeys(c, s)
 		if err != nil {
-			return nil, classify("nftables: list elements of set "+s.Name, err)
-		}
-		keys := make([][]byte, len(elems))
-		for i, e := range elems {
-			keys[i] = e.Key
-			if s.Interval {
-				flag := rangeStart
-				if e.IntervalEnd {
-					flag = rangeEnd
-				}
-				keys[i] = append(slices.Clip(e.Key), flag)
-			}
+			return nil, err
 		}
 		obs.elems[s.Name] = keys
 	}

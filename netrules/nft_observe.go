@@ -65,21 +65,9 @@ func nftObserve(c *nftables.Conn, withElements bool) (*nftObserved, error) {
 		if !withElements {
 			continue
 		}
-		elems, err := c.GetSetElements(s)
+		keys, err := setKeys(c, s)
 		if err != nil {
-			return nil, classify("nftables: list elements of set "+s.Name, err)
-		}
-		keys := make([][]byte, len(elems))
-		for i, e := range elems {
-			keys[i] = e.Key
-			if s.Interval {
-				// As rangeKeys spells them: the key, then a flag byte.
-				flag := rangeStart
-				if e.IntervalEnd {
-					flag = rangeEnd
-				}
-				keys[i] = append(slices.Clip(e.Key), flag)
-			}
+			return nil, err
 		}
 		obs.elems[s.Name] = keys
 	}
@@ -179,4 +167,26 @@ func sameExprs(got, want []expr.Any) bool {
 		}
 	}
 	return true
+}
+
+// setKeys lists the elements of set s as the diff compares them: their
+// keys, and for an interval set the key then a flag byte, as rangeKeys
+// spells them.
+func setKeys(c *nftables.Conn, s *nftables.Set) ([][]byte, error) {
+	elems, err := c.GetSetElements(s)
+	if err != nil {
+		return nil, classify("nftables: list elements of set "+s.Name, err)
+	}
+	keys := make([][]byte, len(elems))
+	for i, e := range elems {
+		keys[i] = e.Key
+		if s.Interval {
+			flag := rangeStart
+			if e.IntervalEnd {
+				flag = rangeEnd
+			}
+			keys[i] = append(slices.Clip(e.Key), flag)
+		}
+	}
+	return keys, nil
 }
