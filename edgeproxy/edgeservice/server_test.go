@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tether-edge/tether/internal/edgeaccess"
+	"github.com/tether-edge/tether/internal/testenv"
 	"github.com/tether-edge/tether/tunnel"
 )
 
@@ -74,29 +75,6 @@ func (d *fakeDialer) asked() []tunnel.ServiceRequest {
 	return append([]tunnel.ServiceRequest(nil), d.reqs...)
 }
 
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				in, _ := io.ReadAll(c)
-				c.Write(append([]byte("got "), in...))
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 var (
 	marked   = netip.MustParseAddrPort("10.96.0.10:80")
 	unmarked = netip.MustParseAddrPort("10.96.0.11:80")
@@ -123,7 +101,7 @@ type served struct {
 // serve runs a Server whose connections all seem redirected from dst.
 func serve(t *testing.T, reply tunnel.Code, dst netip.AddrPort) *served {
 	t.Helper()
-	d := &fakeDialer{t: t, reply: reply, echo: echoServer(t), rel: make(chan struct{})}
+	d := &fakeDialer{t: t, reply: reply, echo: testenv.GotServer(t).String(), rel: make(chan struct{})}
 	reg := prometheus.NewRegistry()
 	s, err := New(Options{Index: testIndex(), Dialer: d, Pods: fakeRanges{netip.MustParsePrefix("10.244.1.0/24")},
 		LocalAddrs: fakeAddrs{netip.MustParseAddr("192.168.1.20")}, Registry: reg,
@@ -262,7 +240,7 @@ func TestServeSourceRefused(t *testing.T) {
 	if !src.IsValid() {
 		t.Skip("no IPv4 address besides loopback")
 	}
-	d := &fakeDialer{reply: tunnel.OK, echo: echoServer(t), rel: make(chan struct{})}
+	d := &fakeDialer{reply: tunnel.OK, echo: testenv.GotServer(t).String(), rel: make(chan struct{})}
 	reg := prometheus.NewRegistry()
 	origDst := 0
 	s, err := New(Options{Index: testIndex(), Dialer: d, Pods: fakeRanges{netip.MustParsePrefix("10.244.1.0/24")},

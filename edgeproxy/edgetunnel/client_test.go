@@ -29,7 +29,7 @@ func setup(t *testing.T, o Options) (*testenv.CA, *testGateway, *edge, netip.Add
 	t.Helper()
 	ca := testenv.MustCA(t, "edgetunnel-test")
 	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")
-	dest := server(t)
+	dest := testenv.GotServer(t)
 	o.Gateways = []string{gw.addr.String()}
 	if o.AllowPorts == nil {
 		o.AllowPorts = []uint16{dest.Port()}
@@ -205,7 +205,7 @@ func TestTwoReplicas(t *testing.T) {
 	pki := gatewayPKI{serverCA: ca, clientCA: ca}
 	gwA := startGateway(t, pki, "127.0.0.1:0")
 	gwB := startGateway(t, pki, "127.0.0.1:0")
-	dest := server(t)
+	dest := testenv.GotServer(t)
 	e := startEdge(t, Options{
 		Gateways:   []string{gwA.addr.String(), gwB.addr.String(), gwA.addr.String()}, // a duplicate is one replica
 		AllowPorts: []uint16{dest.Port()},
@@ -433,7 +433,7 @@ func TestRotatedCertificateUsedForNextConnection(t *testing.T) {
 func TestRotateHandsOver(t *testing.T) {
 	ca := testenv.MustCA(t, "edgetunnel-test")
 	gw := startGateway(t, gatewayPKI{serverCA: ca, clientCA: ca}, "127.0.0.1:0")
-	dest := server(t)
+	dest := testenv.GotServer(t)
 	pem := filepath.Join(t.TempDir(), "kubelet-client-current.pem")
 	write := func(mtime time.Time) *testenv.KeyPair { return writeNodePEM(t, ca, pem, "edge-1", mtime) }
 	now := time.Now()

@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -146,34 +145,6 @@ func open(t *testing.T, c *quic.Conn, dest netip.AddrPort) (*quic.Stream, tunnel
 	rep, err := tunnel.ReadReply(s)
 	s.SetReadDeadline(time.Time{})
 	return s, rep, err
-}
-
-// server is a TCP destination: for each connection it reads until EOF,
-// then answers "got <what it read>" and closes.
-func server(t *testing.T) netip.AddrPort {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				in, err := io.ReadAll(c)
-				if err != nil {
-					return
-				}
-				c.Write(append([]byte("got "), in...))
-			}()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
 // closedPort is a loopback port nothing listens on.
